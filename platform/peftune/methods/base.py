@@ -1,0 +1,136 @@
+"""The method registry and what every PEFT method shares.
+
+A method is a config dataclass plus an ``apply`` function that installs the
+method into a backbone whose parameters are all frozen on entry. ``apply``
+unfreezes what the method trains and installs new modules at the backbone's
+hook points (see ``peftune.backbone``).
+
+Conventions every method follows, so that parameter accounting, task
+switching and checkpoints work without knowing the method:
+
+- task-specific parameters live under an ``nn.ModuleDict`` named
+  ``per_task`` keyed by task name (so their names contain
+  ``.per_task.<task>.``); every other trainable parameter is shared;
+- a module that depends on the current task reads ``context.task``; the
+  ``TaskContext`` is set by ``MultitaskModel.forward`` for each batch (a
+  batch always holds one task).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from torch import nn
+
+from peftune.backbone import BertModel
+
+PER_TASK = "per_task"
+
+
+class TaskContext:
+    """The task of the batch being processed, shared by all task-dependent modules."""
+
+    def __init__(self, tasks: Sequence[str]):
+        self.tasks = list(tasks)
+        self._task: str | None = None
+
+    @property
+    def task(self) -> str:
+        if self._task is None:
+            raise RuntimeError("no task is set: call the model with a task name")
+        return self._task
+
+    @task.setter
+    def task(self, name: str) -> None:
+        if name not in self.tasks:
+            raise KeyError(f"unknown task {name!r}; this model serves {self.tasks}")
+        self._task = name
+
+    @property
+    def task_index(self) -> int:
+        return self.tasks.index(self.task)
+
+
+@dataclass
+class MethodConfig:
+    """Base of every method config. ``dropout`` is the method's own modules' dropout."""
+
+    dropout: float = 0.1
+
+    def __post_init__(self):
+        check_range(self, "dropout", 0.0, 1.0, high_inclusive=False)
+
+
+def check_range(config, key: str, low: float, high: float | None = None, *, high_inclusive: bool = True) -> None:
+    value = getattr(config, key)
+    kind = type(config).__name__
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"{kind}.{key} must be a number, got {value!r}")
+    too_high = high is not None and (value > high if high_inclusive else value >= high)
+    if value < low or too_high:
+        bracket = "]" if high_inclusive else ")"
+        upper = "inf)" if high is None else f"{high}{bracket}"
+        raise ValueError(f"{kind}.{key} = {value!r} is out of range; expected a value in [{low}, {upper}")
+
+
+def check_positive_int(config, key: str) -> None:
+    value = getattr(config, key)
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{type(config).__name__}.{key} must be a positive integer, got {value!r}")
+
+
+ApplyFn = Callable[[BertModel, Any, TaskContext], None]
+
+
+@dataclass(frozen=True)
+class MethodSpec:
+    name: str
+    config_cls: type[MethodConfig]
+    apply: ApplyFn
+    description: str
+    # the config field that sets the method's size (what a sweep searches), if any
+    size_field: str | None = None
+
+
+_REGISTRY: dict[str, MethodSpec] = {}
+
+
+def register_method(spec: MethodSpec) -> MethodSpec:
+    if spec.name in _REGISTRY:
+        raise ValueError(f"method {spec.name!r} is already registered")
+    if not (dataclasses.is_dataclass(spec.config_cls) and issubclass(spec.config_cls, MethodConfig)):
+        raise TypeError(f"method {spec.name!r}: config_cls must be a MethodConfig dataclass")
+    _REGISTRY[spec.name] = spec
+    return spec
+
+
+def get_method(name: str) -> MethodSpec:
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise KeyError(f"unknown method {name!r}; valid methods: {', '.join(sorted(_REGISTRY))}") from None
+
+
+def method_names() -> list[str]:
+    return list(_REGISTRY)
+
+
+def make_method_config(name: str, values: dict | None = None) -> MethodConfig:
+    """Build and validate a method's config; an unknown key names the valid ones."""
+    spec = get_method(name)
+    values = dict(values or {})
+    known = {f.name for f in fields(spec.config_cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(
+            f"method {name!r} has no option {', '.join(map(repr, unknown))}; valid options: {', '.join(sorted(known))}"
+        )
+    return spec.config_cls(**values)
+
+
+def unfreeze(module: nn.Module) -> None:
+    for parameter in module.parameters():
+        parameter.requires_grad_(True)

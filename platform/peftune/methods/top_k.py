@@ -1,0 +1,30 @@
+"""Top-k layers: the classic baseline of Houlsby et al.'s accuracy/parameters figure.
+
+The top ``k`` Transformer layers and the pooler train; embeddings and lower
+layers stay frozen, so no gradient flows below layer L - k.
+"""
+
+from dataclasses import dataclass
+
+from peftune.methods.base import MethodConfig, MethodSpec, check_positive_int, register_method, unfreeze
+
+
+@dataclass
+class TopKConfig(MethodConfig):
+    k: int = 2  # the top two layers: a small, common baseline budget
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_positive_int(self, "k")
+
+
+def apply_top_k(backbone, config: TopKConfig, context) -> None:
+    layers = backbone.encoder.layer
+    if config.k > len(layers):
+        raise ValueError(f"TopKConfig.k = {config.k} exceeds the backbone's {len(layers)} layers")
+    for layer in layers[len(layers) - config.k :]:
+        unfreeze(layer)
+    unfreeze(backbone.pooler)
+
+
+register_method(MethodSpec("top_k", TopKConfig, apply_top_k, "the top k layers and the pooler", size_field="k"))

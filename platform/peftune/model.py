@@ -1,0 +1,67 @@
+"""MultitaskModel = backbone + PEFT method + one head per task.
+
+Every batch belongs to one task; ``forward(task, ...)`` routes it: the task
+context tells task-specific method modules (adapters, prefixes, ...) which
+parameters to use, and the task's head maps the pooled features to outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import nn
+
+from peftune import methods
+from peftune.backbone import BertModel
+from peftune.methods.base import MethodConfig, TaskContext
+from peftune.tasks import TaskSpec
+
+POOLINGS = ("cls", "mean")
+
+
+class MultitaskModel(nn.Module):
+    def __init__(
+        self,
+        backbone: BertModel,
+        tasks: Sequence[TaskSpec],
+        method: str = "frozen",
+        method_config: MethodConfig | None = None,
+        head_dropout: float = 0.1,
+        pooling: str = "cls",
+    ):
+        super().__init__()
+        if pooling not in POOLINGS:
+            raise ValueError(f"pooling {pooling!r}, expected one of {POOLINGS}")
+        spec = methods.get_method(method)
+        self.method = method
+        self.method_config = method_config if method_config is not None else spec.config_cls()
+        if not isinstance(self.method_config, spec.config_cls):
+            raise TypeError(
+                f"method {method!r} takes a {spec.config_cls.__name__}, got {type(self.method_config).__name__}"
+            )
+        self.tasks = {t.name: t for t in tasks}
+        self.pooling = pooling
+        self.context = TaskContext(list(self.tasks))
+
+        self.backbone = backbone
+        self.backbone.requires_grad_(False)  # methods unfreeze what they train
+        spec.apply(self.backbone, self.method_config, self.context)
+
+        hidden = backbone.config.hidden_size
+        self.heads = nn.ModuleDict(
+            {t.name: nn.Sequential(nn.Dropout(head_dropout), nn.Linear(hidden, t.num_outputs)) for t in tasks}
+        )
+
+    def forward(self, task: str, input_ids, attention_mask, token_type_ids) -> torch.Tensor:
+        """(B, T) token tensors of one task -> (B, num_outputs) head outputs."""
+        self.context.task = task
+        hidden, mask, pooled = self.backbone(input_ids, attention_mask, token_type_ids)
+        if self.pooling == "mean":
+            weights = mask.unsqueeze(-1).to(hidden.dtype)  # (B, T', 1)
+            pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # (B, H)
+        return self.heads[task](pooled)
+
+    def trainable_state_dict(self) -> dict[str, torch.Tensor]:
+        """The parameters that train (method + heads): all a checkpoint needs."""
+        return {name: p.detach() for name, p in self.named_parameters() if p.requires_grad}
