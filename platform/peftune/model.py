@@ -45,8 +45,12 @@ class MultitaskModel(nn.Module):
         self.context = TaskContext(list(self.tasks))
 
         self.backbone = backbone
+        # names of the pretrained weights, to tell them from what the method adds
+        self.pretrained_parameter_names = frozenset(name for name, _ in backbone.named_parameters())
         self.backbone.requires_grad_(False)  # methods unfreeze what they train
         spec.apply(self.backbone, self.method_config, self.context)
+        if pooling == "mean":
+            self.backbone.pooler.requires_grad_(False)  # unused: the heads read mean-pooled tokens
 
         hidden = backbone.config.hidden_size
         self.heads = nn.ModuleDict(

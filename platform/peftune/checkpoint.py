@@ -1,0 +1,203 @@
+"""Checkpoints: the trainable parameters in safetensors plus the config in JSON.
+
+Never pickle: a checkpoint is ``trainable.safetensors`` (method + heads),
+``peftune.json`` (method, its options, tasks, the training config and the
+backbone's fingerprint) and, for resuming, ``optimizer.safetensors`` (AdamW
+moments by parameter name). Loading checks the backbone and method before
+touching any weight, so a checkpoint meets only the model it was trained on.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+
+from peftune import methods
+from peftune.backbone import BertModel, load_pretrained
+from peftune.model import MultitaskModel
+from peftune.tasks import get_task
+
+FORMAT_VERSION = 1
+WEIGHTS = "trainable.safetensors"
+OPTIMIZER = "optimizer.safetensors"
+META = "peftune.json"
+
+
+class CheckpointError(ValueError):
+    pass
+
+
+def save_checkpoint(
+    model: MultitaskModel,
+    directory: str | Path,
+    *,
+    config=None,
+    backbone=None,
+    metrics=None,
+    optimizer=None,
+    scheduler=None,
+    epoch: int | None = None,
+    history=None,
+) -> Path:
+    """Write the trainable parameters and the metadata; optionally the optimizer state to resume."""
+    from peftune.train import backbone_fingerprint
+
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {name: t.detach().cpu().contiguous() for name, t in model.trainable_state_dict().items()}
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "method": model.method,
+        "method_config": dataclasses.asdict(model.method_config),
+        "tasks": list(model.tasks),
+        "pooling": model.pooling,
+        "head_dropout": model.heads[next(iter(model.tasks))][0].p,
+        "backbone": {
+            "name": getattr(backbone, "name", None),
+            "config": model.backbone.config.to_dict(),
+            "fingerprint": backbone_fingerprint(
+                model.backbone.config, model.backbone.embeddings.word_embeddings.weight.cpu()
+            ),
+        },
+        "train_config": config.to_dict() if config is not None else None,
+        "metrics": metrics,
+        "epoch": epoch,
+        "history": history,
+    }
+    _atomic_write(directory / WEIGHTS, lambda path: save_file(state, path))
+    if optimizer is not None:
+        optimizer_state, optimizer_meta = _optimizer_tensors(model, optimizer)
+        meta["optimizer"] = optimizer_meta
+        meta["scheduler"] = scheduler.state_dict() if scheduler is not None else None
+        _atomic_write(directory / OPTIMIZER, lambda path: save_file(optimizer_state, path))
+    # the JSON goes last: a directory with peftune.json is a complete checkpoint
+    _atomic_write(directory / META, lambda path: Path(path).write_text(json.dumps(meta, indent=2, default=str)))
+    return directory
+
+
+def read_meta(directory: str | Path) -> dict:
+    path = Path(directory) / META
+    if not path.is_file():
+        raise CheckpointError(f"{directory} is not a peftune checkpoint (no {META})")
+    meta = json.loads(path.read_text())
+    if meta.get("format_version") != FORMAT_VERSION:
+        raise CheckpointError(f"{path}: format_version {meta.get('format_version')!r}, expected {FORMAT_VERSION}")
+    return meta
+
+
+def load_checkpoint(
+    directory: str | Path, backbone: BertModel | None = None, model_name: str | None = None, map_location: str = "cpu"
+) -> MultitaskModel:
+    """Rebuild the model: the backbone (given, or loaded by the name recorded), the method, the weights."""
+    meta = read_meta(directory)
+    if backbone is None:
+        backbone, _ = load_pretrained(model_name or meta["backbone"]["name"])
+    check_backbone(meta, backbone, directory)
+    method_config = methods.make_method_config(meta["method"], meta["method_config"])
+    model = MultitaskModel(
+        backbone,
+        [get_task(t) for t in meta["tasks"]],
+        meta["method"],
+        method_config,
+        head_dropout=meta["head_dropout"],
+        pooling=meta["pooling"],
+    )
+    load_trainable(model, directory, map_location)
+    return model
+
+
+def check_backbone(meta: dict, backbone: BertModel, directory) -> None:
+    from peftune.train import backbone_fingerprint
+
+    expected = meta["backbone"]["fingerprint"]
+    actual = backbone_fingerprint(backbone.config, backbone.embeddings.word_embeddings.weight.cpu())
+    if expected != actual:
+        raise CheckpointError(
+            f"checkpoint {directory} was trained on backbone {meta['backbone']['name']!r} "
+            f"(fingerprint {expected}); the backbone given has fingerprint {actual}"
+        )
+
+
+def load_trainable(model: MultitaskModel, directory: str | Path, map_location: str = "cpu") -> None:
+    meta = read_meta(directory)
+    if meta["method"] != model.method:
+        raise CheckpointError(f"checkpoint {directory} is for method {meta['method']!r}, not {model.method!r}")
+    state = load_file(os.fspath(Path(directory) / WEIGHTS), device=map_location)
+    expected = model.trainable_state_dict()
+    missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
+    if missing or unexpected:
+        raise CheckpointError(
+            f"checkpoint {directory} does not fit this model: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    for name, tensor in state.items():
+        if tensor.shape != expected[name].shape:
+            raise CheckpointError(
+                f"checkpoint {directory}: {name} has shape {tuple(tensor.shape)}, "
+                f"the model expects {tuple(expected[name].shape)}"
+            )
+    with torch.no_grad():
+        parameters = dict(model.named_parameters())
+        for name, tensor in state.items():
+            parameters[name].copy_(tensor)
+
+
+def load_training_state(directory, model, optimizer, scheduler, backbone) -> dict:
+    """Restore weights, optimizer and scheduler; returns {"epoch": done epochs, "history": [...]}."""
+    meta = read_meta(directory)
+    check_backbone(meta, model.backbone, directory)
+    load_trainable(model, directory)
+    if "optimizer" not in meta:
+        raise CheckpointError(f"checkpoint {directory} has no optimizer state to resume from")
+    tensors = load_file(os.fspath(Path(directory) / OPTIMIZER))
+    names = {id(p): n for n, p in model.named_parameters()}
+    for group in optimizer.param_groups:
+        for parameter in group["params"]:
+            name = names[id(parameter)]
+            state = {k.split("/", 1)[1]: v.to(parameter.device) for k, v in tensors.items() if k.split("/")[0] == name}
+            if state:
+                optimizer.state[parameter] = state
+    if meta.get("scheduler"):
+        scheduler.load_state_dict(meta["scheduler"])
+    return {"epoch": meta["epoch"] or 0, "history": meta["history"] or []}
+
+
+def _optimizer_tensors(model, optimizer) -> tuple[dict[str, torch.Tensor], dict]:
+    names = {id(p): n for n, p in model.named_parameters()}
+    tensors = {}
+    for parameter, state in optimizer.state.items():
+        for key, value in state.items():
+            if torch.is_tensor(value):
+                tensors[f"{names[id(parameter)]}/{key}"] = value.detach().cpu().contiguous()
+    return tensors, {"lr": [g["lr"] for g in optimizer.param_groups]}
+
+
+def _atomic_write(path: Path, write) -> None:
+    # write then rename, so an interrupted save never leaves a half-written file
+    tmp = path.with_name(path.name + ".tmp")
+    write(os.fspath(tmp))
+    os.replace(tmp, path)
+
+
+def export_lora(model: MultitaskModel, directory: str | Path, base_model_name_or_path: str | None = None) -> Path:
+    """Write a LoRA model's adapter in peft's format (loadable with ``PeftModel.from_pretrained`` on HF BERT)."""
+    from peft import get_peft_model_state_dict
+
+    from peftune.methods.lora import LoraConfig, peft_lora_config
+
+    if not isinstance(model.method_config, LoraConfig):
+        raise CheckpointError(f"only LoRA models export to peft's format; this model uses {model.method!r}")
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    peft_config = peft_lora_config(model.method_config)
+    peft_config.base_model_name_or_path = base_model_name_or_path
+    peft_config.save_pretrained(os.fspath(directory))
+    state = get_peft_model_state_dict(model.backbone, adapter_name="default")
+    # PeftModel wraps the HF model as base_model.model
+    state = {f"base_model.model.{k}": v.detach().cpu().contiguous() for k, v in state.items()}
+    save_file(state, os.fspath(directory / "adapter_model.safetensors"))
+    return directory

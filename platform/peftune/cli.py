@@ -1,0 +1,262 @@
+"""``peftune`` command line: train | methods | bench (sweep, report, evaluate come with the platform).
+
+Errors a user can act on (bad data rows, unknown methods or options, missing
+models) print one line naming what is wrong and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from dataclasses import fields
+from pathlib import Path
+
+from peftune.backbone import DEFAULT_MODEL
+
+# method size/options settable by flag: flag dest -> config field name
+SIZE_FLAGS = {
+    "rank": "rank",
+    "alpha": "alpha",
+    "bottleneck": "bottleneck",
+    "prefix_length": "prefix_length",
+    "prompt_length": "prompt_length",
+    "k": "k",
+}
+
+
+def add_model_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--model",
+        default=DEFAULT_MODEL,
+        help=f"HF BERT: a local directory, a hub name, or {DEFAULT_MODEL!r} (packaged, offline; default)",
+    )
+
+
+def add_method_args(parser: argparse.ArgumentParser) -> None:
+    from peftune import methods
+
+    parser.add_argument("--method", default="lora", help=f"one of: {', '.join(methods.method_names())}")
+    parser.add_argument("--rank", type=int, help="LoRA rank r (lora, lora_adapter)")
+    parser.add_argument("--alpha", type=float, help="LoRA alpha (scale alpha/r)")
+    parser.add_argument("--bottleneck", type=int, help="adapter bottleneck size (adapter, lora_adapter, hyperformer)")
+    parser.add_argument("--prefix-length", type=int, help="prefix length (prefix)")
+    parser.add_argument("--prompt-length", type=int, help="prompt length (prompt)")
+    parser.add_argument("--k", type=int, help="number of top layers to train (top_k)")
+    parser.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="any other option of the method's config, e.g. --option targets=query,value",
+    )
+
+
+def method_options(args) -> dict:
+    """Collect the method options given by flag; a flag the method does not have is an error."""
+    from peftune import methods
+
+    spec = methods.get_method(args.method)
+    valid = {f.name: f for f in fields(spec.config_cls)}
+    options = {}
+    for dest, key in SIZE_FLAGS.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        if key not in valid:
+            flag = "--" + dest.replace("_", "-")
+            raise ValueError(f"{flag} does not apply to method {args.method!r} (its options: {', '.join(valid)})")
+        options[key] = value
+    for item in args.option:
+        key, sep, raw = item.partition("=")
+        if not sep:
+            raise ValueError(f"--option {item!r}: expected KEY=VALUE")
+        if key not in valid:
+            raise ValueError(f"method {args.method!r} has no option {key!r}; valid options: {', '.join(valid)}")
+        options[key] = _parse_value(raw)
+    return options
+
+
+def _parse_value(raw: str):
+    import yaml
+
+    # YAML scalars only (numbers, booleans, strings): never objects or code
+    value = yaml.safe_load(raw)
+    return value if isinstance(value, (int, float, bool, str, list)) else raw
+
+
+def cmd_train(args) -> int:
+    from peftune import checkpoint, train
+
+    config = train.TrainConfig(
+        method=args.method,
+        method_options=method_options(args),
+        tasks=args.tasks,
+        lr=args.lr,
+        dropout=args.dropout,
+        weight_decay=args.weight_decay,
+        epochs=args.epochs,
+        batch_size=args.batch_size,
+        warmup_ratio=args.warmup_ratio,
+        sampling=args.sampling,
+        pooling=args.pooling,
+        seed=args.seed,
+        device=args.device,
+    )
+    output = Path(args.output or f"runs/{config.method}-{time.strftime('%Y%m%d-%H%M%S')}")
+    if (output / checkpoint.META).exists() and not args.overwrite:
+        raise ValueError(f"{output} already holds a checkpoint; pass --overwrite or another --output")
+    logging.info("reading and tokenizing %s from %s", ",".join(config.tasks), args.data_dir)
+    prepared = train.prepare(
+        args.data_dir,
+        config.tasks,
+        model=args.model,
+        max_length=args.max_length,
+        max_train_examples=args.max_train_examples,
+        max_dev_examples=args.max_dev_examples,
+        seed=args.seed,
+    )
+    best = {"score": float("-inf")}
+
+    def report(metrics, save):
+        print(format_metrics(metrics), flush=True)
+        if metrics["score"] > best["score"]:
+            best.update(metrics)
+            save(output)
+
+    result = train.run_trial(config, prepared, report)
+    counts = result.history[-1]
+    print(
+        f"best dev score {best['score']:.4f} at epoch {best['epoch']}; "
+        f"trainable per task {counts['trainable_params_per_task']:,} "
+        f"({counts['trainable_params_per_task_pct']:.2f}% of the backbone), "
+        f"stored {counts['stored_params']:,} ({counts['stored_params_pct']:.2f}%)"
+    )
+    print(f"checkpoint (best epoch): {output}")
+    if args.export_peft:
+        if config.method != "lora":
+            raise ValueError("--export-peft needs --method lora")
+        model = checkpoint.load_checkpoint(output, backbone=prepared.backbone.build())
+        path = checkpoint.export_lora(model, output / "peft", base_model_name_or_path=args.model)
+        print(f"peft LoRA adapter: {path}")
+    return 0
+
+
+def format_metrics(metrics: dict) -> str:
+    shown = [k for k in metrics if k.endswith(("_accuracy", "_pearson"))] + ["score", "train_loss"]
+    return (
+        f"epoch {metrics['epoch']}: "
+        + "  ".join(f"{k} {metrics[k]:.4f}" for k in shown)
+        + f"  ({metrics['epoch_time_s']:.0f}s, {metrics['tokens_per_s']:.0f} tokens/s)"
+    )
+
+
+def cmd_methods(args) -> int:
+    import torch
+
+    from peftune import methods
+    from peftune.backbone import BertConfig, BertModel, resolve_model_dir
+    from peftune.model import MultitaskModel
+    from peftune.params import count_parameters
+    from peftune.tasks import parse_tasks
+
+    if args.bert_base_shape:
+        config, label = BertConfig(), "bert-base shape (BertConfig() defaults)"
+    else:
+        import json
+
+        model_dir = resolve_model_dir(args.model)
+        config = BertConfig.from_dict(json.loads((model_dir / "config.json").read_text()))
+        label = args.model
+    tasks = parse_tasks(args.tasks)
+    print(f"backbone: {label}; tasks: {', '.join(t.name for t in tasks)}")
+    print(f"{'method':<13} {'size':<18} {'trainable/task':>15} {'%':>8} {'stored (all tasks)':>19} {'%':>8}")
+    torch.manual_seed(0)
+    for name in methods.method_names():
+        spec = methods.get_method(name)
+        method_config = spec.config_cls()
+        model = MultitaskModel(BertModel(config), tasks, name, method_config)
+        counts = count_parameters(model)
+        size = f"{spec.size_field}={getattr(method_config, spec.size_field)}" if spec.size_field else ""
+        print(
+            f"{name:<13} {size:<18} {counts.trainable_per_task:>15,} {counts.percent(counts.trainable_per_task):>7.2f}%"
+            f" {counts.stored:>19,} {counts.percent(counts.stored):>7.2f}%"
+        )
+    return 0
+
+
+def cmd_bench(args) -> int:
+    from peftune import bench
+
+    bench.main(args)
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="peftune", description=__doc__.splitlines()[0])
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("train", help="train one configuration and save its best checkpoint")
+    add_method_args(p)
+    add_model_args(p)
+    p.add_argument("--tasks", default="sst,para,sts", help="comma-separated task names (default sst,para,sts)")
+    p.add_argument("--data-dir", required=True, help="directory holding the task files")
+    p.add_argument("--epochs", type=int, default=3)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--dropout", type=float, default=0.1, help="dropout of the heads and the method's modules")
+    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--warmup-ratio", type=float, default=0.1)
+    p.add_argument("--sampling", default="proportional", choices=["round_robin", "proportional", "temperature"])
+    p.add_argument("--pooling", default="cls", choices=["cls", "mean"])
+    p.add_argument("--max-length", type=int, default=128, help="tokens per sequence (pairs together)")
+    p.add_argument("--max-train-examples", type=int, help="cap per task (a seeded subset): CPU runs need it")
+    p.add_argument("--max-dev-examples", type=int, help="cap per task for dev evaluation")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--device", default="auto", help="auto (CUDA if present, else CPU), cpu, cuda, cuda:1...")
+    p.add_argument("--output", help="checkpoint directory (default runs/<method>-<time>)")
+    p.add_argument("--overwrite", action="store_true", help="replace a checkpoint already in --output")
+    p.add_argument("--export-peft", action="store_true", help="also export a LoRA adapter in peft's format")
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("methods", help="list the methods with their parameter counts on a backbone")
+    add_model_args(p)
+    p.add_argument("--tasks", default="sst,para,sts")
+    p.add_argument(
+        "--bert-base-shape",
+        action="store_true",
+        help="count on the bert-base shape (BertConfig() defaults) without any download",
+    )
+    p.set_defaults(func=cmd_methods)
+
+    p = sub.add_parser("bench", help="training throughput: the core versus a plain transformers loop")
+    add_model_args(p)
+    p.add_argument("--data-dir", required=True)
+    p.add_argument("--examples", type=int, default=1024, help="SST train examples per measured epoch")
+    p.add_argument("--batch-size", type=int, default=32)
+    p.add_argument("--repeats", type=int, default=2, help="alternating rounds; the best of each is kept")
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG if args.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        datefmt="%H:%M:%S",
+    )
+    try:
+        return args.func(args)
+    except (ValueError, KeyError, FileNotFoundError, TypeError) as error:
+        if args.verbose:
+            raise
+        message = error.args[0] if isinstance(error, KeyError) and error.args else error
+        print(f"peftune {args.command}: error: {message}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

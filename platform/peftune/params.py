@@ -1,0 +1,97 @@
+"""Parameter accounting in the AdaptBert tables' columns.
+
+- trainable per task: what one task's training updates — shared trainable
+  parameters (method modules and any unfrozen backbone weights) plus that
+  task's own method parameters. Task heads are counted apart (``heads``), as
+  in the papers, whose percentages exclude them.
+- additional stored: parameters the method *adds* to the backbone, for all
+  tasks (LoRA matrices, every task's adapters...). Methods that only modify
+  backbone weights (full, BitFit, LayerNorm, top-k) add none; they overwrite
+  weights that are stored anyway.
+- checkpoint: every trainable parameter except the heads, i.e. what a
+  checkpoint holds for the method.
+
+Percentages are of the pretrained backbone's parameter count (bert-base:
+109,482,240), the papers' denominator.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from peftune.methods.base import PER_TASK
+
+
+@dataclass(frozen=True)
+class ParameterCounts:
+    backbone: int
+    shared: int  # trainable, not task-specific, excluding heads
+    per_task: dict[str, int]  # each task's own method parameters
+    added_shared: int  # of `shared`, the parameters the method added (not backbone weights)
+    heads: dict[str, int]
+
+    @property
+    def trainable_per_task(self) -> int:
+        # every task trains the same amount in all methods here; report the largest
+        return self.shared + max(self.per_task.values(), default=0)
+
+    @property
+    def stored(self) -> int:
+        return self.added_shared + sum(self.per_task.values())
+
+    @property
+    def checkpoint(self) -> int:
+        return self.shared + sum(self.per_task.values())
+
+    def percent(self, count: int) -> float:
+        return 100.0 * count / self.backbone
+
+    def summary(self) -> dict[str, float]:
+        """Flat numbers for logs and MLflow."""
+        return {
+            "backbone_params": self.backbone,
+            "trainable_params_per_task": self.trainable_per_task,
+            "trainable_params_per_task_pct": self.percent(self.trainable_per_task),
+            "stored_params": self.stored,
+            "stored_params_pct": self.percent(self.stored),
+            "checkpoint_params": self.checkpoint,
+            "head_params": sum(self.heads.values()),
+        }
+
+    def to_dict(self) -> dict:
+        return asdict(self) | self.summary()
+
+
+def pretrained_name(name: str) -> str:
+    # peft moves a wrapped linear's own weight to "<name>.base_layer.weight"
+    return name.replace(".base_layer.", ".")
+
+
+def count_parameters(model) -> ParameterCounts:
+    """Account a ``MultitaskModel``'s parameters (see the module docstring)."""
+    pretrained = model.pretrained_parameter_names
+    backbone = shared = added_shared = 0
+    per_task = {task: 0 for task in model.tasks}
+    for name, parameter in model.backbone.named_parameters():
+        n = parameter.numel()
+        is_pretrained = pretrained_name(name) in pretrained
+        backbone += n if is_pretrained else 0
+        if not parameter.requires_grad:
+            continue
+        task = task_of(name)
+        if task is not None:
+            per_task[task] += n
+        else:
+            shared += n
+            added_shared += 0 if is_pretrained else n
+    heads = {task: sum(p.numel() for p in head.parameters()) for task, head in model.heads.items()}
+    return ParameterCounts(backbone, shared, per_task, added_shared, heads)
+
+
+def task_of(name: str) -> str | None:
+    """The task a parameter belongs to, from the ``per_task.<task>.`` convention; None if shared."""
+    parts = name.split(".")
+    for i, part in enumerate(parts[:-1]):
+        if part == PER_TASK:
+            return parts[i + 1]
+    return None

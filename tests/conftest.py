@@ -1,0 +1,74 @@
+"""Shared fixtures: tiny BERT configs, the packaged model, tiny data directories."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach for the hub
+
+from peftune.backbone import BertConfig, BertModel  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = Path(os.environ.get("PEFTUNE_DATA_DIR", REPO.parent / "shared" / "data"))
+
+TINY = BertConfig(
+    vocab_size=120,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+)
+
+
+def tiny_backbone(seed: int = 0, config: BertConfig = TINY) -> BertModel:
+    torch.manual_seed(seed)
+    return BertModel(config)
+
+
+@pytest.fixture
+def tiny_config() -> BertConfig:
+    return TINY
+
+
+def write_task_file(path: Path, header: list[str], rows: list[list]) -> Path:
+    """A file in the shared data format: TSV, an unnamed index column, then id and the columns."""
+    lines = ["\t".join(["", "id", *header])]
+    for i, row in enumerate(rows):
+        lines.append("\t".join([str(i), f"id{i:04d}", *map(str, row)]))
+    path.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return path
+
+
+POSITIVE = ["a great , wonderful film", "truly moving and funny", "brilliant acting , loved it", "a joy to watch"]
+NEGATIVE = ["a dull , boring mess", "awful and tedious", "the worst plot ever", "painfully bad acting"]
+
+
+@pytest.fixture(scope="session")
+def tiny_data_dir(tmp_path_factory) -> Path:
+    """Learnable toy versions of the sst, para, sts and cfimdb files (same names and columns as the real ones)."""
+    import random
+
+    rng = random.Random(0)
+    directory = tmp_path_factory.mktemp("data")
+    for split, n in (("train", 96), ("dev", 32)):
+        sst, cfimdb, para, sts = [], [], [], []
+        for i in range(n):
+            positive = i % 2 == 0
+            text = rng.choice(POSITIVE if positive else NEGATIVE)
+            sst.append([text, 4 if positive else 0])
+            cfimdb.append([text, int(positive)])
+            a = rng.choice(POSITIVE + NEGATIVE)
+            same = i % 3 == 0
+            b = a if same else rng.choice([s for s in POSITIVE + NEGATIVE if s != a])
+            para.append([a, b, float(same)])
+            sts.append([a, b, 5.0 if same else 1.0])
+        write_task_file(directory / f"ids-sst-{split}.csv", ["sentence", "sentiment"], sst)
+        write_task_file(directory / f"ids-cfimdb-{split}.csv", ["sentence", "sentiment"], cfimdb)
+        write_task_file(directory / f"quora-{split}.csv", ["sentence1", "sentence2", "is_duplicate"], para)
+        write_task_file(directory / f"sts-{split}.csv", ["sentence1", "sentence2", "similarity"], sts)
+    return directory

@@ -1,0 +1,59 @@
+"""Parameter accounting against closed-form counts on the bert-base shape (no download)."""
+
+import pytest
+import torch
+
+from peftune import methods
+from peftune.backbone import BertConfig, BertModel
+from peftune.model import MultitaskModel
+from peftune.params import count_parameters
+from peftune.tasks import parse_tasks
+
+BASE = BertConfig()  # bert-base-uncased's shape
+D, L, FFN, V, P = BASE.hidden_size, BASE.num_hidden_layers, BASE.intermediate_size, BASE.vocab_size, 512
+BERT_BASE_PARAMS = 109_482_240  # the AdaptBert tables' denominator
+TASKS = parse_tasks("sst,para,sts")
+
+
+def counts_for(method: str, **options):
+    with torch.device("meta"):  # exact shapes, no memory, no initialisation cost
+        model = MultitaskModel(BertModel(BASE), TASKS, method, methods.make_method_config(method, options))
+    return count_parameters(model)
+
+
+def layer_params() -> int:
+    attention = 4 * (D * D + D) + 2 * D
+    ffn = (D * FFN + FFN) + (FFN * D + D) + 2 * D
+    return attention + ffn
+
+
+def test_bert_base_backbone_count():
+    assert counts_for("frozen").backbone == BERT_BASE_PARAMS
+    embeddings = (V + P + 2) * D + 2 * D
+    assert embeddings + L * layer_params() + (D * D + D) == BERT_BASE_PARAMS
+
+
+@pytest.mark.parametrize(
+    "method, options, trainable, stored",
+    [
+        ("frozen", {}, 0, 0),
+        ("full", {}, BERT_BASE_PARAMS, 0),
+        # biases: q, k, v, attention output, intermediate, output, two LayerNorms per layer; embedding LN; pooler
+        ("bitfit", {}, L * (4 * D + FFN + D + 2 * D) + D + D, 0),
+        ("layernorm", {}, L * 2 * 2 * D + 2 * D, 0),
+        ("top_k", {"k": 2}, 2 * layer_params() + D * D + D, 0),
+        # LoRA on q, k, v: r (d + d) per matrix; the AdaptBert report's r=8 figure is 442,368 = 0.40%
+        ("lora", {"rank": 8}, 442_368, 442_368),
+        ("lora", {"rank": 16, "targets": ["query", "value"]}, L * 2 * 16 * 2 * D, L * 2 * 16 * 2 * D),
+    ],
+)
+def test_closed_form_counts(method, options, trainable, stored):
+    counts = counts_for(method, **options)
+    assert counts.trainable_per_task == trainable
+    assert counts.stored == stored
+    assert counts.heads == {"sst": D * 5 + 5, "para": D + 1, "sts": D + 1}
+
+
+def test_lora_percent_matches_the_report():
+    counts = counts_for("lora", rank=8)
+    assert round(counts.percent(counts.trainable_per_task), 2) == 0.40
