@@ -30,7 +30,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
         default=DEFAULT_MODEL,
-        help=f"HF BERT: a local directory, a hub name, or {DEFAULT_MODEL!r} (packaged, offline; default)",
+        help=f"HF BERT: a local directory, a hub name, or {DEFAULT_MODEL!r} (packaged, offline; the default)",
     )
 
 
@@ -179,9 +179,10 @@ def cmd_methods(args) -> int:
         model = MultitaskModel(BertModel(config), tasks, name, method_config)
         counts = count_parameters(model)
         size = f"{spec.size_field}={getattr(method_config, spec.size_field)}" if spec.size_field else ""
+        trainable, stored = counts.trainable_per_task, counts.stored
         print(
-            f"{name:<13} {size:<18} {counts.trainable_per_task:>15,} {counts.percent(counts.trainable_per_task):>7.2f}%"
-            f" {counts.stored:>19,} {counts.percent(counts.stored):>7.2f}%"
+            f"{name:<13} {size:<18} {trainable:>15,} {counts.percent(trainable):>7.2f}%"
+            f" {stored:>19,} {counts.percent(stored):>7.2f}%"
         )
     return 0
 

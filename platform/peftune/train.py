@@ -11,6 +11,7 @@ writes a checkpoint of the trainable parameters there if the caller wants one.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -339,20 +340,18 @@ def run_trial(
             " ".join(f"{k} {v:.4f}" for k, v in dev.items()) + f" score {metrics['score']:.4f}",
         )
         if report is not None:
-
-            def save(directory: Path, epoch=epoch + 1, history=list(history)) -> None:
-                checkpoint.save_checkpoint(
-                    model,
-                    directory,
-                    config=config,
-                    backbone=prepared.backbone,
-                    metrics=history[-1],
-                    optimizer=optimizer,
-                    scheduler=scheduler,
-                    epoch=epoch,
-                    history=history,
-                )
-
+            # `save` is only valid during the report call: the model and optimizer move on afterwards
+            save = functools.partial(
+                checkpoint.save_checkpoint,
+                model,
+                config=config,
+                backbone=prepared.backbone,
+                metrics=metrics,
+                optimizer=optimizer,
+                scheduler=scheduler,
+                epoch=epoch + 1,
+                history=list(history),
+            )
             report(metrics, save)
     return TrialResult(history, model)
 
