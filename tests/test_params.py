@@ -45,6 +45,13 @@ def test_bert_base_backbone_count():
         # LoRA on q, k, v: r (d + d) per matrix; the AdaptBert report's r=8 figure is 442,368 = 0.40%
         ("lora", {"rank": 8}, 442_368, 442_368),
         ("lora", {"rank": 16, "targets": ["query", "value"]}, L * 2 * 16 * 2 * D, L * 2 * 16 * 2 * D),
+        # the FFN pair: intermediate (d -> 4d) and output (4d -> d), each r (d + 4d)
+        (
+            "lora",
+            {"rank": 4, "targets": ["intermediate.dense", "output.dense"]},
+            L * 2 * 4 * (D + FFN),
+            L * 2 * 4 * (D + FFN),
+        ),
     ],
 )
 def test_closed_form_counts(method, options, trainable, stored):

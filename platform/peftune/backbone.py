@@ -103,7 +103,7 @@ class BertEmbeddings(nn.Module):
         x = x + self.position_embeddings(positions)  # (B, T, H)
         x = self.dropout(self.LayerNorm(x))
         if self.input_prompt is not None:
-            # (B, T + P, H), (B, T + P): prompt vectors join the sequence
+            # (B, T + P, H), (B, T + P): prompt vectors join the sequence right after [CLS]
             x, attention_mask = self.input_prompt(x, attention_mask)
         return x, attention_mask
 
@@ -229,10 +229,11 @@ class BertPooler(nn.Module):
 
 
 class BertModel(nn.Module):
-    """BERT encoder; ``forward`` returns (sequence output (B, T', H), mask (B, T'), pooled (B, H)).
+    """BERT encoder; ``forward`` returns (sequence output (B, T', H), token mask (B, T'), pooled (B, H)).
 
-    T' = T plus any prompt vectors a method inserted after [CLS]; the mask
-    returned covers T' so callers can pool over real tokens.
+    T' = T plus any prompt vectors a method inserted after [CLS]. The token
+    mask is 1 on real (non-padding) input tokens only, so callers pool over
+    the input, not over padding or prompt vectors.
     """
 
     def __init__(self, config: BertConfig):
@@ -261,12 +262,18 @@ class BertModel(nn.Module):
             attention_mask = torch.ones_like(input_ids)
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
+        token_mask = attention_mask
         x, attention_mask = self.embeddings(input_ids, token_type_ids, attention_mask)
+        num_prompt = x.shape[1] - input_ids.shape[1]
+        if num_prompt:
+            # prompt vectors sit right after [CLS]: attended to, but not tokens to pool over
+            prompt_zeros = token_mask.new_zeros(token_mask.shape[0], num_prompt)
+            token_mask = torch.cat([token_mask[:, :1], prompt_zeros, token_mask[:, 1:]], dim=1)  # (B, T')
         # (B, 1, 1, T'): 0 where attending is allowed, a large negative where not.
         # A finite value (not -inf) keeps fully padded rows free of NaNs.
         attention_bias = (1.0 - attention_mask[:, None, None, :].float()) * torch.finfo(torch.float32).min
         x = self.encoder(x, attention_bias)
-        return x, attention_mask, self.pooler(x)
+        return x, token_mask, self.pooler(x)
 
 
 # --------------------------------------------------------------------------- loading

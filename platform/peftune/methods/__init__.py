@@ -1,6 +1,18 @@
 """PEFT methods, one module each, registered by name on import."""
 
-from peftune.methods import bitfit, frozen, full, layernorm, lora, top_k  # noqa: F401  (registration)
+from peftune.methods import (  # noqa: F401  (registration)
+    adapter,
+    bitfit,
+    frozen,
+    full,
+    hyperformer,
+    layernorm,
+    lora,
+    lora_adapter,
+    prefix,
+    prompt,
+    top_k,
+)
 from peftune.methods.base import (  # noqa: F401
     MethodConfig,
     MethodSpec,

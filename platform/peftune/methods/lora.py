@@ -39,14 +39,15 @@ class LoraConfig(MethodConfig):
 def peft_lora_config(config: LoraConfig):
     import peft
 
-    # "output.dense" alone would also match "attention.output.dense": anchor it
+    # each pattern is anchored right after "encoder.layer.N.", so "output.dense" cannot
+    # also match "attention.output.dense"
     patterns = {
         "query": r"attention\.self\.query",
         "key": r"attention\.self\.key",
         "value": r"attention\.self\.value",
         "attention.output.dense": r"attention\.output\.dense",
         "intermediate.dense": r"intermediate\.dense",
-        "output.dense": r"layer\.\d+\.output\.dense",
+        "output.dense": r"output\.dense",
     }
     target_regex = r".*encoder\.layer\.\d+\.(" + "|".join(patterns[t] for t in config.targets) + r")$"
     return peft.LoraConfig(

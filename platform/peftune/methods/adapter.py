@@ -1,0 +1,181 @@
+"""Houlsby bottleneck adapters (Houlsby et al. 2019, "Parameter-Efficient Transfer Learning for NLP").
+
+An adapter is a bottleneck with a skip connection,
+
+    A(x) = x + W_up · dropout(act(W_down · x + b_down)) + b_up,     W_down: d -> m, W_up: m -> d,
+
+so it has 2md + d + m parameters. Placement (the paper's Figure 2): two per
+Transformer layer, at the backbone's hook points ``attention.output.adapter``
+(after the projection that follows multi-head attention) and
+``output.adapter`` (after the feed-forward block), each applied to the
+sub-layer's output *before* the residual add and LayerNorm.
+
+Adapters are task-specific: each hook holds one adapter per task under a
+``per_task`` ModuleDict and routes every batch to the current task's
+(``context.task``). As in the paper, the backbone's LayerNorms train too,
+shared by all tasks (``train_layernorm``); everything else stays frozen.
+
+Init: near identity. Both projections' weights are drawn from N(0, init_std²)
+with init_std = 1e-3 by default (the paper reports performance robust for
+std below 1e-2), biases are zero; with ``zero_init_up`` the up-projection
+starts at zero and the adapter is exactly the identity at init.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from peftune.backbone import BertConfig, BertModel
+from peftune.methods.base import (
+    MethodConfig,
+    MethodSpec,
+    TaskContext,
+    check_positive_int,
+    check_range,
+    register_method,
+)
+from peftune.methods.layernorm import LayerNormConfig, apply_layernorm
+
+ACTIVATIONS = {"gelu": F.gelu, "relu": F.relu, "tanh": torch.tanh, "silu": F.silu}
+
+# The backbone's hook points, in the order of a layer's forward (paths from a BertLayer)
+POSITIONS = ("attention.output", "output")
+
+
+def check_bool(config, key: str) -> None:
+    value = getattr(config, key)
+    if not isinstance(value, bool):
+        raise TypeError(f"{type(config).__name__}.{key} must be true or false, got {value!r}")
+
+
+@dataclass
+class AdapterConfig(MethodConfig):
+    bottleneck: int = 64  # m; the paper's sweep was {8, 64, 256}, 64 its usual middle
+    activation: str = "gelu"  # the backbone's own non-linearity
+    init_std: float = 1e-3  # near identity; the paper found performance robust below 1e-2
+    zero_init_up: bool = False  # True: W_up = 0, so the adapter is exactly the identity at init
+    train_layernorm: bool = True  # the paper trains the backbone's LayerNorms (shared) with the adapters
+    # the layers (0-based) that get adapters; None = all. Upper layers matter most (the paper's ablation)
+    layers: list[int] | None = None
+
+    def __post_init__(self):
+        super().__post_init__()
+        check_positive_int(self, "bottleneck")
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(
+                f"{type(self).__name__}.activation = {self.activation!r}; expected one of {sorted(ACTIVATIONS)}"
+            )
+        check_range(self, "init_std", 0.0, 1.0)
+        check_bool(self, "zero_init_up")
+        check_bool(self, "train_layernorm")
+        if self.layers is not None:
+            layers = self.layers
+            if isinstance(layers, str):  # "8,9,10,11" from a command line
+                layers = [int(s) if s.strip().isdigit() else s for s in layers.split(",") if s.strip()]
+            layers = list(layers)
+            bad = [i for i in layers if isinstance(i, bool) or not isinstance(i, int) or i < 0]
+            if not layers or bad or len(set(layers)) != len(layers):
+                raise ValueError(
+                    f"{type(self).__name__}.layers = {self.layers!r}; expected None (all layers) or "
+                    "distinct 0-based layer indices"
+                )
+            self.layers = sorted(layers)
+
+
+class HoulsbyAdapter(nn.Module):
+    """One task's adapter at one position: x + up(dropout(act(down(x))))."""
+
+    def __init__(self, hidden: int, config: AdapterConfig, device=None, dtype=None):
+        super().__init__()
+        self.down = nn.Linear(hidden, config.bottleneck, device=device, dtype=dtype)
+        self.up = nn.Linear(config.bottleneck, hidden, device=device, dtype=dtype)
+        self.act = ACTIVATIONS[config.activation]
+        self.dropout = nn.Dropout(config.dropout)
+        nn.init.normal_(self.down.weight, std=config.init_std)
+        if config.zero_init_up:
+            nn.init.zeros_(self.up.weight)
+        else:
+            nn.init.normal_(self.up.weight, std=config.init_std)
+        nn.init.zeros_(self.down.bias)
+        nn.init.zeros_(self.up.bias)
+
+    def forward(self, x):  # (B, T, d) -> (B, T, d)
+        h = self.dropout(self.act(self.down(x)))  # (B, T, m)
+        return x + self.up(h)
+
+
+class TaskAdapters(nn.Module):
+    """The module at one hook point: one adapter per task, picked by ``context.task``."""
+
+    def __init__(self, context: TaskContext, adapters: dict[str, nn.Module]):
+        super().__init__()
+        self.context = context  # a plain object, not a submodule: shared by every hook
+        self.per_task = nn.ModuleDict(adapters)  # names contain ".per_task.<task>."
+
+    def forward(self, x):  # (B, T, d) -> (B, T, d)
+        return self.per_task[self.context.task](x)
+
+
+def adapter_layers(config: AdapterConfig, num_layers: int) -> list[int]:
+    """The layer indices that get adapters; an index the backbone lacks is an error."""
+    if config.layers is None:
+        return list(range(num_layers))
+    if config.layers[-1] >= num_layers:
+        raise ValueError(
+            f"{type(config).__name__}.layers = {config.layers}: the backbone has layers 0..{num_layers - 1}"
+        )
+    return config.layers
+
+
+def install_adapters(backbone: BertModel, config: AdapterConfig, context: TaskContext) -> None:
+    """Put a TaskAdapters (trainable) at both hook points of every selected layer."""
+    reference = backbone.embeddings.word_embeddings.weight  # new modules follow its device and dtype
+    hidden = backbone.config.hidden_size
+    for i in adapter_layers(config, len(backbone.encoder.layer)):
+        layer = backbone.encoder.layer[i]
+        for position in POSITIONS:
+            adapters = {
+                task: HoulsbyAdapter(hidden, config, device=reference.device, dtype=reference.dtype)
+                for task in context.tasks
+            }
+            layer.get_submodule(position).adapter = TaskAdapters(context, adapters)
+
+
+def apply_adapter(backbone: BertModel, config: AdapterConfig, context: TaskContext) -> None:
+    if config.train_layernorm:
+        apply_layernorm(backbone, LayerNormConfig(), context)
+    install_adapters(backbone, config, context)
+
+
+def layernorm_parameter_count(bert_config: BertConfig) -> int:
+    """The backbone's LayerNorms: the embeddings' one and two per layer, a gain and a bias of size d each."""
+    return (2 * bert_config.num_hidden_layers + 1) * 2 * bert_config.hidden_size
+
+
+def adapter_parameter_count(config: AdapterConfig, bert_config: BertConfig, num_tasks: int) -> dict[str, int]:
+    """Closed form (Houlsby et al.): per task, 2 adapters x L_a layers x (2md + d + m).
+
+    Returns ``shared`` (trainable, shared by all tasks: the backbone's
+    LayerNorms if trained), ``per_task`` (each task's own adapters) and
+    ``total`` = shared + num_tasks * per_task (all trainable backbone parameters).
+    """
+    d, m = bert_config.hidden_size, config.bottleneck
+    num_layers = len(adapter_layers(config, bert_config.num_hidden_layers))
+    per_task = len(POSITIONS) * num_layers * (2 * m * d + d + m)
+    shared = layernorm_parameter_count(bert_config) if config.train_layernorm else 0
+    return {"shared": shared, "per_task": per_task, "total": shared + num_tasks * per_task}
+
+
+register_method(
+    MethodSpec(
+        "adapter",
+        AdapterConfig,
+        apply_adapter,
+        "Houlsby bottleneck adapters, two per layer, one set per task; LayerNorms shared",
+        size_field="bottleneck",
+    )
+)
