@@ -116,6 +116,7 @@ def cmd_train(args) -> int:
         max_train_examples=args.max_train_examples,
         max_dev_examples=args.max_dev_examples,
         seed=args.seed,
+        invalid_rows=args.invalid_rows,
     )
     best = {"score": float("-inf")}
 
@@ -194,6 +195,12 @@ def cmd_bench(args) -> int:
     return 0
 
 
+def cmd_sweep(args) -> int:
+    from peftune import sweep
+
+    return sweep.main_from_args(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="peftune", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -215,6 +222,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-length", type=int, default=128, help="tokens per sequence (pairs together)")
     p.add_argument("--max-train-examples", type=int, help="cap per task (a seeded subset): CPU runs need it")
     p.add_argument("--max-dev-examples", type=int, help="cap per task for dev evaluation")
+    p.add_argument(
+        "--invalid-rows",
+        default="raise",
+        choices=["raise", "skip"],
+        help="a malformed data row stops the run (raise, default) or is dropped with a warning (skip)",
+    )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", help="auto (CUDA if present, else CPU), cpu, cuda, cuda:1...")
     p.add_argument("--output", help="checkpoint directory (default runs/<method>-<time>)")
@@ -231,6 +244,12 @@ def build_parser() -> argparse.ArgumentParser:
         help="count on the bert-base shape (BertConfig() defaults) without any download",
     )
     p.set_defaults(func=cmd_methods)
+
+    p = sub.add_parser("sweep", help="run or resume a hyperparameter sweep (Ray Tune + Optuna, logged to MLflow)")
+    from peftune import sweep
+
+    sweep.add_arguments(p)
+    p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("bench", help="training throughput: the core versus a plain transformers loop")
     add_model_args(p)

@@ -24,7 +24,7 @@ from torch import nn
 
 from peftune import methods
 from peftune.backbone import DEFAULT_MODEL, BertConfig, BertModel, load_pretrained, load_tokenizer
-from peftune.data import TaskData, bucketed_batches, file_sha256, load_tasks, multitask_schedule
+from peftune.data import TaskData, bucketed_batches, load_tasks, multitask_schedule
 from peftune.model import POOLINGS, MultitaskModel
 from peftune.params import count_parameters
 from peftune.tasks import get_task, overall_score, parse_tasks
@@ -136,24 +136,26 @@ def prepare(
     max_train_examples: int | None = None,
     max_dev_examples: int | None = None,
     seed: int = 0,
+    invalid_rows: str = "raise",
 ) -> PreparedData:
-    """Load the backbone and tokenizer, read and tokenize every task's train and dev file once."""
+    """Load the backbone and tokenizer, read and tokenize every task's train and dev file once.
+
+    ``invalid_rows="skip"`` drops malformed rows (each listed in a warning) instead of stopping at
+    the first; the real quora-train.csv has two.
+    """
     backbone, model_dir = load_pretrained(model)
     tokenizer = load_tokenizer(model_dir)
-    specs = parse_tasks(tasks)
     data = load_tasks(
         data_dir,
-        specs,
+        parse_tasks(tasks),
         tokenizer,
         max_length=max_length,
         max_train_examples=max_train_examples,
         max_dev_examples=max_dev_examples,
         seed=seed,
+        invalid_rows=invalid_rows,
     )
-    hashes = {}
-    for spec in specs:
-        for file_name in (spec.train_file, spec.dev_file):
-            hashes[file_name] = file_sha256(Path(data_dir) / file_name)
+    hashes = {Path(split.source).name: split.sha256 for task in data.values() for split in (task.train, task.dev)}
     return PreparedData(
         backbone=PretrainedBackbone(model, backbone.config, backbone.state_dict()),
         tasks=data,
