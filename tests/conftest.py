@@ -72,3 +72,31 @@ def tiny_data_dir(tmp_path_factory) -> Path:
         write_task_file(directory / f"quora-{split}.csv", ["sentence1", "sentence2", "is_duplicate"], para)
         write_task_file(directory / f"sts-{split}.csv", ["sentence1", "sentence2", "similarity"], sts)
     return directory
+
+
+@pytest.fixture(scope="session")
+def tiny_prepared(tiny_data_dir):
+    """PreparedData on the toy files with the real tokenizer and a tiny random BERT (fast to train)."""
+    from peftune.backbone import DEFAULT_MODEL, load_tokenizer, resolve_model_dir
+    from peftune.data import load_tasks
+    from peftune.tasks import parse_tasks
+    from peftune.train import PreparedData, PretrainedBackbone
+
+    tokenizer = load_tokenizer(resolve_model_dir(DEFAULT_MODEL))
+    config = BertConfig(
+        vocab_size=tokenizer.vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+    )
+    torch.manual_seed(0)
+    backbone = BertModel(config)
+    tasks = load_tasks(tiny_data_dir, parse_tasks("sst,para,sts"), tokenizer, max_length=32)
+    return PreparedData(
+        backbone=PretrainedBackbone("tiny-random-bert", config, backbone.state_dict()),
+        tasks=tasks,
+        pad_token_id=tokenizer.pad_token_id,
+        max_length=32,
+        file_hashes={},
+    )

@@ -163,6 +163,9 @@ def load_training_state(directory, model, optimizer, scheduler, backbone) -> dic
                 optimizer.state[parameter] = state
     if meta.get("scheduler"):
         scheduler.load_state_dict(meta["scheduler"])
+        # the scheduler writes a group's lr only when it steps: restore the current one now
+        for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr(), strict=True):
+            group["lr"] = lr
     return {"epoch": meta["epoch"] or 0, "history": meta["history"] or []}
 
 

@@ -292,6 +292,8 @@ def run_trial(
     for epoch in range(start_epoch, config.epochs):
         model.train()
         started = time.perf_counter()
+        # dropout draws depend on (seed, epoch) only, so a resumed trial continues exactly
+        torch.manual_seed(_epoch_seed(config, epoch))
         plan = _epoch_plan(config, tasks, prepared.pad_token_id, epoch)
         loss_sum, tokens = 0.0, 0
         for step, batch in enumerate(plan):
@@ -358,9 +360,13 @@ def run_trial(
     return TrialResult(history, model)
 
 
+def _epoch_seed(config: TrainConfig, epoch: int) -> int:
+    return config.seed * 1_000_003 + epoch
+
+
 def _epoch_plan(config: TrainConfig, tasks: dict[str, TaskData], pad_id: int, epoch: int) -> list:
     """The batches of one epoch in training order, the same for the same (seed, epoch)."""
-    generator = torch.Generator().manual_seed(config.seed * 1_000_003 + epoch)
+    generator = torch.Generator().manual_seed(_epoch_seed(config, epoch))
     per_task = {
         name: bucketed_batches(data.train, config.batch_size, shuffle=True, generator=generator, pad_id=pad_id)
         for name, data in tasks.items()

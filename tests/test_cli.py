@@ -1,0 +1,143 @@
+"""The command line: training writes a checkpoint; bad input exits 2 with a message naming the problem."""
+
+import pytest
+
+from conftest import SHARED_DATA, write_task_file
+from peftune import cli
+
+
+def run(capsys, *argv):
+    code = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_train_writes_a_checkpoint_and_reports(capsys, tiny_data_dir, tmp_path):
+    code, out, _ = run(
+        capsys,
+        "train",
+        "--method",
+        "lora",
+        "--rank",
+        "4",
+        "--tasks",
+        "sst,sts",
+        "--data-dir",
+        str(tiny_data_dir),
+        "--epochs",
+        "1",
+        "--max-train-examples",
+        "32",
+        "--max-dev-examples",
+        "16",
+        "--output",
+        str(tmp_path / "ckpt"),
+        "--export-peft",
+    )
+    assert code == 0
+    assert "epoch 1:" in out and "sst_accuracy" in out and "sts_pearson" in out
+    assert (tmp_path / "ckpt" / "trainable.safetensors").exists()
+    assert (tmp_path / "ckpt" / "peft" / "adapter_model.safetensors").exists()
+    code, _, err = run(
+        capsys,
+        "train",
+        "--method",
+        "lora",
+        "--tasks",
+        "sst",
+        "--data-dir",
+        str(tiny_data_dir),
+        "--epochs",
+        "1",
+        "--output",
+        str(tmp_path / "ckpt"),
+    )
+    assert code == 2 and "already holds a checkpoint" in err
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--method", "loraa"], "unknown method 'loraa'; valid methods:"),
+        (["--method", "adapter", "--rank", "4"], "--rank does not apply to method 'adapter'"),
+        (["--method", "lora", "--option", "ranks=3"], "has no option 'ranks'"),
+        (["--method", "lora", "--rank", "0"], "rank must be a positive integer"),
+        (["--tasks", "sst,nli"], "unknown task 'nli'"),
+    ],
+)
+def test_bad_arguments_exit_2_with_a_clear_message(capsys, tiny_data_dir, argv, message):
+    code, _, err = run(capsys, "train", "--data-dir", str(tiny_data_dir), *argv)
+    assert code == 2
+    assert message in err
+
+
+def test_malformed_row_names_file_and_line(capsys, tiny_data_dir, tmp_path):
+    for path in tiny_data_dir.iterdir():
+        (tmp_path / path.name).write_bytes(path.read_bytes())
+    write_task_file(tmp_path / "ids-sst-train.csv", ["sentence", "sentiment"], [["fine", 1], ["broken", 7]])
+    code, _, err = run(
+        capsys, "train", "--tasks", "sst", "--data-dir", str(tmp_path), "--output", str(tmp_path / "out")
+    )
+    assert code == 2
+    assert "ids-sst-train.csv, line 3" in err and "[0, 4]" in err
+    assert not (tmp_path / "out").exists()  # nothing half-written
+
+
+def test_missing_data_dir_and_model(capsys, tiny_data_dir, tmp_path):
+    code, _, err = run(capsys, "train", "--data-dir", str(tmp_path / "nowhere"))
+    assert code == 2 and "nowhere" in err
+    code, _, err = run(capsys, "train", "--data-dir", str(tiny_data_dir), "--model", str(tmp_path / "no-model"))
+    assert code == 2 and "no-model" in err
+
+
+def test_methods_lists_every_method_with_counts(capsys):
+    code, out, _ = run(capsys, "methods", "--bert-base-shape")
+    assert code == 0
+    lines = {line.split()[0]: line for line in out.splitlines()[2:]}
+    assert {"frozen", "full", "lora", "adapter", "lora_adapter", "hyperformer", "prefix", "prompt"} <= set(lines)
+    assert "442,368" in lines["lora"] and "0.40%" in lines["lora"]
+
+
+@pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="real data directory not present")
+@pytest.mark.parametrize(
+    "method",
+    [
+        "frozen",
+        "full",
+        "bitfit",
+        "layernorm",
+        "top_k",
+        "lora",
+        "adapter",
+        "lora_adapter",
+        "hyperformer",
+        "prefix",
+        "prompt",
+    ],
+)
+def test_every_method_trains_on_the_real_files(capsys, tmp_path, method):
+    """A short multitask run on the real SST/Quora/STS files with the packaged model."""
+    code, out, err = run(
+        capsys,
+        "train",
+        "--method",
+        method,
+        "--tasks",
+        "sst,para,sts",
+        "--data-dir",
+        str(SHARED_DATA),
+        "--epochs",
+        "1",
+        "--max-train-examples",
+        "48",
+        "--max-dev-examples",
+        "48",
+        "--max-length",
+        "64",
+        "--invalid-rows",
+        "skip",
+        "--output",
+        str(tmp_path / method),
+    )
+    assert code == 0, err
+    assert "para_accuracy" in out and "best dev score" in out

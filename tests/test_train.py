@@ -1,0 +1,131 @@
+"""One trial end to end: determinism, reporting, checkpoints that reproduce, resume, divergence."""
+
+import json
+
+import pytest
+import torch
+
+from peftune import checkpoint, train
+from peftune.model import MultitaskModel
+from peftune.tasks import parse_tasks
+
+
+def config(**overrides) -> train.TrainConfig:
+    values = dict(
+        method="lora",
+        method_options={"rank": 4},
+        tasks=["sst", "para", "sts"],
+        lr=3e-3,
+        epochs=2,
+        batch_size=16,
+        seed=0,
+        log_every=0,
+    )
+    return train.TrainConfig(**(values | overrides))
+
+
+def test_same_seed_same_result(tiny_prepared):
+    first = train.run_trial(config(), tiny_prepared).history
+    second = train.run_trial(config(), tiny_prepared).history
+    drop_times = lambda h: [{k: v for k, v in m.items() if not k.endswith(("_s", "tokens_per_s"))} for m in h]  # noqa: E731
+    assert drop_times(first) == drop_times(second)
+    other_seed = train.run_trial(config(seed=1), tiny_prepared).history
+    assert drop_times(other_seed) != drop_times(first)
+
+
+def test_reports_every_epoch_with_metrics_and_counts(tiny_prepared):
+    reports = []
+    train.run_trial(config(epochs=3), tiny_prepared, lambda metrics, save: reports.append(metrics))
+    assert [m["epoch"] for m in reports] == [1, 2, 3]
+    for key in (
+        "sst_accuracy",
+        "para_accuracy",
+        "sts_pearson",
+        "score",
+        "train_loss",
+        "trainable_params_per_task",
+        "trainable_params_per_task_pct",
+        "stored_params",
+        "stored_params_pct",
+        "epoch_time_s",
+    ):
+        assert key in reports[-1], key
+    last = reports[-1]
+    assert last["score"] == pytest.approx((last["sst_accuracy"] + last["para_accuracy"] + last["sts_pearson"]) / 3)
+    assert last["trainable_params_per_task"] == 2 * 3 * 4 * (32 + 32)  # 2 layers x q,k,v x r (d_in + d_out)
+
+
+def test_learns_the_toy_tasks(tiny_prepared):
+    run = config(method="full", method_options={}, epochs=5, lr=1e-3, pooling="mean")
+    history = train.run_trial(run, tiny_prepared).history
+    assert history[-1]["train_loss"] < 0.7 * history[0]["train_loss"]
+    assert history[-1]["sst_accuracy"] > 0.8  # two well-separated classes in the toy file
+
+
+def test_checkpoint_reproduces_dev_metrics_exactly(tiny_prepared, tmp_path):
+    saved = {}
+
+    def report(metrics, save):
+        save(tmp_path / f"epoch{metrics['epoch']}")
+        saved[metrics["epoch"]] = metrics
+
+    train.run_trial(config(), tiny_prepared, report)
+    model = checkpoint.load_checkpoint(tmp_path / "epoch2", backbone=tiny_prepared.backbone.build())
+    dev = train.evaluate(model, tiny_prepared.tasks, 32, tiny_prepared.pad_token_id, torch.device("cpu"))
+    assert dev == {k: saved[2][k] for k in dev}
+    meta = json.loads((tmp_path / "epoch2" / "peftune.json").read_text())
+    assert meta["method"] == "lora" and meta["epoch"] == 2
+    assert {p.name for p in (tmp_path / "epoch2").iterdir()} == {
+        "trainable.safetensors",
+        "optimizer.safetensors",
+        "peftune.json",
+    }
+
+
+def test_resume_continues_exactly(tiny_prepared, tmp_path):
+    full_run = train.run_trial(config(epochs=3), tiny_prepared).history
+
+    def stop_after_first(metrics, save):
+        if metrics["epoch"] == 1:
+            save(tmp_path)
+            raise KeyboardInterrupt  # the trial dies after its first checkpoint
+
+    with pytest.raises(KeyboardInterrupt):
+        train.run_trial(config(epochs=3), tiny_prepared, stop_after_first)
+    resumed = train.run_trial(config(epochs=3), tiny_prepared, resume_from=tmp_path).history
+    assert [m["epoch"] for m in resumed] == [1, 2, 3]
+    for a, b in zip(full_run, resumed, strict=True):
+        assert a["score"] == b["score"] and a["train_loss"] == b["train_loss"]
+
+
+def test_checkpoint_for_another_backbone_or_method_is_refused(tiny_prepared, tmp_path):
+    result = train.run_trial(config(epochs=1), tiny_prepared)
+    checkpoint.save_checkpoint(result.model, tmp_path)
+    other = tiny_prepared.backbone.build()
+    with torch.no_grad():
+        other.embeddings.word_embeddings.weight.add_(1.0)
+    with pytest.raises(checkpoint.CheckpointError, match="fingerprint"):
+        checkpoint.load_checkpoint(tmp_path, backbone=other)
+    adapter_model = MultitaskModel(tiny_prepared.backbone.build(), parse_tasks("sst,para,sts"), "adapter")
+    with pytest.raises(checkpoint.CheckpointError, match="for method 'lora', not 'adapter'"):
+        checkpoint.load_trainable(adapter_model, tmp_path)
+
+
+def test_divergence_stops_the_trial(tiny_prepared):
+    with pytest.raises(train.TrainingDiverged, match="loss is (nan|inf)"):
+        train.run_trial(config(method="full", method_options={}, lr=1e12, max_grad_norm=1e12), tiny_prepared)
+
+
+@pytest.mark.parametrize(
+    "bad, message",
+    [
+        (dict(lr=0), "lr must be > 0"),
+        (dict(dropout=1.0), "dropout = 1.0 is out of range"),
+        (dict(sampling="random"), "sampling 'random'"),
+        (dict(tasks=["sst", "nope"]), "unknown task 'nope'"),
+        (dict(method="lora", method_options={"bottleneck": 8}), "no option 'bottleneck'"),
+    ],
+)
+def test_bad_config_is_refused(bad, message):
+    with pytest.raises((ValueError, KeyError), match=message):
+        config(**bad)
