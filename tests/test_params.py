@@ -52,6 +52,16 @@ def test_bert_base_backbone_count():
             L * 2 * 4 * (D + FFN),
             L * 2 * 4 * (D + FFN),
         ),
+        # Houlsby: two adapters of 2md + d + m per layer and task; LayerNorms train too but are backbone weights
+        (
+            "adapter",
+            {"bottleneck": 64},
+            2 * L * (2 * 64 * D + D + 64) + (2 * L + 1) * 2 * D,
+            3 * 2 * L * (2 * 64 * D + D + 64),
+        ),
+        # prefix: trains P' (l x d) and an MLP d -> 512 -> 2Ld per task; stores only the merged l x 2Ld prefix
+        ("prefix", {"prefix_length": 10}, 10 * D + (D * 512 + 512) + (512 * 2 * L * D + 2 * L * D), 3 * 10 * 2 * L * D),
+        ("prompt", {"prompt_length": 20}, 20 * D, 3 * 20 * D),
     ],
 )
 def test_closed_form_counts(method, options, trainable, stored):

@@ -11,6 +11,11 @@
 - checkpoint: every trainable parameter except the heads, i.e. what a
   checkpoint holds for the method.
 
+A method whose training-time parameters differ from what it keeps after
+training (prefix tuning drops its MLP reparameterisation) says so with a
+``stored_parameter_count()`` method on the module concerned; the stored
+column uses it.
+
 Percentages are of the pretrained backbone's parameter count (bert-base:
 109,482,240), the papers' denominator.
 """
@@ -26,9 +31,10 @@ from peftune.methods.base import PER_TASK
 class ParameterCounts:
     backbone: int
     shared: int  # trainable, not task-specific, excluding heads
-    per_task: dict[str, int]  # each task's own method parameters
+    per_task: dict[str, int]  # each task's own method parameters, while training
     added_shared: int  # of `shared`, the parameters the method added (not backbone weights)
     heads: dict[str, int]
+    stored_per_task: dict[str, int]  # each task's own parameters kept after training
 
     @property
     def trainable_per_task(self) -> int:
@@ -37,7 +43,7 @@ class ParameterCounts:
 
     @property
     def stored(self) -> int:
-        return self.added_shared + sum(self.per_task.values())
+        return self.added_shared + sum(self.stored_per_task.values())
 
     @property
     def checkpoint(self) -> int:
@@ -85,7 +91,13 @@ def count_parameters(model) -> ParameterCounts:
             shared += n
             added_shared += 0 if is_pretrained else n
     heads = {task: sum(p.numel() for p in head.parameters()) for task, head in model.heads.items()}
-    return ParameterCounts(backbone, shared, per_task, added_shared, heads)
+    stored_per_task = dict(per_task)
+    for name, module in model.backbone.named_modules():
+        task = task_of(name + ".")
+        if hasattr(module, "stored_parameter_count") and task is not None:
+            training = sum(p.numel() for p in module.parameters() if p.requires_grad)
+            stored_per_task[task] += module.stored_parameter_count() - training
+    return ParameterCounts(backbone, shared, per_task, added_shared, heads, stored_per_task)
 
 
 def task_of(name: str) -> str | None:

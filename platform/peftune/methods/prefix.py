@@ -121,6 +121,12 @@ class TaskPrefix(nn.Module):
             return self.mlp(self.embedding)  # (l, d') -> (l, 2Ld)
         return self.prefix  # (l, 2Ld)
 
+    def stored_parameter_count(self) -> int:
+        """What this prefix keeps after training: the merged (l, 2Ld) tensor (see ``peftune.params``)."""
+        length = (self.embedding if self.reparameterized else self.prefix).shape[0]
+        size = self.mlp[-1].out_features if self.reparameterized else self.prefix.shape[1]
+        return length * size
+
     @torch.no_grad()
     def merge(self) -> None:
         """Replace P' and the MLP by the prefix they produce (the paper drops the MLP after training)."""
