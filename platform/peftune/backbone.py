@@ -361,6 +361,18 @@ def _strip_prefix(key: str) -> str:
     return key[len("bert.") :] if key.startswith("bert.") else key
 
 
+def native_pooling(model_dir: Path) -> str:
+    """How the model was trained to pool: "mean" for a sentence-transformers model that says so, else "cls".
+
+    all-MiniLM-L6-v2 was trained with mean pooling (its 1_Pooling/config.json);
+    BERT's own pretraining trained the [CLS] pooler (next-sentence prediction).
+    """
+    config = model_dir / "1_Pooling" / "config.json"
+    if config.is_file() and json.loads(config.read_text()).get("pooling_mode_mean_tokens"):
+        return "mean"
+    return "cls"
+
+
 def load_tokenizer(model_dir: Path):
     from transformers import AutoTokenizer
 

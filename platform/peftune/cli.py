@@ -201,6 +201,49 @@ def cmd_sweep(args) -> int:
     return sweep.main_from_args(args)
 
 
+def cmd_report(args) -> int:
+    from analysis.report import report_sweep
+
+    report = report_sweep(
+        args.sweep, args.tracking_uri, args.output, reference=args.reference, log_artifacts=args.log_artifacts
+    )
+    print(f"sweep {args.sweep}: {report.sweep.status_summary()}")
+    print(f"report: {report.directory}/report.html ({len(report.files)} files; summary in report.md)")
+    if args.log_artifacts:
+        print(f"logged under report/ in MLflow run {report.sweep.parent_run_id} ({report.sweep.tracking_uri})")
+    return 0
+
+
+def cmd_evaluate(args) -> int:
+    from analysis.evaluate import evaluate_sweep, mean_std_table
+
+    evaluation = evaluate_sweep(
+        args.sweep,
+        args.data_dir,
+        args.test_dir,
+        seeds=args.seeds,
+        top=args.top,
+        tracking_uri=args.tracking_uri,
+        output=args.output,
+        device=args.device,
+        restore_checkpoints=args.restore_checkpoints,
+        invalid_rows=args.invalid_rows,
+    )
+    metrics = ["score", *evaluation.sweep.task_metrics]
+    print(mean_std_table(evaluation.summary, metrics).to_string(index=False))
+    print(f"evaluation: {evaluation.directory}/evaluation.md (logged under report/evaluation/ in the parent run)")
+    return 0
+
+
+def add_report_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--sweep", required=True, help="the sweep's name (its MLflow experiment)")
+    parser.add_argument(
+        "--tracking-uri",
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory)",
+    )
+    parser.add_argument("--output", help="report directory (default reports/<sweep>)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="peftune", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
@@ -218,7 +261,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--warmup-ratio", type=float, default=0.1)
     p.add_argument("--sampling", default="proportional", choices=["round_robin", "proportional", "temperature"])
-    p.add_argument("--pooling", default="cls", choices=["cls", "mean"])
+    p.add_argument(
+        "--pooling",
+        default="auto",
+        choices=["auto", "cls", "mean"],
+        help="auto (default): the pooling the model was trained with (mean for all-minilm-l6-v2, else [CLS])",
+    )
     p.add_argument("--max-length", type=int, default=128, help="tokens per sequence (pairs together)")
     p.add_argument("--max-train-examples", type=int, help="cap per task (a seeded subset): CPU runs need it")
     p.add_argument("--max-dev-examples", type=int, help="cap per task for dev evaluation")
@@ -250,6 +298,46 @@ def build_parser() -> argparse.ArgumentParser:
 
     sweep.add_arguments(p)
     p.set_defaults(func=cmd_sweep)
+
+    p = sub.add_parser("report", help="a sweep's Pareto report (tables, plots, HTML), logged to its MLflow parent run")
+    add_report_args(p)
+    p.add_argument(
+        "--reference",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="draw the AdaptBert report's published bert-base points (another backbone) on the plots (default: on)",
+    )
+    p.add_argument(
+        "--log-artifacts",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="log the report directory to the sweep's parent run under report/ (default: on)",
+    )
+    p.set_defaults(func=cmd_report)
+
+    p = sub.add_parser(
+        "evaluate", help="re-train the dev frontier with several seeds and score it on a held-out labelled test split"
+    )
+    add_report_args(p)
+    p.add_argument("--data-dir", required=True, help="the directory the sweep trained on (its files are checked)")
+    p.add_argument(
+        "--test-dir",
+        required=True,
+        help="directory holding the labelled test files (ids-sst-test.csv, quora-test.csv, sts-test.csv: dev's format)",
+    )
+    p.add_argument(
+        "--seeds", type=int, default=3, help="seeds per configuration: the trial's seed, +1, +2... (default 3)"
+    )
+    p.add_argument("--top", type=int, help="evaluate only the N best-scoring frontier configurations")
+    p.add_argument(
+        "--restore-checkpoints",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="restore the trial's logged checkpoint for its own seed instead of re-training it (default: on)",
+    )
+    p.add_argument("--invalid-rows", default="raise", choices=["raise", "skip"], help="as for train")
+    p.add_argument("--device", default="auto", help="auto (CUDA if present, else CPU), cpu, cuda, cuda:1...")
+    p.set_defaults(func=cmd_evaluate)
 
     p = sub.add_parser("bench", help="training throughput: the core versus a plain transformers loop")
     add_model_args(p)

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 
 from peftune import methods
-from peftune.backbone import DEFAULT_MODEL, BertConfig, BertModel, load_pretrained, load_tokenizer
+from peftune.backbone import DEFAULT_MODEL, BertConfig, BertModel, load_pretrained, load_tokenizer, native_pooling
 from peftune.data import TaskData, bucketed_batches, load_tasks, multitask_schedule
 from peftune.model import POOLINGS, MultitaskModel
 from peftune.params import count_parameters
@@ -53,7 +53,9 @@ class TrainConfig:
     max_grad_norm: float = 1.0
     sampling: str = "proportional"
     temperature: float = 10.0  # HyperFormer's T for temperature sampling
-    pooling: str = "cls"  # the pooler over [CLS], as in the CS224N BERT
+    # "auto": the pooling the backbone was trained with (mean for all-MiniLM-L6-v2,
+    # the [CLS] pooler for BERT checkpoints, as in the CS224N BERT); or "cls" / "mean"
+    pooling: str = "auto"
     seed: int = 0
     device: str = "auto"
     log_every: int = 50  # steps between progress lines
@@ -77,8 +79,8 @@ class TrainConfig:
             raise ValueError("TrainConfig.weight_decay must be >= 0 and max_grad_norm > 0")
         if self.sampling not in SAMPLING:
             raise ValueError(f"TrainConfig.sampling {self.sampling!r}, expected one of {SAMPLING}")
-        if self.pooling not in POOLINGS:
-            raise ValueError(f"TrainConfig.pooling {self.pooling!r}, expected one of {POOLINGS}")
+        if self.pooling not in ("auto", *POOLINGS):
+            raise ValueError(f"TrainConfig.pooling {self.pooling!r}, expected one of {('auto', *POOLINGS)}")
 
     def method_options_with_dropout(self) -> dict:
         return {**self.method_options, "dropout": self.dropout}
@@ -97,6 +99,7 @@ class PretrainedBackbone:
     name: str
     config: BertConfig
     state_dict: dict[str, torch.Tensor]
+    pooling: str = "cls"  # the pooling the model was trained with (backbone.native_pooling)
 
     def build(self) -> BertModel:
         model = BertModel(self.config)
@@ -157,7 +160,7 @@ def prepare(
     )
     hashes = {Path(split.source).name: split.sha256 for task in data.values() for split in (task.train, task.dev)}
     return PreparedData(
-        backbone=PretrainedBackbone(model, backbone.config, backbone.state_dict()),
+        backbone=PretrainedBackbone(model, backbone.config, backbone.state_dict(), native_pooling(model_dir)),
         tasks=data,
         pad_token_id=tokenizer.pad_token_id or 0,
         max_length=max_length,
@@ -187,12 +190,11 @@ def autocast_for(device: torch.device):
 # ----------------------------------------------------------------------------- model + optimizer
 
 
-def build_model(config: TrainConfig, backbone: BertModel) -> MultitaskModel:
+def build_model(config: TrainConfig, backbone: BertModel, native_pooling: str = "cls") -> MultitaskModel:
     method_config = methods.make_method_config(config.method, config.method_options_with_dropout())
     specs = [get_task(t) for t in config.tasks]
-    return MultitaskModel(
-        backbone, specs, config.method, method_config, head_dropout=config.dropout, pooling=config.pooling
-    )
+    pooling = native_pooling if config.pooling == "auto" else config.pooling
+    return MultitaskModel(backbone, specs, config.method, method_config, head_dropout=config.dropout, pooling=pooling)
 
 
 def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
@@ -274,7 +276,7 @@ def run_trial(
         raise ValueError(f"tasks {missing} were not prepared; prepared: {sorted(prepared.tasks)}")
     torch.manual_seed(config.seed)
     device = select_device(config.device)
-    model = build_model(config, prepared.backbone.build()).to(device)
+    model = build_model(config, prepared.backbone.build(), prepared.backbone.pooling).to(device)
     counts = count_parameters(model)
     optimizer = build_optimizer(model, config)
     tasks = {t: prepared.tasks[t] for t in config.tasks}
