@@ -1,5 +1,6 @@
 """One trial end to end: determinism, reporting, checkpoints that reproduce, resume, divergence."""
 
+import functools
 import json
 
 import pytest
@@ -82,7 +83,10 @@ def test_checkpoint_reproduces_dev_metrics_exactly(tiny_prepared, tmp_path):
     }
 
 
-def test_resume_continues_exactly(tiny_prepared, tmp_path):
+@pytest.mark.parametrize("method, options", [("lora", {"rank": 4}), ("full", {})])
+def test_resume_continues_exactly(tiny_prepared, tmp_path, method, options):
+    # full fine-tuning changes the backbone itself: its checkpoint must still be accepted
+    config = functools.partial(globals()["config"], method=method, method_options=options)
     full_run = train.run_trial(config(epochs=3), tiny_prepared).history
 
     def stop_after_first(metrics, save):

@@ -361,6 +361,19 @@ def _strip_prefix(key: str) -> str:
     return key[len("bert.") :] if key.startswith("bert.") else key
 
 
+def weights_fingerprint(config: BertConfig, word_embeddings: torch.Tensor) -> str:
+    """Identifies pretrained weights (architecture + embeddings) cheaply, for checkpoint compatibility checks."""
+    import hashlib
+
+    digest = hashlib.sha256(repr(sorted(config.to_dict().items())).encode())
+    digest.update(word_embeddings[:64].detach().float().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def fingerprint(model: BertModel) -> str:
+    return weights_fingerprint(model.config, model.embeddings.word_embeddings.weight)
+
+
 def native_pooling(model_dir: Path) -> str:
     """How the model was trained to pool: "mean" for a sentence-transformers model that says so, else "cls".
 

@@ -18,7 +18,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from peftune import methods
-from peftune.backbone import BertModel, load_pretrained
+from peftune.backbone import BertModel, fingerprint, load_pretrained
 from peftune.model import MultitaskModel
 from peftune.tasks import get_task
 
@@ -45,8 +45,6 @@ def save_checkpoint(
     history=None,
 ) -> Path:
     """Write the trainable parameters and the metadata; optionally the optimizer state to resume."""
-    from peftune.train import backbone_fingerprint
-
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     state = {name: t.detach().cpu().contiguous() for name, t in model.trainable_state_dict().items()}
@@ -60,9 +58,7 @@ def save_checkpoint(
         "backbone": {
             "name": getattr(backbone, "name", None),
             "config": model.backbone.config.to_dict(),
-            "fingerprint": backbone_fingerprint(
-                model.backbone.config, model.backbone.embeddings.word_embeddings.weight.cpu()
-            ),
+            "fingerprint": model.backbone_fingerprint,
         },
         "train_config": config.to_dict() if config is not None else None,
         "metrics": metrics,
@@ -97,7 +93,7 @@ def load_checkpoint(
     meta = read_meta(directory)
     if backbone is None:
         backbone, _ = load_pretrained(model_name or meta["backbone"]["name"])
-    check_backbone(meta, backbone, directory)
+    check_backbone(meta, fingerprint(backbone), directory)
     method_config = methods.make_method_config(meta["method"], meta["method_config"])
     model = MultitaskModel(
         backbone,
@@ -111,11 +107,8 @@ def load_checkpoint(
     return model
 
 
-def check_backbone(meta: dict, backbone: BertModel, directory) -> None:
-    from peftune.train import backbone_fingerprint
-
+def check_backbone(meta: dict, actual: str, directory) -> None:
     expected = meta["backbone"]["fingerprint"]
-    actual = backbone_fingerprint(backbone.config, backbone.embeddings.word_embeddings.weight.cpu())
     if expected != actual:
         raise CheckpointError(
             f"checkpoint {directory} was trained on backbone {meta['backbone']['name']!r} "
@@ -149,7 +142,7 @@ def load_trainable(model: MultitaskModel, directory: str | Path, map_location: s
 def load_training_state(directory, model, optimizer, scheduler, backbone) -> dict:
     """Restore weights, optimizer and scheduler; returns {"epoch": done epochs, "history": [...]}."""
     meta = read_meta(directory)
-    check_backbone(meta, model.backbone, directory)
+    check_backbone(meta, model.backbone_fingerprint, directory)
     load_trainable(model, directory)
     if "optimizer" not in meta:
         raise CheckpointError(f"checkpoint {directory} has no optimizer state to resume from")

@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from peftune import methods
-from peftune.backbone import BertModel
+from peftune.backbone import BertModel, fingerprint
 from peftune.methods.base import MethodConfig, TaskContext
 from peftune.tasks import TaskSpec
 
@@ -45,6 +45,8 @@ class MultitaskModel(nn.Module):
         self.context = TaskContext(list(self.tasks))
 
         self.backbone = backbone
+        # taken before training: full fine-tuning changes the weights it is computed from
+        self.backbone_fingerprint = fingerprint(backbone)
         # names of the pretrained weights, to tell them from what the method adds
         self.pretrained_parameter_names = frozenset(name for name, _ in backbone.named_parameters())
         self.backbone.requires_grad_(False)  # methods unfreeze what they train

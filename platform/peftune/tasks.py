@@ -31,8 +31,14 @@ class TaskSpec:
     label_max: float = 1.0
     metric: str = "accuracy"  # "accuracy" or "pearson"
     description: str = ""
+    # labelled held-out split, same format as dev, read only by `peftune evaluate` (from --test-dir);
+    # default: the dev file's name with "-dev" -> "-test" (ids-sst-test.csv, quora-test.csv, sts-test.csv)
+    test_file: str | None = None
 
     def __post_init__(self):
+        if self.test_file is None:
+            test_file = self.dev_file.replace("-dev", "-test")
+            object.__setattr__(self, "test_file", test_file if test_file != self.dev_file else f"test-{self.dev_file}")
         if self.kind not in KINDS:
             raise ValueError(f"task {self.name!r}: kind {self.kind!r}, expected one of {KINDS}")
         if len(self.text_columns) not in (1, 2):

@@ -23,7 +23,14 @@ import torch
 from torch import nn
 
 from peftune import methods
-from peftune.backbone import DEFAULT_MODEL, BertConfig, BertModel, load_pretrained, load_tokenizer, native_pooling
+from peftune.backbone import (
+    DEFAULT_MODEL,
+    BertConfig,
+    BertModel,
+    load_pretrained,
+    load_tokenizer,
+    native_pooling,
+)
 from peftune.data import TaskData, bucketed_batches, load_tasks, multitask_schedule
 from peftune.model import POOLINGS, MultitaskModel
 from peftune.params import count_parameters
@@ -105,19 +112,6 @@ class PretrainedBackbone:
         model = BertModel(self.config)
         model.load_state_dict(self.state_dict)
         return model
-
-    @property
-    def fingerprint(self) -> str:
-        return backbone_fingerprint(self.config, self.state_dict["embeddings.word_embeddings.weight"])
-
-
-def backbone_fingerprint(config: BertConfig, word_embeddings: torch.Tensor) -> str:
-    """Identifies a backbone (architecture + weights) cheaply, for checkpoint compatibility checks."""
-    import hashlib
-
-    digest = hashlib.sha256(repr(sorted(config.to_dict().items())).encode())
-    digest.update(word_embeddings[:64].detach().float().contiguous().numpy().tobytes())
-    return digest.hexdigest()[:16]
 
 
 @dataclass

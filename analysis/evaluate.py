@@ -1,0 +1,501 @@
+"""Final evaluation: the frontier configurations, re-trained with several seeds, scored on a held-out test split.
+
+``peftune evaluate --sweep NAME --data-dir DIR --test-dir DIR --seeds 3`` calls :func:`evaluate_sweep`.
+
+Selection uses dev only. The configurations are the dev frontier of the completed trials (score up,
+trainable parameters per task down; ``--top N`` keeps the N best-scoring of them); within each
+re-training run the epoch kept is the one with the best dev score, exactly as the sweep chose its
+checkpoints. The test split is read here and nowhere else, once, after every selection is made.
+
+Seeds: the first is the trial's own seed. When the trial's run holds its best checkpoint
+(``checkpoint/`` artifact), that seed is restored instead of re-trained (and its dev score is checked
+against the recorded one: a mismatch means other data or code). The other seeds are the trial's seed
++ 1, + 2, ...: they change the initialisation of the new modules, dropout and batch order; the data
+subset (``max_train_examples``...) stays the sweep's, drawn with the sweep's seed.
+
+Data: the training and dev files are re-read from ``--data-dir`` with the sweep's recorded budget
+(parent run params ``max_length``, ``max_train_examples``, ``max_dev_examples``, ``seed``, ``model``) and
+must hash to the sweep's ``data_hashes.json``; the test files are ``TaskSpec.test_file`` in ``--test-dir``
+(``ids-sst-test.csv``, ``quora-test.csv``, ``sts-test.csv``: the dev file's format, labels included), all
+rows, and must differ from every file the sweep trained or selected on.
+
+Output (``<report dir>/evaluation/``, also logged under ``report/evaluation/`` in the parent run):
+``evaluation_runs.csv`` (one row per configuration, seed and split), ``evaluation.csv`` / ``.md``
+(mean ± sample std over the seeds per configuration: the sweep's dev figure, re-trained dev, test) and
+``evaluation.png``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+import logging
+import math
+import os
+import tempfile
+import time
+import types
+import typing
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from analysis import pareto, plots
+from analysis.report import ARTIFACT_PATH, REPORTS_DIR, to_markdown
+from analysis.runs import SweepRuns, load_sweep
+
+log = logging.getLogger("analysis.evaluate")
+
+SPLITS = ("dev (sweep)", "dev", "test")  # the trial's recorded dev figure; re-trained dev; test
+
+
+@dataclass
+class Evaluation:
+    sweep: SweepRuns
+    configurations: pd.DataFrame  # the frontier trials evaluated (rows of sweep.trials)
+    runs: pd.DataFrame  # one row per (configuration, seed, split)
+    summary: pd.DataFrame  # mean and std per (configuration, split)
+    directory: Path
+    files: list[Path]
+
+
+# ----------------------------------------------------------------------------- configurations
+
+
+def select_configurations(sweep: SweepRuns, top: int | None = None) -> pd.DataFrame:
+    """The dev frontier of the completed trials (sorted by cost); ``top``: its ``top`` best-scoring members."""
+    front = pareto.frontier(sweep.trials, "score")
+    if front.empty:
+        raise ValueError(
+            f"sweep {sweep.name!r} has no completed trial with a dev score and parameter counts "
+            f"({sweep.status_summary()}): nothing to evaluate"
+        )
+    if top is not None:
+        if top < 1:
+            raise ValueError(f"--top must be >= 1, got {top}")
+        front = front.sort_values("score", ascending=False, kind="stable").head(top)
+        front = front.sort_values([pareto.COST, "score"], ascending=[True, False], kind="stable")
+    return front
+
+
+def method_options(row: pd.Series) -> dict:
+    """The ``method.<field>`` params of a trial, typed back into the method config's fields (lists split on commas)."""
+    from peftune.methods import get_method
+
+    config_cls = get_method(row["method"]).config_cls
+    hints = typing.get_type_hints(config_cls)
+    options = {}
+    for field in dataclasses.fields(config_cls):
+        key = f"method.{field.name}"
+        if field.name == "dropout" or key not in row.index:
+            continue
+        value = row[key]
+        if isinstance(value, float) and math.isnan(value):
+            continue  # a column of another method
+        options[field.name] = _coerce(value, hints[field.name])
+    return options
+
+
+def _coerce(value, hint):
+    """An MLflow param (already parsed by analysis.runs.parse_param) -> the type the config field declares."""
+    if value is None:
+        return None
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
+    if typing.get_origin(hint) is list:
+        (item,) = typing.get_args(hint) or (str,)
+        parts = str(value).split(",") if isinstance(value, str) else [value]
+        return [_coerce(part.strip() if isinstance(part, str) else part, item) for part in parts if part != ""]
+    if hint is bool:
+        return value if isinstance(value, bool) else str(value) == "True"
+    if hint in (int, float, str):
+        return hint(value)
+    return value
+
+
+def train_config(row: pd.Series, seed: int, train_settings: dict, device: str):
+    """The ``TrainConfig`` the trial trained, with another seed: its params, the sweep's fixed settings, the device."""
+    from peftune.train import TrainConfig
+
+    fields = {f.name for f in dataclasses.fields(TrainConfig)}
+    settings = {k: v for k, v in train_settings.items() if k in fields}
+    for key in ("warmup_ratio", "sampling"):
+        if row.get(key) is not None and not (isinstance(row.get(key), float) and math.isnan(row[key])):
+            settings[key] = row[key]
+    return TrainConfig(
+        method=row["method"],
+        method_options=method_options(row),
+        tasks=str(row["tasks"]).split(","),
+        lr=float(row["lr"]),
+        dropout=float(row["dropout"]),
+        weight_decay=float(row["weight_decay"]),
+        epochs=int(row["epochs"]),
+        batch_size=int(row["batch_size"]),
+        seed=seed,
+        device=device,
+        **settings,
+    )
+
+
+# ----------------------------------------------------------------------------- data
+
+
+@contextlib.contextmanager
+def _quiet_downloads():
+    """MLflow draws a progress bar per download on stderr; a few small files do not need one."""
+    key = "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"
+    before = os.environ.get(key)
+    os.environ[key] = "false"
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = before
+
+
+def _artifact_text(client, run_id: str, path: str) -> str | None:
+    with tempfile.TemporaryDirectory(prefix="peftune-artifact-") as directory, _quiet_downloads():
+        try:
+            local = client.download_artifacts(run_id, path, directory)
+        except Exception:  # absent (an older record); MLflow raises store-specific errors
+            return None
+        return Path(local).read_text()
+
+
+def check_data(prepared, recorded: dict[str, str] | None, test_hashes: dict[str, str], data_dir) -> None:
+    """The training/dev files must be the sweep's; a test file must be none of them."""
+    if recorded:
+        differ = sorted(
+            name for name, digest in prepared.file_hashes.items() if recorded.get(name) not in (None, digest)
+        )
+        if differ:
+            raise ValueError(
+                f"{', '.join(differ)} in {data_dir} differ from the files sweep was run on (data_hashes.json): "
+                f"re-training must use the same data"
+            )
+    known = {**prepared.file_hashes, **(recorded or {})}
+    for test_name, digest in test_hashes.items():
+        same = [name for name, d in known.items() if d == digest]
+        if same:
+            raise ValueError(
+                f"test file {test_name} has the same content as {same[0]}, which the sweep trained or selected on: "
+                f"a test split must be held out"
+            )
+
+
+def load_test_splits(test_dir, tasks: Sequence[str], tokenizer, max_length: int, invalid_rows: str) -> dict:
+    """Task name -> EncodedSplit of ``TaskSpec.test_file`` in ``test_dir`` (all rows, validated like any data file)."""
+    from peftune.data import DataError, encode_split
+    from peftune.tasks import get_task
+
+    test_dir = Path(test_dir)
+    if not test_dir.is_dir():
+        raise DataError(test_dir, "test directory not found", expected="a directory holding the labelled test files")
+    splits = {}
+    for task in tasks:
+        spec = get_task(task)
+        splits[task] = encode_split(test_dir / spec.test_file, spec, tokenizer, max_length, invalid_rows=invalid_rows)
+    return splits
+
+
+# ----------------------------------------------------------------------------- the evaluation
+
+
+def evaluate_sweep(
+    name: str,
+    data_dir: str | Path,
+    test_dir: str | Path,
+    *,
+    seeds: int = 3,
+    top: int | None = None,
+    tracking_uri: str | None = None,
+    output: str | Path | None = None,
+    device: str = "auto",
+    restore_checkpoints: bool = True,
+    invalid_rows: str = "raise",
+    log_artifacts: bool = True,
+) -> Evaluation:
+    """Re-train (or restore) the frontier configurations of sweep ``name`` with ``seeds`` seeds; score dev and test."""
+    import mlflow
+    import yaml
+
+    from peftune.backbone import load_tokenizer, resolve_model_dir
+    from peftune.data import TaskData
+    from peftune.tasks import get_task, overall_score
+    from peftune.train import evaluate, prepare, select_device
+
+    if seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+    sweep = load_sweep(name, tracking_uri)
+    client = mlflow.MlflowClient(tracking_uri=sweep.tracking_uri)
+    configurations = select_configurations(sweep, top)
+    p = sweep.parent_params
+    model = str(p.get("model") or sweep.backbone)
+    max_length = int(p.get("max_length") or 128)
+    log.info(
+        "evaluating %d frontier configuration(s) of sweep %s with %d seed(s): %s",
+        len(configurations),
+        name,
+        seeds,
+        ", ".join(configurations["label"]),
+    )
+    prepared = prepare(
+        data_dir,
+        sweep.tasks,
+        model=model,
+        max_length=max_length,
+        max_train_examples=p.get("max_train_examples"),
+        max_dev_examples=p.get("max_dev_examples"),
+        seed=int(p.get("seed") or 0),
+        invalid_rows=invalid_rows,
+    )
+    recorded = _artifact_text(client, sweep.parent_run_id, "data_hashes.json")
+    definition = yaml.safe_load(_artifact_text(client, sweep.parent_run_id, "sweep.yaml") or "{}") or {}
+    tokenizer = load_tokenizer(resolve_model_dir(model))
+    # the one place the test split is read: every configuration is chosen above, on dev
+    tests = load_test_splits(test_dir, sweep.tasks, tokenizer, max_length, invalid_rows)
+    # named by the file read (a split's own `source` is the first file of that content the tokenize cache saw)
+    test_hashes = {get_task(task).test_file: split.sha256 for task, split in tests.items()}
+    check_data(prepared, json.loads(recorded) if recorded else None, test_hashes, data_dir)
+    test_tasks = {t: TaskData(train=prepared.tasks[t].train, dev=tests[t]) for t in sweep.tasks}
+    device_ = select_device(device)
+
+    rows = []
+    for _, trial in configurations.iterrows():
+        recorded_dev = {m: trial[m] for m in ["score", *sweep.task_metrics]}
+        rows.append(_row(trial, None, "dev (sweep)", "sweep record", recorded_dev))
+        base_seed = int(trial["seed"]) if pd.notna(trial["seed"]) else 0
+        for i in range(seeds):
+            seed = base_seed + i
+            started = time.perf_counter()
+            model_ = None
+            if i == 0 and restore_checkpoints and trial.get("has_checkpoint"):
+                model_ = _restore(client, trial, prepared, device_)
+            if model_ is not None:
+                source = "checkpoint"
+                dev = evaluate(model_, prepared.tasks, int(trial["batch_size"]) * 2, prepared.pad_token_id, device_)
+                dev["score"] = overall_score(dev)
+                if abs(dev["score"] - trial["score"]) > 1e-4:
+                    log.warning(
+                        "%s: the restored checkpoint scores %.4f on dev, the sweep recorded %.4f: data or code differ",
+                        trial["label"],
+                        dev["score"],
+                        trial["score"],
+                    )
+            else:
+                config = train_config(trial, seed, definition.get("train") or {}, device)
+                model_, dev = _retrain(config, prepared)
+                source = "retrained"
+            test = evaluate(model_, test_tasks, int(trial["batch_size"]) * 2, prepared.pad_token_id, device_)
+            test["score"] = overall_score(test)
+            rows.append(_row(trial, seed, "dev", source, dev))
+            rows.append(_row(trial, seed, "test", source, test))
+            log.info(
+                "%s seed %d (%s, %.0fs): dev score %.4f, test score %.4f",
+                trial["label"],
+                seed,
+                source,
+                time.perf_counter() - started,
+                dev["score"],
+                test["score"],
+            )
+    runs = pd.DataFrame(rows)
+    summary = summarize(runs, ["score", *sweep.task_metrics])
+    directory = Path(output or Path(REPORTS_DIR) / name) / "evaluation"
+    evaluation = Evaluation(sweep, configurations, runs, summary, directory, [])
+    write_evaluation(evaluation, test_dir=test_dir, seeds=seeds)
+    if log_artifacts:
+        client.log_artifacts(sweep.parent_run_id, str(directory), artifact_path=f"{ARTIFACT_PATH}/evaluation")
+    return evaluation
+
+
+def _row(trial: pd.Series, seed: int | None, split: str, source: str, metrics: dict) -> dict:
+    return {
+        "run_id": trial["run_id"],
+        "label": trial["label"],
+        "method": trial["method"],
+        "size": trial["size"],
+        pareto.COST: trial[pareto.COST],
+        pareto.COST_PCT: trial[pareto.COST_PCT],
+        "seed": seed,
+        "split": split,
+        "source": source,
+        **{k: float(v) for k, v in metrics.items()},
+    }
+
+
+def _restore(client, trial: pd.Series, prepared, device):
+    """The trial's best-epoch model from its ``checkpoint/`` artifact; None (and a warning) if peftune refuses it.
+
+    A refused checkpoint (another backbone, a method mismatch) is re-trained with the trial's seed instead:
+    the evaluation stays complete, and the warning says why.
+    """
+    from peftune.checkpoint import CheckpointError, load_checkpoint
+
+    with tempfile.TemporaryDirectory(prefix="peftune-ckpt-") as directory, _quiet_downloads():
+        local = client.download_artifacts(trial["run_id"], "checkpoint", directory)
+        try:
+            model = load_checkpoint(local, backbone=prepared.backbone.build())
+        except CheckpointError as error:
+            log.warning("%s: its checkpoint cannot be restored (%s); re-training its seed", trial["label"], error)
+            return None
+    return model.to(device)
+
+
+def _retrain(config, prepared):
+    """Train ``config``; return the model at its best dev epoch (via a temporary checkpoint) and its dev metrics."""
+    from peftune.checkpoint import load_trainable
+    from peftune.train import run_trial
+
+    best: dict = {"score": -math.inf}
+    with tempfile.TemporaryDirectory(prefix="peftune-eval-") as directory:
+
+        def report(metrics, save):
+            if metrics["score"] > best["score"]:  # the earliest epoch on a tie, as the sweep
+                best.clear()
+                best.update(metrics)
+                save(Path(directory))
+
+        result = run_trial(config, prepared, report)
+        load_trainable(result.model, directory)
+    metrics = {k: best[k] for k in best if k == "score" or k.endswith(("_accuracy", "_pearson"))}
+    return result.model, metrics
+
+
+def summarize(runs: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
+    """Mean, sample standard deviation (ddof 1; NaN with one seed) and count per (configuration, split)."""
+    keys = ["run_id", "label", "method", "size", pareto.COST, pareto.COST_PCT, "split"]
+    grouped = runs.groupby(keys, sort=False, dropna=False)[list(metrics)]
+    mean = grouped.mean().add_suffix("_mean")
+    std = grouped.std(ddof=1).add_suffix("_std")
+    count = grouped.size().rename("n")
+    out = pd.concat([mean, std, count], axis=1).reset_index()
+    out["split"] = pd.Categorical(out["split"], categories=list(SPLITS), ordered=True)
+    out = out.sort_values([pareto.COST, "label", "split"], kind="stable").reset_index(drop=True)
+    out["split"] = out["split"].astype(str)
+    return out
+
+
+def mean_std_table(summary: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
+    """Readable strings: ``0.512 ± 0.010`` per metric (``0.512`` alone for a single value)."""
+    table = pd.DataFrame(
+        {
+            "Method": summary["label"],
+            "Params/task %": summary[pareto.COST_PCT].map(lambda v: f"{v:.3g}"),
+            "Split": summary["split"],
+        }
+    )
+    for metric in metrics:
+        name = "Score" if metric == "score" else plots.TASK_NAMES.get(metric.split("_")[0], metric)
+        table[name] = [
+            f"{m:.3f}" if pd.isna(s) else f"{m:.3f} ± {s:.3f}"
+            for m, s in zip(summary[f"{metric}_mean"], summary[f"{metric}_std"], strict=True)
+        ]
+    table["Seeds"] = summary["n"].astype(int).astype(str)
+    table["Run id"] = summary["run_id"].str[:12]
+    return table
+
+
+def write_evaluation(evaluation: Evaluation, *, test_dir, seeds: int) -> None:
+    sweep = evaluation.sweep
+    directory = evaluation.directory
+    directory.mkdir(parents=True, exist_ok=True)
+    metrics = ["score", *sweep.task_metrics]
+    files = [
+        directory / "evaluation_runs.csv",
+        directory / "evaluation.csv",
+        directory / "evaluation.md",
+        directory / "evaluation.png",
+    ]
+    evaluation.runs.to_csv(files[0], index=False)
+    evaluation.summary.to_csv(files[1], index=False)
+    table = mean_std_table(evaluation.summary, metrics)
+    files[2].write_text(
+        f"# Sweep {sweep.name}: final evaluation of the dev frontier\n\n"
+        f"- backbone `{sweep.backbone}`; {len(evaluation.configurations)} frontier configuration(s), {seeds} seed(s) "
+        f"each; test files from `{test_dir}`\n"
+        "- `dev (sweep)`: the trial's own dev figure that selected it; `dev` and `test`: mean ± sample std over the "
+        "seeds (the first seed restored from the trial's checkpoint when it has one), best dev epoch of each run\n\n"
+        + to_markdown(table)
+        + "\n![dev vs test](evaluation.png)\n"
+    )
+    evaluation_png(evaluation.summary, files[3], metrics, sweep=sweep.name, backbone=sweep.backbone, seeds=seeds)
+    evaluation.files[:] = files
+
+
+def evaluation_png(
+    summary: pd.DataFrame, path: Path, metrics: Sequence[str], *, sweep: str, backbone: str, seeds: int
+) -> Path:
+    """One panel per metric: each configuration's sweep dev figure, re-trained dev and test, mean ± std."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    configs = list(dict.fromkeys(summary["label"]))
+    pct = summary.drop_duplicates("label").set_index("label")[pareto.COST_PCT]
+    methods = summary.drop_duplicates("label").set_index("label")["method"]
+    fig, axes = plt.subplots(
+        1, len(metrics), figsize=(4.2 * len(metrics) + 1.8, 4.6), dpi=150, layout="constrained", squeeze=False
+    )
+    styles = {
+        "dev (sweep)": {"marker": "*", "offset": -0.22, "filled": True},
+        "dev": {"marker": "o", "offset": 0.0, "filled": True},
+        "test": {"marker": "s", "offset": 0.22, "filled": False},
+    }
+    for ax, metric in zip(axes[0], metrics, strict=True):
+        for i, label in enumerate(configs):
+            color = plots.method_color(methods[label])
+            for split, style in styles.items():
+                row = summary[(summary["label"] == label) & (summary["split"] == split)]
+                if row.empty:
+                    continue
+                mean, std = row[f"{metric}_mean"].iloc[0], row[f"{metric}_std"].iloc[0]
+                ax.errorbar(
+                    i + style["offset"],
+                    mean,
+                    yerr=None if pd.isna(std) else std,
+                    marker=style["marker"],
+                    ms=8 if style["marker"] == "*" else 6,
+                    color=color,
+                    capsize=3,
+                    lw=1.2,
+                    mfc=color if style["filled"] else "white",
+                )
+        ax.set_xticks(
+            range(len(configs)), [f"{c}\n{pct[c]:.3g}%" for c in configs], fontsize=8, rotation=30, ha="right"
+        )
+        ax.set_xlim(-0.6, len(configs) - 0.4)
+        ax.set_xlabel("frontier configuration, trainable params per task (% of backbone)", fontsize=8.5)
+        ax.set_ylabel(plots.metric_label(metric).replace("dev ", "") if metric != "score" else "score (mean of tasks)")
+        ax.set_title("score" if metric == "score" else plots.metric_label(metric).removeprefix("dev "), fontsize=10)
+        ax.grid(True, axis="y", alpha=0.3)
+    handles = [
+        Line2D([], [], ls="", marker="*", ms=9, color="dimgrey", label="dev, the sweep's trial (selection)"),
+        Line2D([], [], ls="", marker="o", ms=6, color="dimgrey", label=f"dev, mean ± std over {seeds} seed(s)"),
+        Line2D(
+            [],
+            [],
+            ls="",
+            marker="s",
+            ms=6,
+            color="dimgrey",
+            mfc="white",
+            label=f"test, mean ± std over {seeds} seed(s)",
+        ),
+    ]
+    fig.legend(handles=handles, loc="outside lower center", ncols=3, fontsize=8.5, frameon=False)
+    fig.suptitle(
+        f"Sweep {sweep}: dev frontier configurations (x: method, size, trainable params per task), dev vs test\n"
+        f"backbone {backbone}; colour = method",
+        fontsize=11,
+    )
+    fig.savefig(path)
+    plt.close(fig)
+    return path

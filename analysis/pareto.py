@@ -1,0 +1,224 @@
+"""Pareto frontiers of (dev score: higher is better, trainable parameters per task: lower is better).
+
+Definitions used throughout the report:
+
+- **Dominance.** Trial *q* dominates trial *p* when ``q.score >= p.score`` and ``q.cost <= p.cost``
+  with at least one of the two strict. The *cost* is the trainable parameters per task (shared method
+  parameters + one task's own, heads excluded: the papers' "params updated per task").
+- **Frontier.** The trials no other eligible trial dominates. Two trials with exactly equal score and
+  cost do not dominate each other, so both stay on the frontier (a tie is reported, not broken).
+  A trial whose score or cost is NaN (it never finished an epoch, or its counts were not logged) is
+  neither on the frontier nor allowed to dominate anything.
+- **Eligible trials.** Only ``completed`` trials by default (:data:`FRONTIER_STATUSES`): an
+  early-stopped trial trained fewer epochs than the rest, and mixing it in would compare unlike
+  budgets. Callers can pass other statuses explicitly.
+- **Hypervolume.** The area of the (cost, score) plane the frontier dominates, bounded by the
+  reference point (cost = 100% of the backbone, score = 0): cost is measured as a *fraction of the
+  backbone* (``trainable_params_per_task / backbone_params``), so the hypervolume lies in [0, 1]
+  for scores in [0, 1] and compares across backbones of different sizes. With the frontier sorted by
+  cost, ``HV = sum_i (c_{i+1} - c_i) * (s_i - s_ref)`` with ``c_{n+1} = 1``. Points at or beyond the
+  reference (full fine-tuning at 100%, a negative Pearson score) add nothing. Being linear in cost,
+  it rewards reaching a high score at any size well below the backbone's and barely separates 0.1%
+  from 1%: read the per-size table for that.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+COST = "trainable_params_per_task"
+COST_PCT = "trainable_params_per_task_pct"
+FRONTIER_STATUSES = ("completed",)
+REFERENCE_SCORE = 0.0
+REFERENCE_COST_FRACTION = 1.0  # 100% of the backbone: what full fine-tuning trains
+
+# the AdaptBert tables' order, then the other methods
+METHOD_ORDER = (
+    "frozen",
+    "full",
+    "lora",
+    "adapter",
+    "lora_adapter",
+    "hyperformer",
+    "bitfit",
+    "layernorm",
+    "top_k",
+    "prefix",
+    "prompt",
+)
+
+
+def pareto_mask(scores: Sequence[float], costs: Sequence[float]) -> np.ndarray:
+    """Boolean array: True where the point is on the frontier (see the module docstring; NaN -> False).
+
+    O(n log n): sorted by cost, a group of equal-cost points keeps its highest score(s), and only if
+    that score beats every score reached at a strictly lower cost.
+    """
+    scores = np.asarray(scores, dtype=float)
+    costs = np.asarray(costs, dtype=float)
+    if scores.shape != costs.shape or scores.ndim != 1:
+        raise ValueError(f"scores and costs must be 1-D of one length, got {scores.shape} and {costs.shape}")
+    mask = np.zeros(len(scores), dtype=bool)
+    valid = np.flatnonzero(~(np.isnan(scores) | np.isnan(costs)))
+    order = valid[np.lexsort((-scores[valid], costs[valid]))]  # cost ascending, then score descending
+    best_cheaper = -math.inf  # best score among points of strictly lower cost
+    start = 0
+    while start < len(order):
+        end = start
+        while end < len(order) and costs[order[end]] == costs[order[start]]:
+            end += 1
+        group = order[start:end]
+        top = scores[group[0]]  # the group is sorted by score descending
+        if top > best_cheaper:
+            mask[group[scores[group] == top]] = True
+            best_cheaper = top
+        start = end
+    return mask
+
+
+def cost_fraction(trials: pd.DataFrame) -> pd.Series:
+    """Trainable parameters per task as a fraction of the backbone (from the counts, else from the logged %)."""
+    if "backbone_params" in trials and COST in trials:
+        fraction = trials[COST] / trials["backbone_params"]
+    else:
+        fraction = pd.Series(np.nan, index=trials.index)
+    if COST_PCT in trials:
+        fraction = fraction.fillna(trials[COST_PCT] / 100.0)
+    return fraction.astype(float)
+
+
+def eligible(trials: pd.DataFrame, statuses: Sequence[str] = FRONTIER_STATUSES) -> pd.DataFrame:
+    """The trials of the given statuses (all rows when the frame has no ``status`` column)."""
+    if "status" not in trials:
+        return trials
+    return trials[trials["status"].isin(list(statuses))]
+
+
+def frontier(
+    trials: pd.DataFrame,
+    score: str = "score",
+    cost: str = COST,
+    *,
+    statuses: Sequence[str] = FRONTIER_STATUSES,
+) -> pd.DataFrame:
+    """The non-dominated eligible trials, sorted by cost (then score descending); the original index is kept."""
+    pool = eligible(trials, statuses)
+    on = pool[pareto_mask(pool[score].to_numpy(float), pool[cost].to_numpy(float))]
+    return on.sort_values([cost, score], ascending=[True, False], kind="stable")
+
+
+def mark_frontiers(
+    trials: pd.DataFrame,
+    objectives: Sequence[str],
+    cost: str = COST,
+    *,
+    statuses: Sequence[str] = FRONTIER_STATUSES,
+) -> pd.DataFrame:
+    """A copy with boolean columns ``frontier.<objective>`` (all methods) and ``method_frontier.<objective>``."""
+    out = trials.copy()
+    pool = eligible(trials, statuses)
+    for objective in objectives:
+        overall = pd.Series(False, index=trials.index)
+        overall[frontier(pool, objective, cost, statuses=statuses).index] = True
+        by_method = pd.Series(False, index=trials.index)
+        for _, group in pool.groupby("method", sort=False):
+            by_method[frontier(group, objective, cost, statuses=statuses).index] = True
+        out[f"frontier.{objective}"] = overall
+        out[f"method_frontier.{objective}"] = by_method
+    return out
+
+
+def hypervolume(
+    scores: Sequence[float],
+    cost_fractions: Sequence[float],
+    reference_score: float = REFERENCE_SCORE,
+    reference_cost: float = REFERENCE_COST_FRACTION,
+) -> float:
+    """Area dominated by the points' frontier up to the reference point (see the module docstring).
+
+    Dominated and NaN points may be passed: only the frontier counts. 0.0 when nothing beats the reference.
+    """
+    scores = np.asarray(scores, dtype=float)
+    costs = np.asarray(cost_fractions, dtype=float)
+    front = pareto_mask(scores, costs)
+    inside = front & (scores > reference_score) & (costs < reference_cost)
+    order = np.argsort(costs[inside], kind="stable")
+    s, c = scores[inside][order], costs[inside][order]
+    if len(s) == 0:
+        return 0.0
+    # on a frontier sorted by cost, scores rise: each point owns the strip up to the next point's cost
+    widths = np.diff(np.append(c, reference_cost))
+    return float(np.sum(widths * (s - reference_score)))
+
+
+def frontier_summary(
+    trials: pd.DataFrame,
+    objectives: Sequence[str],
+    *,
+    statuses: Sequence[str] = FRONTIER_STATUSES,
+) -> pd.DataFrame:
+    """One row per (scope, objective): scope ``all`` (every method) or one method.
+
+    Columns: ``scope``, ``objective``, ``trials`` (eligible, with a finite objective), ``frontier_size``,
+    ``hypervolume``, ``best`` (the highest objective), ``best_label``, ``cheapest_label`` (the frontier's
+    lowest-cost trial).
+    """
+    pool = eligible(trials, statuses).copy()
+    pool["_fraction"] = cost_fraction(pool)
+    scopes = [("all", pool)] + [(m, pool[pool["method"] == m]) for m in ordered_methods(pool["method"])]
+    rows = []
+    for objective in objectives:
+        for scope, group in scopes:
+            finite = group[group[objective].notna() & group["_fraction"].notna()]
+            front = frontier(finite, objective, "_fraction", statuses=statuses)
+            best = finite.loc[finite[objective].idxmax()] if len(finite) else None
+            rows.append(
+                {
+                    "scope": scope,
+                    "objective": objective,
+                    "trials": len(finite),
+                    "frontier_size": len(front),
+                    "hypervolume": hypervolume(finite[objective], finite["_fraction"]),
+                    "best": best[objective] if best is not None else math.nan,
+                    "best_label": best["label"] if best is not None and "label" in best else None,
+                    "cheapest_label": front.iloc[0]["label"] if len(front) and "label" in front else None,
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def best_per_method_size(
+    trials: pd.DataFrame,
+    score: str = "score",
+    *,
+    statuses: Sequence[str] = FRONTIER_STATUSES,
+) -> pd.DataFrame:
+    """The best eligible trial (highest ``score``) of each (method, size), ordered as the AdaptBert tables.
+
+    The rows keep every column of ``trials`` plus ``trials_in_group`` (how many trials tried that
+    method and size). Ties go to the earlier trial.
+    """
+    pool = eligible(trials, statuses)
+    pool = pool[pool[score].notna()]
+    if pool.empty:
+        return pool.assign(trials_in_group=pd.Series(dtype=int))
+    keys = ["method", "size"]
+    best = pool.loc[pool.groupby(keys, sort=False)[score].idxmax()].copy()
+    counts = pool.groupby(keys, sort=False).size().rename("trials_in_group")
+    best = best.join(counts, on=keys)
+    rank = {m: i for i, m in enumerate(ordered_methods(best["method"]))}
+    best["_rank"] = best["method"].map(rank)
+    size_sort = best["size_value"] if "size_value" in best else pd.Series(0.0, index=best.index)
+    best["_size"] = size_sort.fillna(-1.0)
+    return best.sort_values(["_rank", "_size", "size"], kind="stable").drop(columns=["_rank", "_size"])
+
+
+def ordered_methods(methods: Sequence[str] | pd.Series) -> list[str]:
+    """Distinct method names in :data:`METHOD_ORDER`, unknown ones after, alphabetically."""
+    present = list(dict.fromkeys(methods))
+    known = [m for m in METHOD_ORDER if m in present]
+    return known + sorted(m for m in present if m not in METHOD_ORDER)

@@ -1,0 +1,539 @@
+"""The report of a sweep: tables, plots and an interactive page in a directory, logged to the parent run.
+
+``peftune report --sweep NAME`` calls :func:`report_sweep`; a sweep job can call
+:func:`on_sweep_finished` at its end (``peftune.sweep.run_sweep(..., on_finished=...)``).
+
+The directory (default ``reports/<sweep>/``), also logged under ``report/`` in the sweep's parent run:
+
+============================  ==========================================================================
+``report.md``                 everything below in one readable page (definitions included)
+``report.html``               interactive: score vs parameters (hover: hyperparameters, run id) beside the
+                              table; per-task plots, parallel coordinates, importance, every trial
+``best_by_method_size.csv``   AdaptBert-shaped table: best trial per method and size (also ``.md``)
+``trials.csv``                every trial, one row each, ``status`` and frontier flags included
+``frontier.csv``              the trials on the frontier of the score and of each task (``objective``)
+``frontier_summary.csv``      per scope (all methods, each method) and objective: frontier size, hypervolume
+``importance.csv``            hyperparameter importance (PED-ANOVA) for score, frontier, each task
+``score_vs_params.png``       score vs trainable parameters per task; ``score_vs_params_<task>.png`` per task
+``parallel_coordinates.png``  hyperparameters of the completed trials; ``importance.png``
+============================  ==========================================================================
+
+Every figure is a dev figure: the sweep selects on dev only; the test split appears only in
+``evaluation/`` (see :mod:`analysis.evaluate`).
+"""
+
+from __future__ import annotations
+
+import html
+import importlib.resources
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pandas as pd
+
+from analysis import pareto, plots, views
+from analysis.runs import COUNT_COLUMNS, SweepRuns, load_sweep
+
+log = logging.getLogger("analysis.report")
+
+REPORTS_DIR = "reports"
+ARTIFACT_PATH = "report"
+REFERENCE_FILE = "adaptbert_table3.csv"
+
+
+# ----------------------------------------------------------------------------- the published reference
+
+
+def load_reference() -> pd.DataFrame:
+    """The AdaptBert report's Table 3 (bert-base-uncased, dev), in this package's column names.
+
+    Published figures of another backbone and budget: plotted as a sanity reference, never ranked
+    against the sweep.
+    """
+    path = importlib.resources.files("analysis") / "reference" / REFERENCE_FILE
+    with path.open() as f:
+        table = pd.read_csv(f, dtype={"size": "string"})
+    return table.rename(
+        columns={
+            "score_avg": "score",
+            "sst_acc": "sst_accuracy",
+            "para_acc": "para_accuracy",
+            "params_updated_per_task_pct": pareto.COST_PCT,
+            "additional_params_stored_pct": "stored_params_pct",
+        }
+    ).assign(size=lambda t: t["size"].fillna("").astype(str))
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+def adaptbert_table(
+    best: pd.DataFrame, task_metrics: Sequence[str], frontier_ids: set[str] = frozenset()
+) -> pd.DataFrame:
+    """The AdaptBert tables' shape: method and size, each task's dev metric, average, params % (numbers, unrounded).
+
+    ``best`` is :func:`analysis.pareto.best_per_method_size`; ``frontier_ids`` marks rows on the frontier.
+    """
+    columns = {"method": "Method", "size": "Size"}
+    for metric in task_metrics:
+        columns[metric] = plots.TASK_NAMES.get(metric.split("_")[0], metric)
+    columns.update(
+        {
+            "score": "Average",
+            pareto.COST_PCT: "Params updated per task %",
+            "stored_params_pct": "Additional params stored %",
+            "trials_in_group": "Trials",
+            "best_epoch": "Best epoch",
+            "run_id": "Run id",
+        }
+    )
+    table = best[list(columns)].rename(columns=columns).reset_index(drop=True)
+    table.insert(len(table.columns) - 1, "On frontier", best["run_id"].isin(frontier_ids).to_numpy())
+    return table
+
+
+def _fmt_metric(value) -> str:
+    return "" if value is None or (isinstance(value, float) and math.isnan(value)) else f"{value:.3f}"
+
+
+def _fmt_pct(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if value == 0:
+        return "0"
+    return f"{value:.2f}" if abs(value) >= 0.1 else f"{value:.2g}"
+
+
+INTEGER_COLUMNS = (
+    "Trials",
+    "Best epoch",
+    "trials",
+    "frontier_size",
+    "best_epoch",
+    "epochs_run",
+    "epochs",
+    "batch_size",
+)
+INTEGER_COLUMNS += ("seed", "Seeds")
+
+
+def _fmt_plain(value) -> str:
+    """As logged: 64 (not 64.000), 16.5, query,key,value; empty for a missing value."""
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)
+
+
+def display_table(table: pd.DataFrame, *, short_ids: bool = True) -> pd.DataFrame:
+    """Numbers -> the strings the Markdown and HTML tables show: metrics 3 decimals, % 2, counts with separators."""
+    out = table.copy()
+    for column in out.columns:
+        values = out[column]
+        if column.endswith("%") or column.endswith("_pct"):
+            out[column] = values.map(_fmt_pct)
+        elif column in ("Run id", "run_id") and short_ids:
+            out[column] = values.map(lambda v: str(v)[:12] if isinstance(v, str) else "")
+        elif column in ("On frontier", "Frontier"):
+            out[column] = values.map(lambda v: "yes" if v else "")
+        elif column == "lr":
+            out[column] = values.map(lambda v: "" if pd.isna(v) else f"{v:.2e}")
+        elif column.startswith("method.") or column in INTEGER_COLUMNS:  # method options: 64, not 64.000
+            out[column] = values.map(_fmt_plain)
+        elif column in COUNT_COLUMNS:
+            out[column] = values.map(lambda v: "" if pd.isna(v) else f"{v:,.0f}")
+        elif pd.api.types.is_datetime64_any_dtype(values):
+            out[column] = values.dt.strftime("%Y-%m-%d %H:%M:%S UTC").astype(object).where(values.notna(), "")
+        elif column == "train_time_s":
+            out[column] = values.map(lambda v: "" if pd.isna(v) else f"{v:.1f}")
+        elif pd.api.types.is_float_dtype(values):
+            out[column] = values.map(_fmt_metric)
+    return out.fillna("").astype(str)
+
+
+def hypervolume_table(summary: pd.DataFrame, objectives: Sequence[str]) -> pd.DataFrame:
+    """One row per scope (all methods, then each method): completed trials, frontier size, hypervolume per objective."""
+    scopes = list(dict.fromkeys(summary["scope"]))
+    on_score = summary[summary["objective"] == "score"].set_index("scope")
+    table = pd.DataFrame(
+        {
+            "Scope": ["all methods" if s == "all" else s for s in scopes],
+            "Trials": on_score.loc[scopes, "trials"].to_numpy(),
+            "Frontier size": on_score.loc[scopes, "frontier_size"].to_numpy(),
+        }
+    )
+    for objective in objectives:
+        values = summary[summary["objective"] == objective].set_index("scope").loc[scopes, "hypervolume"]
+        name = "score" if objective == "score" else plots.TASK_NAMES.get(objective.split("_")[0], objective)
+        table[f"HV {name}"] = values.to_numpy()
+    return table
+
+
+def to_markdown(table: pd.DataFrame) -> str:
+    """A GitHub Markdown table of ``table`` as is (no extra dependency); ``|`` in cells escaped."""
+
+    def cell(value) -> str:
+        return str(value).replace("|", "\\|").replace("\n", " ")
+
+    header = "| " + " | ".join(map(cell, table.columns)) + " |"
+    rule = "|" + "|".join("---" for _ in table.columns) + "|"
+    rows = ["| " + " | ".join(cell(v) for v in row) + " |" for row in table.itertuples(index=False)]
+    return "\n".join([header, rule, *rows]) + "\n"
+
+
+# ----------------------------------------------------------------------------- the report
+
+
+@dataclass
+class Report:
+    """A sweep's report, computed (:func:`build_report`) and possibly written (:func:`write_report`)."""
+
+    sweep: SweepRuns
+    trials: pd.DataFrame  # every trial with frontier.<objective> / method_frontier.<objective> flags
+    best: pd.DataFrame  # best per method and size, AdaptBert shape (numbers)
+    frontier: pd.DataFrame  # the trials on the frontier of each objective (column ``objective``)
+    summary: pd.DataFrame  # frontier size and hypervolume per scope and objective
+    importances: pd.DataFrame
+    reference: pd.DataFrame | None  # AdaptBert Table 3, when drawn
+    directory: Path | None = None
+    files: list[Path] = field(default_factory=list)
+
+    @property
+    def objectives(self) -> list[str]:
+        return report_objectives(self.sweep)
+
+
+def report_objectives(sweep: SweepRuns) -> list[str]:
+    """The score, then each task's metric; a one-task sweep has only the score (it is that task's metric)."""
+    return ["score", *sweep.task_metrics] if len(sweep.task_metrics) > 1 else ["score"]
+
+
+def build_report(sweep: SweepRuns, *, reference: bool = True) -> Report:
+    """Frontiers, tables and importances of ``sweep`` (nothing written)."""
+    objectives = report_objectives(sweep)
+    if not len(sweep.trials):
+        empty = pd.DataFrame()
+        return Report(
+            sweep,
+            sweep.trials,
+            empty,
+            pd.DataFrame(columns=["objective"]),
+            empty,
+            empty,
+            load_reference() if reference else None,
+        )
+    trials = pareto.mark_frontiers(sweep.trials, objectives)
+    best = pareto.best_per_method_size(trials)
+    frontier_ids = set(trials.loc[trials["frontier.score"], "run_id"])
+    table = adaptbert_table(best, sweep.task_metrics, frontier_ids) if len(best) else pd.DataFrame()
+    fronts = [pareto.frontier(trials, objective).assign(objective=objective) for objective in objectives]
+    frontier_rows = pd.concat(fronts)
+    frontier_rows = frontier_rows[["objective", *[c for c in frontier_rows.columns if c != "objective"]]]
+    return Report(
+        sweep=sweep,
+        trials=trials,
+        best=table,
+        frontier=frontier_rows,
+        summary=pareto.frontier_summary(trials, objectives),
+        importances=views.param_importances(trials, objectives[1:]),
+        reference=load_reference() if reference else None,
+    )
+
+
+def write_report(sweep: SweepRuns, directory: str | Path, *, reference: bool = True) -> Report:
+    """Build the report and write every file of it into ``directory`` (created; see the module docstring)."""
+    report = build_report(sweep, reference=reference)
+    report.directory = directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for stale in directory.glob("score_vs_params_*.png"):  # a task plot of an earlier report (``evaluation/`` stays)
+        stale.unlink()
+    trials = report.trials
+
+    def out(name: str) -> Path:
+        report.files.append(directory / name)
+        return directory / name
+
+    trials.to_csv(out("trials.csv"), index=False)
+    report.best.to_csv(out("best_by_method_size.csv"), index=False)
+    best_md = to_markdown(display_table(report.best)) if len(report.best) else "No completed trial yet.\n"
+    out("best_by_method_size.md").write_text(best_md)
+    report.frontier.to_csv(out("frontier.csv"), index=False)
+    report.summary.to_csv(out("frontier_summary.csv"), index=False)
+    report.importances.to_csv(out("importance.csv"), index=False)
+    if len(trials):
+        common = {
+            "sweep": sweep.name,
+            "backbone": sweep.backbone,
+            "tasks": sweep.tasks,
+            "status_summary": sweep.status_summary(),
+            "reference": report.reference,
+        }
+        for objective in report.objectives:
+            task = objective.split("_")[0]
+            name = "score_vs_params.png" if objective == "score" else f"score_vs_params_{task}.png"
+            plots.score_vs_params_png(trials, out(name), objective=objective, **common)
+        views.parallel_coordinates_png(
+            trials, out("parallel_coordinates.png"), report.objectives[1:], sweep=sweep.name, backbone=sweep.backbone
+        )
+        views.importance_png(
+            report.importances,
+            out("importance.png"),
+            sweep=sweep.name,
+            backbone=sweep.backbone,
+            n_trials=len(pareto.eligible(trials)),
+        )
+    out("report.md").write_text(markdown_report(report))
+    out("report.html").write_text(html_report(report), encoding="utf-8")
+    return report
+
+
+def log_report(report: Report, *, client=None) -> None:
+    """Log the report directory as artifacts of the sweep's parent run, under ``report/``."""
+    import mlflow
+
+    client = client or mlflow.MlflowClient(tracking_uri=report.sweep.tracking_uri)
+    client.log_artifacts(report.sweep.parent_run_id, str(report.directory), artifact_path=ARTIFACT_PATH)
+
+
+def report_sweep(
+    name: str,
+    tracking_uri: str | None = None,
+    output: str | Path | None = None,
+    *,
+    reference: bool = True,
+    log_artifacts: bool = True,
+) -> Report:
+    """Read sweep ``name``, write its report to ``output`` (default ``reports/<name>``), log it to the parent run."""
+    started = time.perf_counter()
+    sweep = load_sweep(name, tracking_uri)
+    report = write_report(sweep, output or Path(REPORTS_DIR) / name, reference=reference)
+    if log_artifacts:
+        log_report(report)
+    log.info(
+        "report of sweep %s (%s) in %s, %.1fs",
+        name,
+        sweep.status_summary(),
+        report.directory,
+        time.perf_counter() - started,
+    )
+    return report
+
+
+def on_sweep_finished(result) -> Report | None:
+    """Hook for ``peftune.sweep.run_sweep(..., on_finished=on_sweep_finished)``: the report at the end of a job.
+
+    A report that fails must not turn a finished sweep into a failed job: the error is logged with
+    the command that retries it.
+    """
+    try:
+        report = report_sweep(result.name, result.tracking_uri, result.report_dir)
+    except Exception:
+        log.exception(
+            "the report of sweep %s failed; the sweep itself is recorded. Retry with: "
+            "peftune report --sweep %s --tracking-uri %s --output %s",
+            result.name,
+            result.name,
+            result.tracking_uri,
+            result.report_dir,
+        )
+        return None
+    print(f"report: {report.directory}/report.html (also logged to MLflow run {result.parent_run_id})", flush=True)
+    return report
+
+
+# ----------------------------------------------------------------------------- Markdown
+
+
+def _header_lines(sweep: SweepRuns) -> list[str]:
+    p = sweep.parent_params
+    keys = ("budget", "epochs", "batch_size", "max_length", "max_train_examples", "max_dev_examples")
+    budget = ", ".join(f"{k} {p[k]}" for k in keys if k in p)
+    return [
+        f"- backbone: `{sweep.backbone}`; tasks: {', '.join(sweep.tasks)}; sweep status: {sweep.parent_status}",
+        f"- trials: {sweep.status_summary()}",
+        f"- budget: {budget or 'not recorded'}; scheduler {p.get('scheduler', '?')}; "
+        f"objective {p.get('objective', '?')}",
+        f"- MLflow: `{sweep.tracking_uri}`, experiment {sweep.experiment_id}, parent run `{sweep.parent_run_id}`",
+        f"- code version: `{sweep.parent_tags.get('peftune.code_version', 'unknown')}`",
+    ]
+
+
+def markdown_report(report: Report) -> str:
+    sweep, trials, frontier_rows = report.sweep, report.trials, report.frontier
+    lines = [f"# Sweep {sweep.name}: dev results", "", *_header_lines(sweep), ""]
+    lines += [
+        "All figures are dev figures of each trial's best epoch. Frontiers, hypervolumes and the table below use "
+        "completed trials only; early-stopped and failed trials are listed apart.",
+        "",
+        "## Best configuration per method and size",
+        "",
+        "Params are the trainable parameters per task (shared + that task's own, heads excluded) and the "
+        "parameters the method adds for all tasks, as % of the backbone.",
+        "",
+        to_markdown(display_table(report.best)) if len(report.best) else "No completed trial yet.\n",
+        "![score vs trainable parameters](score_vs_params.png)",
+        "",
+        "## Pareto frontier (score up, trainable parameters per task down)",
+        "",
+    ]
+    front = frontier_rows[frontier_rows["objective"] == "score"] if len(frontier_rows) else frontier_rows
+    if len(front):
+        shown = front[
+            ["label", "score", *sweep.task_metrics, pareto.COST_PCT, "lr", "dropout", "weight_decay", "run_id"]
+        ]
+        lines.append(to_markdown(display_table(shown.rename(columns={pareto.COST_PCT: "trainable/task %"}))))
+    else:
+        lines.append("No completed trial yet.\n")
+    lines += ["## Frontier per task", ""]
+    if len(report.objectives) == 1:
+        lines.append("One task: its frontier is the score's.")
+    for metric in report.objectives[1:]:
+        on = frontier_rows[frontier_rows["objective"] == metric] if len(frontier_rows) else frontier_rows
+        labels = ", ".join(f"{r.label} ({getattr(r, metric):.3f})" for r in on.itertuples()) or "none"
+        task = metric.split("_")[0]
+        lines.append(
+            f"- **{plots.TASK_NAMES.get(task, task)}** ({metric}): {labels} (plot: score_vs_params_{task}.png)"
+        )
+    lines += [
+        "",
+        "## Hypervolume",
+        "",
+        "Area of the (trainable parameters per task as a fraction of the backbone, dev metric) plane the frontier "
+        "dominates, up to the reference point (100% of the backbone, metric 0); in [0, 1]. "
+        "See `analysis/pareto.py` for the definition.",
+        "",
+    ]
+    if len(report.summary):
+        lines.append(to_markdown(display_table(hypervolume_table(report.summary, report.objectives))))
+    unfinished = trials[trials["status"] != "completed"] if len(trials) else trials
+    lines += ["## Trials not completed", ""]
+    if len(unfinished):
+        columns = ["trial_id", "label", "status", "epochs_run", "score", "error", "run_id"]
+        lines.append(to_markdown(display_table(unfinished[columns])))
+    else:
+        lines.append("None.\n")
+    lines += ["## Hyperparameter importance (PED-ANOVA)", ""]
+    if len(report.importances):
+        lines.append(to_markdown(display_table(report.importances)))
+        lines.append("![importance](importance.png)\n")
+    else:
+        lines.append(f"Not computed: fewer than {views.MIN_TRIALS} completed trials.\n")
+    lines += ["![parallel coordinates](parallel_coordinates.png)", ""]
+    return "\n".join(lines)
+
+
+# ----------------------------------------------------------------------------- HTML
+
+_STYLE = """
+body { font-family: system-ui, sans-serif; margin: 1.5em; color: #222; }
+h1 { font-size: 1.5em; } h2 { font-size: 1.2em; margin-top: 1.6em; }
+.row { display: flex; gap: 1.5em; align-items: flex-start; flex-wrap: wrap; }
+.row > div { flex: 0 0 auto; } .row > div.side { flex: 0 1 720px; overflow-x: auto; }
+table { border-collapse: collapse; font-size: 0.85em; } th, td { border: 1px solid #ccc; padding: 3px 6px; }
+th { background: #f3f3f3; } td { text-align: right; } td:first-child, td:nth-child(2) { text-align: left; }
+.note { color: #555; font-size: 0.9em; max-width: 70em; }
+"""
+
+
+def _table_html(table: pd.DataFrame, *, short_ids: bool = True) -> str:
+    if not len(table):
+        return "<p>none</p>"
+    return display_table(table, short_ids=short_ids).to_html(index=False, border=0, escape=True)
+
+
+def side_table(table: pd.DataFrame) -> pd.DataFrame:
+    """The AdaptBert table narrowed to sit beside the plot: no trial counts, epochs or run ids; short headers."""
+    if not len(table):
+        return table
+    narrow = table.drop(columns=["Trials", "Best epoch", "Run id"], errors="ignore")
+    return narrow.rename(
+        columns={
+            "Params updated per task %": "Params/task %",
+            "Additional params stored %": "Stored %",
+            "On frontier": "Frontier",
+        }
+    )
+
+
+def html_report(report: Report) -> str:
+    """One self-contained page: plotly.js inlined once (the page must work offline), then every view."""
+    sweep, trials = report.sweep, report.trials
+    common = {
+        "sweep": sweep.name,
+        "backbone": sweep.backbone,
+        "tasks": sweep.tasks,
+        "status_summary": sweep.status_summary(),
+        "reference": report.reference,
+        "task_metrics": sweep.task_metrics,
+    }
+    figures_html: list[str] = []
+
+    def embed(fig) -> str:
+        first = not figures_html
+        width, height = fig.layout.width or 1000, fig.layout.height or 480  # fixed sizes: a layout that never reflows
+        piece = fig.to_html(
+            full_html=False, include_plotlyjs=first, default_width=f"{width}px", default_height=f"{height}px"
+        )
+        figures_html.append(piece)
+        return piece
+
+    esc = html.escape
+    header = "".join(f"<li>{esc(line.removeprefix('- ').replace('`', ''))}</li>" for line in _header_lines(sweep))
+    parts = [
+        f"<!doctype html><html><head><meta charset='utf-8'><title>peftune report: {esc(sweep.name)}</title>",
+        f"<style>{_STYLE}</style></head><body>",
+        f"<h1>Sweep {esc(sweep.name)}: dev score vs trainable parameters</h1><ul>{header}</ul>",
+        "<p class='note'>Dev figures of each trial's best epoch. Frontiers and the table use completed trials only; "
+        "crosses are trials stopped early. Hover a point for its hyperparameters and MLflow run id. Hollow diamonds: "
+        "the AdaptBert report's published bert-base figures (another backbone), for reference only.</p>",
+    ]
+    if len(trials):
+        parts += [
+            "<div class='row'><div class='plot'>",
+            embed(plots.score_vs_params_figure(trials, objective="score", **common)),
+            "</div><div class='side'><h2>Best configuration per method and size</h2>",
+            _table_html(side_table(report.best)),
+            "<p class='note'>Params: trainable per task and additionally stored, % of the backbone. "
+            "Run ids: best_by_method_size.csv and the hover boxes.</p>",
+            "</div></div>",
+        ]
+        if len(report.objectives) > 1:
+            parts.append("<h2>Per task</h2>")
+        parts.append("<div class='row'>")
+        for metric in report.objectives[1:]:
+            figure = plots.score_vs_params_figure(trials, objective=metric, width=780, height=480, **common)
+            parts += ["<div>", embed(figure), "</div>"]
+        parts.append("</div>")
+    else:
+        parts.append("<p>No trial recorded yet.</p>")
+    parts += [
+        "<h2>Frontier and hypervolume</h2>",
+        _table_html(hypervolume_table(report.summary, report.objectives)) if len(report.summary) else "",
+    ]
+    parallel = views.parallel_coordinates_figure(
+        trials, report.objectives[1:], sweep=sweep.name, backbone=sweep.backbone
+    )
+    if parallel is not None:
+        parts += ["<h2>Parallel coordinates</h2>", embed(parallel)]
+    parts.append("<h2>Hyperparameter importance (PED-ANOVA)</h2>")
+    if len(report.importances):
+        parts += [
+            embed(views.importance_figure(report.importances, sweep=sweep.name, backbone=sweep.backbone)),
+            _table_html(report.importances),
+        ]
+    else:
+        parts.append(f"<p>Not computed: fewer than {views.MIN_TRIALS} completed trials.</p>")
+    if len(trials):
+        columns = [c for c in trials.columns if not c.startswith(("frontier.", "method_frontier."))]
+        parts += [
+            f"<h2>All trials</h2><details><summary>{esc(sweep.status_summary())}</summary>",
+            _table_html(trials[columns].drop(columns=["size_value", "label"], errors="ignore"), short_ids=False),
+            "</details>",
+        ]
+    parts.append("</body></html>")
+    return "\n".join(parts)

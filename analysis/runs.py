@@ -1,0 +1,368 @@
+"""A sweep's MLflow record -> one pandas DataFrame, one row per trial.
+
+The record is the contract written by ``peftune.tracking`` (read its module docstring): an
+experiment named after the sweep holding one parent run (tag ``peftune.role=sweep``) and one
+child run per trial (tag ``mlflow.parentRunId``). This module only reads it, from any tracking
+URI (a SQLite file, a directory, an ``http://`` server), and never imports Ray.
+
+Why a trial's ``status`` column matters: a frontier of completed trials mixed with trials that
+ASHA stopped after one epoch, or that crashed, compares unlike things. Every trial is kept in the
+DataFrame, marked with one of :data:`STATUSES`; the analysis decides which statuses enter a
+frontier (completed only, by default: see :mod:`analysis.pareto`).
+
+Columns of :attr:`SweepRuns.trials`:
+
+- identity: ``run_id``, ``trial_id``, ``run_name``, ``method``, ``size`` (e.g. ``r=8``; see
+  :func:`size_label`), ``label`` (``lora r=8``), ``size_value`` (the method's size field, for sorting);
+- outcome: ``status``, ``error`` (first line of the failure), ``mlflow_status``, ``epochs_run``,
+  ``best_epoch``, ``score`` and each task metric (``sst_accuracy``, ...) at the best-scoring epoch;
+- parameter counts: ``backbone_params``, ``trainable_params_per_task`` (+ ``_pct``), ``stored_params``
+  (+ ``_pct``), ``checkpoint_params``, ``head_params``;
+- hyperparameters: ``lr``, ``dropout``, ``weight_decay``, ``epochs``, ``batch_size``, ``seed``,
+  ``warmup_ratio``, ``sampling`` and the method's options as ``method.<field>`` (typed: ints, floats,
+  booleans, None; lists stay comma-separated strings as logged);
+- time: ``train_time_s``, ``start_time``, ``end_time`` (UTC timestamps); ``has_checkpoint``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import re
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+log = logging.getLogger("analysis.runs")
+
+# The record's names, as written by peftune.tracking (tests/test_report.py checks they still agree).
+# They are repeated here so that reading a sweep never imports the writer, which imports Ray.
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+ROLE, SWEEP, TRIAL_ID, STATUS, ERROR = (
+    "peftune.role",
+    "peftune.sweep",
+    "peftune.trial_id",
+    "peftune.status",
+    "peftune.error",
+)
+PARENT_TAG = "mlflow.parentRunId"
+CHECKPOINT_TAG = "peftune.checkpoint"
+
+COMPLETED, EARLY_STOPPED, FAILED = "completed", "early_stopped", "failed"
+# the writer's three final statuses, then what an unfinished run is: still running, or interrupted (KILLED)
+STATUSES = (COMPLETED, EARLY_STOPPED, FAILED, "running", "interrupted", "unknown")
+
+COUNT_COLUMNS = (
+    "backbone_params",
+    "trainable_params_per_task",
+    "trainable_params_per_task_pct",
+    "stored_params",
+    "stored_params_pct",
+    "checkpoint_params",
+    "head_params",
+)
+HYPERPARAMETERS = ("lr", "dropout", "weight_decay", "epochs", "batch_size", "seed", "warmup_ratio", "sampling")
+
+# Short symbols of the size fields, as the papers' tables write them (lora r=8, adapter m=64, ...)
+SIZE_SYMBOLS = {"rank": "r", "bottleneck": "m", "prefix_length": "l", "prompt_length": "l", "k": "k"}
+# sizes shown before the registry's size field: LoRA + adapters has a rank and a bottleneck
+EXTRA_SIZE_FIELDS = {"lora_adapter": ("rank",)}
+
+
+def resolve_tracking_uri(uri: str | None = None) -> str:
+    """The argument, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``; a relative SQLite path made absolute.
+
+    The same rule as ``peftune.tracking.resolve_tracking_uri``, so ``peftune report`` finds what
+    ``peftune sweep`` wrote when both run in the same directory with the same environment.
+    """
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    if uri.startswith("sqlite:///"):
+        path = Path(uri[len("sqlite:///") :])
+        if not path.is_absolute():
+            uri = "sqlite:///" + str(Path.cwd() / path)
+    return uri
+
+
+@dataclass
+class SweepRuns:
+    """A sweep as recorded: its parent run and one DataFrame row per trial (child run)."""
+
+    name: str
+    tracking_uri: str
+    experiment_id: str
+    parent_run_id: str
+    parent_status: str  # the parent's peftune.status: running | completed | interrupted | failed (or MLflow's)
+    backbone: str
+    tasks: list[str]
+    parent_params: dict[str, Any]  # typed (see parse_param): num_samples, epochs, max_train_examples, ...
+    parent_tags: dict[str, str]
+    trials: pd.DataFrame
+    task_metrics: list[str] = field(default_factory=list)  # ["sst_accuracy", "para_accuracy", "sts_pearson"]
+
+    def status_counts(self) -> dict[str, int]:
+        """Trials per status, in the order of :data:`STATUSES` (statuses with no trial left out)."""
+        counts = self.trials["status"].value_counts() if len(self.trials) else pd.Series(dtype=int)
+        return {s: int(counts[s]) for s in STATUSES if s in counts}
+
+    def status_summary(self) -> str:
+        """``24 trials: 18 completed, 5 early_stopped, 1 failed``."""
+        counts = self.status_counts()
+        parts = ", ".join(f"{n} {s}" for s, n in counts.items())
+        return f"{len(self.trials)} trials" + (f": {parts}" if parts else "")
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def load_sweep(name: str, tracking_uri: str | None = None, *, client=None) -> SweepRuns:
+    """Read sweep ``name`` (parent run + child runs) from ``tracking_uri`` (see :func:`resolve_tracking_uri`).
+
+    Raises ``ValueError`` naming the store and what it does hold when the sweep is not there.
+    """
+    import mlflow
+
+    uri = resolve_tracking_uri(tracking_uri)
+    client = client or mlflow.MlflowClient(tracking_uri=uri)
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None or experiment.lifecycle_stage == "deleted":
+        known = sorted(e.name for e in client.search_experiments() if e.name != "Default")
+        where = f"no MLflow experiment named {name!r}" if experiment is None else f"experiment {name!r} is deleted"
+        raise ValueError(
+            f"{where} in {uri}; sweeps there: {', '.join(known) or 'none'} "
+            f"(pass --tracking-uri or set MLFLOW_TRACKING_URI to read another store)"
+        )
+    experiment_id = experiment.experiment_id
+    parents = client.search_runs(
+        [experiment_id], filter_string=f"tags.`{ROLE}` = 'sweep' and tags.`{SWEEP}` = '{name}'", max_results=2
+    )
+    if not parents:
+        raise ValueError(f"experiment {name!r} in {uri} has no sweep parent run (tag {ROLE}=sweep)")
+    if len(parents) > 1:
+        raise ValueError(f"experiment {name!r} in {uri} holds more than one sweep parent run; expected one")
+    parent = parents[0]
+    children = [
+        run
+        for run in _search_all(client, experiment_id, f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'")
+        if run.data.tags.get(ROLE, "trial") == "trial"
+    ]
+    params = {k: parse_param(v) for k, v in parent.data.params.items()}
+    tasks = _split_list(parent.data.params.get("tasks", ""))
+    if not tasks:  # an older or partial record: take the tasks the trials ran
+        tasks = next((_split_list(c.data.params["tasks"]) for c in children if c.data.params.get("tasks")), [])
+    metrics = task_metric_names(tasks)
+    histories = {run.info.run_id: _histories(client, run, metrics) for run in children}
+    trials = trials_frame(children, metrics, histories)
+    return SweepRuns(
+        name=name,
+        tracking_uri=uri,
+        experiment_id=experiment_id,
+        parent_run_id=parent.info.run_id,
+        parent_status=parent.data.tags.get(STATUS) or parent.info.status.lower(),
+        backbone=parent.data.tags.get("peftune.backbone") or str(params.get("model", "")),
+        tasks=tasks,
+        parent_params=params,
+        parent_tags=dict(parent.data.tags),
+        trials=trials,
+        task_metrics=metrics,
+    )
+
+
+def _search_all(client, experiment_id: str, filter_string: str) -> list:
+    runs, token = [], None
+    while True:
+        page = client.search_runs([experiment_id], filter_string=filter_string, max_results=1000, page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def _histories(client, run, metrics: Sequence[str]) -> dict[str, dict[int, float]]:
+    """Per-epoch values (step -> value) of ``score`` and, where the best-epoch metrics are missing, the task metrics.
+
+    ``score``'s history gives ``epochs_run`` for every trial; the task histories are only needed for a trial
+    the writer has not closed (running or interrupted), which has no ``best_*`` metrics yet.
+    """
+    keys = ["score"] if "best_score" in run.data.metrics else ["score", *metrics]
+    return {
+        key: {int(m.step): m.value for m in client.get_metric_history(run.info.run_id, key)}
+        for key in keys
+        if key in run.data.metrics
+    }
+
+
+def task_metric_names(tasks: Iterable[str]) -> list[str]:
+    """``["sst", "sts"]`` -> ``["sst_accuracy", "sts_pearson"]`` (the metric of each registered task)."""
+    from peftune.tasks import get_task
+
+    names = []
+    for task in tasks:
+        try:
+            spec = get_task(task)
+            names.append(f"{spec.name}_{spec.metric}")
+        except KeyError:
+            log.warning("task %r is not registered in this peftune; its metric is not read", task)
+    return names
+
+
+# ----------------------------------------------------------------------------- runs -> rows
+
+
+def trials_frame(
+    runs: Sequence, task_metrics: Sequence[str], histories: dict[str, dict[str, dict[int, float]]] | None = None
+) -> pd.DataFrame:
+    """MLflow child runs -> one row per trial (columns in the module docstring), in start order."""
+    histories = histories or {}
+    rows = [trial_row(run, task_metrics, histories.get(run.info.run_id, {})) for run in runs]
+    frame = pd.DataFrame(rows, columns=_column_order(rows, task_metrics))
+    if len(frame):
+        frame = frame.sort_values(["start_time", "run_id"], kind="stable").reset_index(drop=True)
+    return frame
+
+
+def trial_row(run, task_metrics: Sequence[str], history: dict[str, dict[int, float]]) -> dict[str, Any]:
+    """One child run -> one row. Best-epoch metrics come from ``best_*``, else from the run's history."""
+    tags, metrics = run.data.tags, run.data.metrics
+    params = {k: parse_param(v) for k, v in run.data.params.items()}
+    method = str(params.get("method") or tags.get("peftune.method") or "")
+    size = size_label(method, params)
+    error = tags.get(ERROR)
+    row: dict[str, Any] = {
+        "run_id": run.info.run_id,
+        "trial_id": tags.get(TRIAL_ID, ""),
+        "run_name": run.info.run_name,
+        "method": method,
+        "size": size,
+        "label": f"{method} {size}".strip(),
+        "size_value": size_value(method, params),
+        "status": trial_status(tags.get(STATUS), run.info.status),
+        "error": error.strip().splitlines()[0] if error and error.strip() else None,
+        "mlflow_status": run.info.status,
+        "epochs_run": max(history.get("score", {}), default=0),
+    }
+    if "best_score" in metrics:
+        row["best_epoch"] = _int_or_none(metrics.get("best_epoch"))
+        row["score"] = metrics["best_score"]
+        for key in task_metrics:
+            row[key] = metrics.get(f"best_{key}", math.nan)
+    else:  # not closed by the writer: the best epoch so far, by the writer's rule (highest score, earliest on a tie)
+        scores = history.get("score", {})
+        best = max(sorted(scores), key=lambda epoch: scores[epoch]) if scores else None
+        row["best_epoch"] = best
+        row["score"] = scores[best] if best is not None else math.nan
+        for key in task_metrics:
+            row[key] = history.get(key, {}).get(best, math.nan) if best is not None else math.nan
+    for key in COUNT_COLUMNS:
+        row[key] = metrics.get(key, math.nan)
+    for key in HYPERPARAMETERS:
+        row[key] = params.get(key)
+    row["tasks"] = run.data.params.get("tasks")
+    row.update({k: v for k, v in sorted(params.items()) if k.startswith("method.")})
+    row["train_time_s"] = metrics.get("train_time_s", math.nan)  # cumulative per epoch: the latest is the total
+    row["start_time"] = _timestamp(run.info.start_time)
+    row["end_time"] = _timestamp(run.info.end_time)
+    row["has_checkpoint"] = bool(tags.get(CHECKPOINT_TAG))
+    return row
+
+
+def trial_status(tag: str | None, mlflow_status: str) -> str:
+    """The writer's ``peftune.status``; without one, what MLflow says: running, interrupted (KILLED), failed."""
+    if tag in (COMPLETED, EARLY_STOPPED, FAILED):
+        return tag
+    return {"RUNNING": "running", "SCHEDULED": "running", "KILLED": "interrupted", "FAILED": FAILED}.get(
+        mlflow_status, "unknown"
+    )
+
+
+def _column_order(rows: list[dict], task_metrics: Sequence[str]) -> list[str]:
+    first = [
+        "run_id",
+        "trial_id",
+        "run_name",
+        "method",
+        "size",
+        "label",
+        "size_value",
+        "status",
+        "error",
+        "mlflow_status",
+        "epochs_run",
+        "best_epoch",
+        "score",
+        *task_metrics,
+        *COUNT_COLUMNS,
+        *HYPERPARAMETERS,
+        "tasks",
+    ]
+    options = sorted({k for row in rows for k in row if k.startswith("method.")})
+    return [*first, *options, "train_time_s", "start_time", "end_time", "has_checkpoint"]
+
+
+def _timestamp(ms: int | None):
+    return pd.Timestamp(ms, unit="ms", tz="UTC") if ms else pd.NaT
+
+
+def _int_or_none(value) -> int | None:
+    return int(value) if value is not None and math.isfinite(value) else None
+
+
+# ----------------------------------------------------------------------------- values and labels
+
+_INT = re.compile(r"[+-]?\d+")
+
+
+def parse_param(raw: str) -> Any:
+    """An MLflow param string -> int, float, bool, None or the string itself (lists stay comma-separated)."""
+    text = raw.strip()
+    if text == "None":
+        return None
+    if text in ("True", "False"):
+        return text == "True"
+    if _INT.fullmatch(text):
+        return int(text)
+    try:
+        return float(text)
+    except ValueError:
+        return raw
+
+
+def _split_list(raw: str) -> list[str]:
+    return [part.strip() for part in raw.split(",") if part.strip()]
+
+
+def size_fields(method: str) -> tuple[str, ...]:
+    """The config fields that make a method's size: the registry's ``size_field`` (+ LoRA's rank for lora_adapter)."""
+    from peftune.methods import get_method
+
+    try:
+        spec = get_method(method)
+    except KeyError:
+        return ()
+    return EXTRA_SIZE_FIELDS.get(method, ()) + ((spec.size_field,) if spec.size_field else ())
+
+
+def size_label(method: str, params: dict[str, Any]) -> str:
+    """``r=8``, ``m=64``, ``r=8 m=64`` (lora_adapter), ``l=10``; empty for methods without a size (full, bitfit...)."""
+    parts = []
+    for name in size_fields(method):
+        value = params.get(f"method.{name}")
+        if value is not None:
+            parts.append(f"{SIZE_SYMBOLS.get(name, name)}={_format_number(value)}")
+    return " ".join(parts)
+
+
+def size_value(method: str, params: dict[str, Any]) -> float:
+    """The registry size field's value (NaN without one), to order a method's sizes."""
+    fields = size_fields(method)
+    value = params.get(f"method.{fields[-1]}") if fields else None
+    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
+
+
+def _format_number(value) -> str:
+    if isinstance(value, float) and value.is_integer():
+        return str(int(value))
+    return str(value)

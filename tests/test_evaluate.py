@@ -1,0 +1,208 @@
+"""``peftune evaluate`` end to end on a tiny sweep: real trials, their MLflow record, a test split carved from train.
+
+The backbone is a tiny random BERT saved as a local HF directory (the packaged model's tokenizer,
+2 layers of 32): every training run takes well under a second, and the code path is the real one
+(``prepare`` by model path, checkpoints restored through MLflow artifacts, ``run_trial``, ``evaluate``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import random
+import shutil
+from pathlib import Path
+
+import mlflow
+import pandas as pd
+import pytest
+import torch
+from safetensors.torch import save_file
+
+from analysis.evaluate import evaluate_sweep, method_options
+from analysis.runs import load_sweep
+from conftest import NEGATIVE, POSITIVE, write_task_file
+from sweep_record import COUNT_KEYS, TrialSpec, record_sweep
+
+TASKS = ["sst", "sts"]
+SWEEP = "eval_sweep"
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """A local HF BERT directory: the packaged model's tokenizer files and a tiny random encoder in safetensors."""
+    from peftune.backbone import DEFAULT_MODEL, BertConfig, BertModel, resolve_model_dir
+
+    source = resolve_model_dir(DEFAULT_MODEL)
+    directory = tmp_path_factory.mktemp("tiny-bert")
+    for name in ("vocab.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        if (source / name).is_file():
+            shutil.copy(source / name, directory / name)
+    vocab_size = json.loads((source / "config.json").read_text())["vocab_size"]
+    config = BertConfig(
+        vocab_size=vocab_size,
+        hidden_size=32,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
+    (directory / "config.json").write_text(json.dumps({**config.to_dict(), "model_type": "bert"}))
+    torch.manual_seed(0)
+    save_file(BertModel(config).state_dict(), str(directory / "model.safetensors"))
+    return directory
+
+
+@pytest.fixture(scope="module")
+def data_dirs(tmp_path_factory) -> tuple[Path, Path]:
+    """Train/dev files in the shared format, and a labelled test split carved from each train file."""
+    rng = random.Random(1)
+    data, test = tmp_path_factory.mktemp("data"), tmp_path_factory.mktemp("test")
+    for spec_name, header, make in (
+        ("ids-sst", ["sentence", "sentiment"], lambda i, t: [t, 4 if i % 2 == 0 else 0]),
+        (
+            "sts",
+            ["sentence1", "sentence2", "similarity"],
+            lambda i, t: [t, t if i % 3 else "awful", 5.0 if i % 3 else 1.0],
+        ),
+    ):
+        rows = [make(i, rng.choice(POSITIVE if i % 2 == 0 else NEGATIVE)) for i in range(100)]
+        train, carved = rows[:72], rows[72:88]  # the test rows are cut out of the train file: never trained on
+        write_task_file(data / f"{spec_name}-train.csv", header, train)
+        write_task_file(test / f"{spec_name}-test.csv", header, carved)
+        dev = [make(i, rng.choice(POSITIVE if i % 2 == 0 else NEGATIVE)) for i in range(16)]
+        write_task_file(data / f"{spec_name}-dev.csv", header, dev)
+    return data, test
+
+
+@pytest.fixture(scope="module")
+def sweep_store(tmp_path_factory, tiny_model_dir, data_dirs):
+    """Three real trials (frozen, LoRA r=2, full) trained for 2 epochs, recorded as peftune.tracking records a sweep."""
+    from peftune import methods
+    from peftune.train import TrainConfig, prepare, run_trial
+
+    data, _ = data_dirs
+    root = tmp_path_factory.mktemp("mlflow")
+    prepared = prepare(data, TASKS, model=str(tiny_model_dir), max_length=32, seed=0)
+    specs = []
+    # frozen (heads only) and full fine-tuning land far apart on both axes: both are on any frontier
+    trials = (("t0", "frozen", {}, 1e-2), ("t1", "lora", {"rank": 2}, 3e-2), ("t2", "full", {}, 1e-3))
+    for trial_id, method, options, lr in trials:
+        config = TrainConfig(
+            method=method, method_options=options, tasks=TASKS, lr=lr, epochs=2, batch_size=16, seed=0, log_every=0
+        )
+        checkpoint = root / f"ckpt-{trial_id}"
+        best = {"score": -1.0}
+
+        def report(metrics, save, best=best, checkpoint=checkpoint):
+            if metrics["score"] > best["score"]:
+                best["score"] = metrics["score"]
+                save(checkpoint)
+
+        history = run_trial(config, prepared, report).history
+        fields = dataclasses.asdict(methods.make_method_config(method, config.method_options_with_dropout()))
+        fields.pop("dropout")
+        specs.append(
+            TrialSpec(
+                trial_id,
+                method,
+                fields,
+                [{"sst_accuracy": h["sst_accuracy"], "sts_pearson": h["sts_pearson"]} for h in history],
+                {k: history[0][k] for k in COUNT_KEYS},
+                lr=lr,
+                checkpoint_dir=checkpoint,
+            )
+        )
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    _, parent_id, _ = record_sweep(
+        uri,
+        SWEEP,
+        TASKS,
+        specs,
+        artifact_dir=root / "artifacts",
+        model=str(tiny_model_dir),
+        data_hashes=prepared.file_hashes,
+        planned_epochs=2,
+        batch_size=16,
+    )
+    return uri, parent_id
+
+
+def test_evaluate_frontier_with_two_seeds(sweep_store, data_dirs, tmp_path):
+    """Note: peftune.checkpoint fingerprints a checkpoint's backbone from the *trained* embeddings, so a full
+    fine-tuning checkpoint is refused by the pretrained backbone; evaluate then re-trains that seed."""
+    uri, parent_id = sweep_store
+    data, test = data_dirs
+    sweep = load_sweep(SWEEP, uri)
+    assert method_options(sweep.trials.set_index("trial_id").loc["t1"])["targets"] == ["query", "key", "value"]
+
+    evaluation = evaluate_sweep(SWEEP, data, test, seeds=2, tracking_uri=uri, output=tmp_path / "report")
+
+    from analysis.pareto import frontier
+
+    expected = set(frontier(sweep.trials)["run_id"])
+    assert set(evaluation.configurations["run_id"]) == expected
+    assert {"t0", "t2"} <= set(evaluation.configurations["trial_id"])
+    runs = evaluation.runs
+    # per configuration: its sweep dev figure, then each seed's dev and test
+    assert len(runs) == len(expected) * (1 + 2 * 2)
+    for run_id in expected:
+        mine = runs[runs["run_id"] == run_id]
+        assert list(mine["split"]) == ["dev (sweep)", "dev", "test", "dev", "test"]
+        first = "checkpoint" if mine["method"].iloc[0] != "full" else mine["source"].iloc[1]  # see the note below
+        assert list(mine["source"]) == ["sweep record", first, first, "retrained", "retrained"]
+        assert list(mine["seed"].iloc[1:]) == [0, 0, 1, 1]
+        # the trial's own seed, restored (or re-trained: training is deterministic on CPU), reproduces the
+        # score the sweep recorded: same data, same weights
+        recorded, restored = mine["score"].iloc[0], mine["score"].iloc[1]
+        assert restored == pytest.approx(recorded, abs=1e-6)
+        test_rows = mine[mine["split"] == "test"]
+        assert test_rows["score"].to_numpy() == pytest.approx(test_rows[["sst_accuracy", "sts_pearson"]].mean(axis=1))
+
+    # mean and sample std over the seeds
+    summary = evaluation.summary
+    for run_id in expected:
+        tests = runs[(runs["run_id"] == run_id) & (runs["split"] == "test")]
+        row = summary[(summary["run_id"] == run_id) & (summary["split"] == "test")].iloc[0]
+        assert row["n"] == 2
+        assert row["score_mean"] == pytest.approx(tests["score"].mean())
+        assert row["score_std"] == pytest.approx(tests["score"].std(ddof=1))
+        assert row["sst_accuracy_std"] == pytest.approx(tests["sst_accuracy"].std(ddof=1))
+
+    directory = tmp_path / "report" / "evaluation"
+    names = {"evaluation.csv", "evaluation_runs.csv", "evaluation.md", "evaluation.png"}
+    assert names <= {p.name for p in directory.iterdir()}
+    markdown = (directory / "evaluation.md").read_text()
+    assert "| Method | Params/task % | Split | Score | SST | STS | Seeds | Run id |" in markdown
+    assert " ± " in markdown and "| frozen | 0 | test |" in markdown
+    assert pd.read_csv(directory / "evaluation.csv")["split"].tolist().count("test") == len(expected)
+
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    logged = {item.path for item in client.list_artifacts(parent_id, "report/evaluation")}
+    assert {f"report/evaluation/{name}" for name in names} <= logged
+
+
+def test_a_test_split_equal_to_a_dev_file_is_refused(sweep_store, data_dirs, tmp_path, capsys):
+    from peftune.cli import main
+
+    uri, _ = sweep_store
+    data, test = data_dirs
+    leaky = tmp_path / "leaky"
+    leaky.mkdir()
+    shutil.copy(data / "ids-sst-dev.csv", leaky / "ids-sst-test.csv")
+    shutil.copy(test / "sts-test.csv", leaky / "sts-test.csv")
+    argv = ["evaluate", "--sweep", SWEEP, "--tracking-uri", uri, "--data-dir", str(data), "--test-dir", str(leaky)]
+    assert main([*argv, "--seeds", "1", "--output", str(tmp_path / "out")]) == 2
+    error = capsys.readouterr().err
+    assert "ids-sst-test.csv has the same content as ids-sst-dev.csv" in error
+    assert not (tmp_path / "out").exists()  # refused before anything was trained or written
+
+
+def test_missing_test_file_names_it(sweep_store, data_dirs, tmp_path, capsys):
+    from peftune.cli import main
+
+    uri, _ = sweep_store
+    data, _ = data_dirs
+    argv = ["evaluate", "--sweep", SWEEP, "--tracking-uri", uri, "--data-dir", str(data), "--test-dir", str(tmp_path)]
+    assert main([*argv, "--seeds", "1"]) == 2
+    assert "ids-sst-test.csv: file not found" in capsys.readouterr().err
