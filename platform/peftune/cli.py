@@ -1,4 +1,4 @@
-"""``peftune`` command line: train | methods | bench (sweep, report, evaluate come with the platform).
+"""``peftune`` command line: train | methods | bench | sweep | report | evaluate.
 
 Errors a user can act on (bad data rows, unknown methods or options, missing
 models) print one line naming what is wrong and exit with status 2.
@@ -196,9 +196,10 @@ def cmd_bench(args) -> int:
 
 
 def cmd_sweep(args) -> int:
+    from analysis.report import on_sweep_finished
     from peftune import sweep
 
-    return sweep.main_from_args(args)
+    return sweep.main_from_args(args, on_finished=on_sweep_finished)
 
 
 def cmd_report(args) -> int:

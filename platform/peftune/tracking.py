@@ -1,0 +1,608 @@
+"""MLflow record of a sweep: one parent run per sweep, one child run per trial, logged from the driver.
+
+Logging runs in the Tune driver (:class:`TrialLogger`, a ``tune.Callback``), so
+trials never touch the tracking store: workers need no access to it, and an
+embedded SQLite store has a single writer (no "database is locked").
+
+The record is a contract with ``analysis/``; change it only together with it.
+
+Tracking URI: ``--tracking-uri``, else ``MLFLOW_TRACKING_URI``, else
+``sqlite:///mlflow.db`` in the working directory (made absolute). With a SQLite
+store, artifacts go to ``mlruns/<sweep>/`` beside the database file.
+
+Experiment: named after the sweep (``SweepDefinition.name``); it holds one parent run.
+
+Parent run (run name ``<sweep>``):
+
+- tags: ``peftune.role=sweep``, ``peftune.sweep=<name>``, ``peftune.backbone=<model>``,
+  ``peftune.code_version=<git sha, "-dirty" if the tree has changes; else "peftune <version>">``,
+  ``peftune.status`` = ``running`` | ``completed`` | ``interrupted`` | ``failed``,
+  ``peftune.definition_fingerprint`` and ``peftune.data_fingerprint`` (a resumed sweep must match both),
+  ``peftune.ray_experiment_path`` (where Tune keeps the trials' state and checkpoints);
+- params: ``tasks``, ``methods`` (comma-separated), ``num_samples``, ``scheduler`` (``asha`` | ``none``),
+  ``objective`` (``single`` | ``multi``), ``sampler``, ``seed``, ``model``, and the budget: ``budget``
+  (the preset's name), ``epochs``, ``batch_size``, ``max_length``, ``max_train_examples``,
+  ``max_dev_examples``;
+- artifacts: ``sweep.yaml`` (the resolved definition: chosen budget, method spaces inlined) and
+  ``data_hashes.json`` (data file name -> sha256).
+
+Child run per trial (run name ``<method>-<ray trial id>``):
+
+- tags: ``mlflow.parentRunId=<parent run id>``, ``peftune.role=trial``, ``peftune.sweep=<name>``,
+  ``peftune.trial_id=<ray trial id>``, ``peftune.method=<method>``,
+  ``peftune.status`` = ``completed`` (all epochs) | ``early_stopped`` (stopped by ASHA) | ``failed``;
+  ``peftune.error`` (failed only: the exception line, then the end of the traceback);
+  ``peftune.retries`` (when Ray retried the trial); ``peftune.checkpoint=checkpoint/`` on the trials whose
+  checkpoint is logged. No ``peftune.status`` yet: the trial is running,
+  or the sweep was interrupted (MLflow status KILLED) and resuming it continues this run;
+- params: ``method``, ``lr``, ``dropout``, ``weight_decay``, ``epochs``, ``batch_size``, ``tasks``,
+  ``seed``, ``warmup_ratio``, ``sampling``, and every option of the method's config as
+  ``method.<field>`` (``method.rank``, ``method.bottleneck``, ...; lists comma-separated);
+- metrics with ``step = epoch`` (1-based), every epoch: each task metric (``sst_accuracy``,
+  ``para_accuracy``, ``sts_pearson``, ...), ``score`` (their mean), ``train_loss``, ``epoch_time_s``,
+  ``tokens_per_s``, ``train_time_s`` (cumulative, so its latest value is the trial's training time);
+  once, at step 0 with the first epoch: ``backbone_params``, ``trainable_params_per_task``,
+  ``trainable_params_per_task_pct``, ``stored_params``, ``stored_params_pct``, ``checkpoint_params``,
+  ``head_params``; at the end (completed, early stopped, or failed after at least one epoch), step 0:
+  ``best_score``, ``best_epoch`` and ``best_<task metric>`` (``best_sst_accuracy``, ...) of the epoch
+  with the best score (the earliest on a tie);
+- artifacts: ``checkpoint/`` (``trainable.safetensors`` + ``peftune.json``, loadable with
+  ``peftune.checkpoint.load_checkpoint``) for the best ``checkpoints_per_method`` trials of each
+  method by best score, logged when the sweep completes.
+
+Resuming: trials are keyed by Ray trial id; an existing child run is continued, never duplicated,
+and an epoch already logged is not logged twice. Re-running a sweep also retries its failed trials
+(Ray resumes errored trials from their last checkpoint): their ``peftune.status`` and
+``peftune.error`` are removed while they run and set again when they end.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import math
+import os
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ray import tune
+
+log = logging.getLogger("peftune.tracking")
+
+DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+ROLE, SWEEP, TRIAL_ID, STATUS, ERROR = (
+    "peftune.role",
+    "peftune.sweep",
+    "peftune.trial_id",
+    "peftune.status",
+    "peftune.error",
+)
+PARENT_TAG = "mlflow.parentRunId"
+COMPLETED, EARLY_STOPPED, FAILED = "completed", "early_stopped", "failed"
+EPOCH_METRICS = ("score", "train_loss", "epoch_time_s", "tokens_per_s", "train_time_s")
+COUNT_METRICS = (
+    "backbone_params",
+    "trainable_params_per_task",
+    "trainable_params_per_task_pct",
+    "stored_params",
+    "stored_params_pct",
+    "checkpoint_params",
+    "head_params",
+)
+CHECKPOINT_ARTIFACTS = ("trainable.safetensors", "peftune.json")  # the optimizer state stays with Ray
+MAX_TAG_CHARS = 5000
+
+
+def resolve_tracking_uri(uri: str | None = None) -> str:
+    """The flag, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``; relative SQLite paths made absolute."""
+    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
+    path = sqlite_path(uri)
+    if path is not None and not path.is_absolute():
+        uri = "sqlite:///" + str(Path.cwd() / path)
+    return uri
+
+
+def sqlite_path(uri: str) -> Path | None:
+    if not uri.startswith("sqlite:///"):
+        return None
+    return Path(uri[len("sqlite:///") :])
+
+
+def ui_hint(uri: str, experiment_id: str | None = None) -> tuple[str, str | None]:
+    """(address of the runs table, command that serves it or None) for a tracking URI."""
+    runs = f"#/experiments/{experiment_id}/runs" if experiment_id else ""
+    if uri.startswith(("http://", "https://")):
+        return f"{uri.rstrip('/')}/{runs}", None
+    command = f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
+    return f"http://127.0.0.1:5000/{runs}", command
+
+
+@functools.cache
+def code_version() -> str:
+    """Git commit of the peftune source tree (``-dirty`` with local changes), else the package version."""
+    root = Path(__file__).resolve().parents[2]
+    try:
+        sha = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=True
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no"],
+            cwd=root,
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=True,
+        ).stdout.strip()
+        return sha + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        from importlib.metadata import PackageNotFoundError, version
+
+        try:
+            return f"peftune {version('peftune')}"
+        except PackageNotFoundError:
+            return "unknown"
+
+
+def _client(uri: str):
+    import mlflow
+
+    return mlflow.MlflowClient(tracking_uri=uri)
+
+
+def _now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+def _param_value(value) -> str:
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return str(value)
+
+
+def find_experiment_id(client, name: str) -> str | None:
+    experiment = client.get_experiment_by_name(name)
+    if experiment is None:
+        return None
+    if experiment.lifecycle_stage == "deleted":
+        raise ValueError(
+            f"MLflow experiment {name!r} is deleted in this store: restore it "
+            f"(mlflow experiments restore) or pick another sweep name"
+        )
+    return experiment.experiment_id
+
+
+def find_parent_run(client, experiment_id: str, sweep: str):
+    runs = client.search_runs(
+        [experiment_id], filter_string=f"tags.`{ROLE}` = 'sweep' and tags.`{SWEEP}` = '{sweep}'", max_results=2
+    )
+    if len(runs) > 1:
+        raise ValueError(f"MLflow experiment {sweep!r} holds more than one parent run; expected one per sweep")
+    return runs[0] if runs else None
+
+
+def child_runs(client, experiment_id: str, parent_run_id: str) -> list:
+    runs, token = [], None
+    while True:
+        page = client.search_runs(
+            [experiment_id],
+            filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'",
+            max_results=1000,
+            page_token=token,
+        )
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+# ----------------------------------------------------------------------------- the parent run
+
+
+@dataclass
+class SweepRecord:
+    """The parent run of a sweep and the facts a resumed sweep is checked against."""
+
+    tracking_uri: str
+    experiment_id: str
+    parent_run_id: str
+    resumed: bool
+
+
+def open_sweep(
+    tracking_uri: str, definition, *, data_hashes: dict[str, str], ray_experiment_path: str, expect_existing: bool
+) -> SweepRecord:
+    """Create the sweep's parent run, or find it again when the sweep resumes (and check it matches).
+
+    ``expect_existing``: Tune has state for this sweep (it resumes). A parent run without Tune state is
+    an error (the trials' state is gone; another name is needed); Tune state without a parent run
+    (the store is new, or the first run stopped before it was created) gets a new parent run.
+    """
+    client = _client(tracking_uri)
+    name = definition.name
+    experiment_id = find_experiment_id(client, name)
+    parent = find_parent_run(client, experiment_id, name) if experiment_id else None
+    definition_fp = definition.fingerprint()
+    data_fp = fingerprint_hashes(data_hashes)
+    if parent is not None:
+        if not expect_existing:
+            raise ValueError(
+                f"sweep {name!r} is already recorded in {tracking_uri} (parent run "
+                f"{parent.info.run_id}) but Ray has no state for it at {ray_experiment_path}: "
+                f"pick another sweep name (--name) or point --storage-path at its Ray results"
+            )
+        tags = parent.data.tags
+        if tags.get("peftune.definition_fingerprint") != definition_fp:
+            raise ValueError(
+                f"sweep {name!r} was started with another definition (methods, tasks, budget, spaces "
+                f"or settings differ): resume it with the same file and budget, or pick another name"
+            )
+        if tags.get("peftune.data_fingerprint") != data_fp:
+            raise ValueError(
+                f"the data files differ from those sweep {name!r} started with: resume it on the same "
+                f"data, or pick another name"
+            )
+        client.update_run(parent.info.run_id, status="RUNNING")
+        client.set_tag(parent.info.run_id, STATUS, "running")
+        return SweepRecord(tracking_uri, experiment_id, parent.info.run_id, resumed=True)
+
+    if expect_existing:
+        log.warning(
+            "sweep %r resumes in Ray but has no parent run in %s: creating one; trials that finished "
+            "before are not recorded there",
+            name,
+            tracking_uri,
+        )
+    if experiment_id is None:
+        experiment_id = client.create_experiment(name, artifact_location=_artifact_location(tracking_uri, name))
+    run = client.create_run(
+        experiment_id,
+        run_name=name,
+        tags={
+            ROLE: "sweep",
+            SWEEP: name,
+            "peftune.backbone": definition.model,
+            "peftune.code_version": code_version(),
+            STATUS: "running",
+            "peftune.definition_fingerprint": definition_fp,
+            "peftune.data_fingerprint": data_fp,
+            "peftune.ray_experiment_path": ray_experiment_path,
+        },
+    )
+    run_id = run.info.run_id
+    budget = definition.budget
+    params = {
+        "tasks": definition.tasks,
+        "methods": definition.methods,
+        "num_samples": budget.num_samples,
+        "scheduler": definition.scheduler.type,
+        "objective": definition.search.objective,
+        "sampler": definition.search.sampler,
+        "seed": definition.seed,
+        "model": definition.model,
+        "budget": definition.budget_name,
+        "epochs": budget.epochs,
+        "batch_size": budget.batch_size,
+        "max_length": budget.max_length,
+        "max_train_examples": budget.max_train_examples,
+        "max_dev_examples": budget.max_dev_examples,
+    }
+    from mlflow.entities import Param
+
+    client.log_batch(run_id, params=[Param(k, _param_value(v)) for k, v in params.items()])
+    client.log_text(run_id, definition.to_yaml(), "sweep.yaml")
+    client.log_dict(run_id, dict(sorted(data_hashes.items())), "data_hashes.json")
+    return SweepRecord(tracking_uri, experiment_id, run_id, resumed=False)
+
+
+def _artifact_location(uri: str, name: str) -> str | None:
+    path = sqlite_path(uri)
+    return (path.parent / "mlruns" / name).as_uri() if path is not None else None
+
+
+def fingerprint_hashes(hashes: dict[str, str]) -> str:
+    import hashlib
+
+    return hashlib.sha256(json.dumps(sorted(hashes.items())).encode()).hexdigest()[:16]
+
+
+def close_sweep(record: SweepRecord, status: str) -> None:
+    """``status``: completed (FINISHED) | interrupted (KILLED) | failed (FAILED)."""
+    client = _client(record.tracking_uri)
+    client.set_tag(record.parent_run_id, STATUS, status)
+    mlflow_status = {"completed": "FINISHED", "interrupted": "KILLED", "failed": "FAILED"}[status]
+    client.set_terminated(record.parent_run_id, status=mlflow_status)
+
+
+@dataclass
+class TrialRecord:
+    trial_id: str
+    run_id: str
+    method: str
+    status: str | None  # completed | early_stopped | failed | None (running or interrupted)
+    best_score: float | None
+    params: dict = field(default_factory=dict)
+
+
+def trial_records(record: SweepRecord) -> list[TrialRecord]:
+    client = _client(record.tracking_uri)
+    out = []
+    for run in child_runs(client, record.experiment_id, record.parent_run_id):
+        tags = run.data.tags
+        out.append(
+            TrialRecord(
+                tags.get(TRIAL_ID, ""),
+                run.info.run_id,
+                run.data.params.get("method", ""),
+                tags.get(STATUS),
+                run.data.metrics.get("best_score"),
+                dict(run.data.params),
+            )
+        )
+    return out
+
+
+def score_history(record: SweepRecord) -> dict[str, dict[int, float]]:
+    """Ray trial id -> {epoch: dev score} of every trial recorded so far."""
+    client = _client(record.tracking_uri)
+    history = {}
+    for run in child_runs(client, record.experiment_id, record.parent_run_id):
+        trial_id = run.data.tags.get(TRIAL_ID)
+        if trial_id and "score" in run.data.metrics:
+            history[trial_id] = {int(m.step): m.value for m in client.get_metric_history(run.info.run_id, "score")}
+    return history
+
+
+def log_best_checkpoints(record: SweepRecord, checkpoints: dict[str, tuple[float, object]], per_method: int) -> list:
+    """Log the checkpoint of the best ``per_method`` trials of each method under ``checkpoint/``.
+
+    ``checkpoints``: Ray trial id -> (best score, ``tune.Checkpoint`` of that epoch). Returns the
+    trial ids whose checkpoint the record holds.
+    """
+    if per_method <= 0:
+        return []
+    client = _client(record.tracking_uri)
+    by_method: dict[str, list[TrialRecord]] = {}
+    for trial in trial_records(record):
+        if trial.trial_id in checkpoints:
+            by_method.setdefault(trial.method, []).append(trial)
+    logged = []
+    for trials in by_method.values():
+        trials.sort(key=lambda t: checkpoints[t.trial_id][0], reverse=True)
+        for trial in trials[:per_method]:
+            if client.list_artifacts(trial.run_id, "checkpoint"):
+                logged.append(trial.trial_id)  # logged by an earlier run of this sweep
+                continue
+            with checkpoints[trial.trial_id][1].as_directory() as directory:
+                for name in CHECKPOINT_ARTIFACTS:
+                    if (Path(directory) / name).is_file():
+                        client.log_artifact(trial.run_id, str(Path(directory) / name), "checkpoint")
+            client.set_tag(trial.run_id, "peftune.checkpoint", "checkpoint/")
+            logged.append(trial.trial_id)
+    return logged
+
+
+# ----------------------------------------------------------------------------- the Tune callback
+
+
+def error_text(raw: str | None) -> str:
+    """Ray's error file -> the last failure: its exception line first, then the end of its traceback."""
+    if not raw:
+        return "unknown error (Ray recorded no error text)"
+    last = raw.split("Failure # ")[-1]
+    lines = [line for line in last.splitlines() if line.strip()]
+    if lines and lines[0][:1].isdigit() and "occurred at" in lines[0]:
+        lines = lines[1:]
+    summary = next((line.strip() for line in reversed(lines) if not line.startswith((" ", "\t"))), "")
+    body = "\n".join(lines)
+    room = MAX_TAG_CHARS - len(summary) - 2
+    return f"{summary}\n\n{body[-room:]}" if summary else body[-MAX_TAG_CHARS:]
+
+
+class TrialLogger(tune.Callback):
+    """Logs each trial as a child run of the sweep's parent run (see the module docstring).
+
+    ``settings`` (``peftune.sweep.TrialSettings``) turns a trial's sampled config into its
+    ``TrainConfig``, as the trainable does, so the params logged are exactly what the trial trains.
+    """
+
+    def __init__(self, record: SweepRecord, settings, task_metrics: list[str]):
+        self.record = record
+        self.settings = settings
+        self.task_metrics = list(task_metrics)
+        self._reset()
+
+    def _reset(self):
+        self._client = None
+        self._runs: dict[str, str] = {}  # trial id -> run id
+        self._finished: set[str] = set()  # trial ids with a final peftune.status
+        self._failed: set[str] = set()  # of those, the failed ones (re-running the sweep retries them)
+        self._last_epoch: dict[str, int] = {}  # trial id -> last epoch logged
+        self._counted: set[str] = set()  # trial ids whose parameter counts are logged
+
+    def __getstate__(self):  # Ray pickles callbacks with the experiment; the client is rebuilt in setup()
+        return {"record": self.record, "settings": self.settings, "task_metrics": self.task_metrics}
+
+    def __setstate__(self, state):
+        self.__dict__.update(state)
+        self._reset()
+
+    @property
+    def client(self):
+        if self._client is None:
+            self._client = _client(self.record.tracking_uri)
+        return self._client
+
+    def setup(self, **info):
+        """Find the child runs of a resumed sweep, so no trial gets a second run."""
+        self._reset()
+        for run in child_runs(self.client, self.record.experiment_id, self.record.parent_run_id):
+            trial_id = run.data.tags.get(TRIAL_ID)
+            if not trial_id:
+                continue
+            self._runs[trial_id] = run.info.run_id
+            if run.data.tags.get(STATUS):
+                self._finished.add(trial_id)
+            if run.data.tags.get(STATUS) == FAILED:
+                self._failed.add(trial_id)
+            if "trainable_params_per_task" in run.data.metrics:
+                self._counted.add(trial_id)
+            if "score" in run.data.metrics:
+                history = self.client.get_metric_history(run.info.run_id, "score")
+                self._last_epoch[trial_id] = max(int(m.step) for m in history)
+
+    # -- run lifecycle
+
+    def _run_for(self, trial) -> str:
+        trial_id = trial.trial_id
+        if trial_id in self._runs:
+            return self._runs[trial_id]
+        method, sampled = self.settings.split(trial.config)
+        run = self.client.create_run(
+            self.record.experiment_id,
+            run_name=f"{method}-{trial_id}",
+            tags={
+                PARENT_TAG: self.record.parent_run_id,
+                ROLE: "trial",
+                SWEEP: self.settings.sweep,
+                TRIAL_ID: trial_id,
+                "peftune.method": method,
+            },
+        )
+        from mlflow.entities import Param
+
+        params = self._params(method, sampled)
+        self.client.log_batch(run.info.run_id, params=[Param(k, _param_value(v)) for k, v in params.items()])
+        self._runs[trial_id] = run.info.run_id
+        return run.info.run_id
+
+    def _params(self, method: str, sampled: dict) -> dict:
+        """The trial's hyperparameters as its TrainConfig resolves them (method defaults included)."""
+        try:
+            config = self.settings.train_config(method, sampled)
+            options = self.settings.method_fields(config)
+        except (ValueError, TypeError, KeyError) as error:
+            # the trial will fail on the same error and be recorded so; the sweep must go on
+            log.warning("trial config %s %s is invalid: %s", method, sampled, error)
+            common = {k: sampled.get(k) for k in ("lr", "dropout", "weight_decay")}
+            return {
+                "method": method,
+                **common,
+                "epochs": self.settings.epochs,
+                "batch_size": self.settings.batch_size,
+                "tasks": self.settings.tasks,
+                "seed": self.settings.seed,
+                **{f"method.{k}": v for k, v in sampled.items() if k not in common},
+            }
+        params = {
+            "method": method,
+            "lr": config.lr,
+            "dropout": config.dropout,
+            "weight_decay": config.weight_decay,
+            "epochs": config.epochs,
+            "batch_size": config.batch_size,
+            "tasks": config.tasks,
+            "seed": config.seed,
+            "warmup_ratio": config.warmup_ratio,
+            "sampling": config.sampling,
+        }
+        params.update({f"method.{key}": value for key, value in options.items()})
+        return params
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        existed = trial.trial_id in self._runs
+        run_id = self._run_for(trial)
+        if trial.trial_id in self._failed:  # Tuner.restore(resume_errored=True) gives it another chance
+            self._failed.discard(trial.trial_id)
+            self._finished.discard(trial.trial_id)
+            for tag in (STATUS, ERROR):
+                self.client.delete_tag(run_id, tag)
+        if existed and trial.trial_id not in self._finished:
+            self.client.update_run(run_id, status="RUNNING")  # an interrupted (or retried) trial goes on
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        from mlflow.entities import Metric
+
+        run_id = self._run_for(trial)
+        epoch = int(result["epoch"])
+        if epoch <= self._last_epoch.get(trial.trial_id, 0):
+            return  # logged before the sweep was interrupted; the resumed trial re-ran this epoch
+        now = _now_ms()
+        keys = [*self.task_metrics, *EPOCH_METRICS]
+        metrics = [Metric(k, float(result[k]), now, epoch) for k in keys if _finite(result.get(k))]
+        if trial.trial_id not in self._counted:
+            metrics += [Metric(k, float(result[k]), now, 0) for k in COUNT_METRICS if k in result]
+            self._counted.add(trial.trial_id)
+        self.client.log_batch(run_id, metrics=metrics)
+        self._last_epoch[trial.trial_id] = epoch
+        shown = " ".join(f"{k} {result[k]:.4f}" for k in self.task_metrics if k in result)
+        log.info(
+            "trial %s (%s) epoch %d/%d: %s score %.4f, %.0fs",
+            trial.trial_id,
+            trial.config.get("method"),
+            epoch,
+            self.settings.epochs,
+            shown,
+            result.get("score", float("nan")),
+            result.get("epoch_time_s", 0),
+        )
+
+    def on_trial_recover(self, iteration, trials, trial, **info):
+        run_id = self._run_for(trial)
+        self.client.set_tag(run_id, "peftune.retries", str(trial.num_failures))
+        log.warning("trial %s failed and is retried (%d failure(s) so far)", trial.trial_id, trial.num_failures)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        last_epoch = int((trial.last_result or {}).get("epoch", 0))
+        status = COMPLETED if last_epoch >= self.settings.epochs else EARLY_STOPPED
+        self._finish(trial, status)
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self._finish(trial, FAILED, error=error_text(_read_error(trial)))
+
+    def _finish(self, trial, status: str, error: str | None = None) -> None:
+        if trial.trial_id in self._finished:
+            return
+        run_id = self._run_for(trial)
+        self._log_best(run_id)
+        self.client.set_tag(run_id, STATUS, status)
+        if error is not None:
+            self.client.set_tag(run_id, ERROR, error)
+            log.warning("trial %s failed: %s", trial.trial_id, error.splitlines()[0])
+        self.client.set_terminated(run_id, status="FAILED" if status == FAILED else "FINISHED")
+        self._finished.add(trial.trial_id)
+
+    def _log_best(self, run_id: str) -> None:
+        """best_score, best_epoch, best_<task metric>, train_time_s from the run's own history."""
+        from mlflow.entities import Metric
+
+        scores = {int(m.step): m.value for m in self.client.get_metric_history(run_id, "score")}
+        if not scores:
+            return
+        best_epoch = max(sorted(scores), key=lambda e: scores[e])  # the earliest of equal scores
+        now = _now_ms()
+        metrics = [Metric("best_score", scores[best_epoch], now, 0), Metric("best_epoch", best_epoch, now, 0)]
+        for key in self.task_metrics:
+            values = {int(m.step): m.value for m in self.client.get_metric_history(run_id, key)}
+            if best_epoch in values:
+                metrics.append(Metric(f"best_{key}", values[best_epoch], now, 0))
+        self.client.log_batch(run_id, metrics=metrics)
+
+    def on_experiment_end(self, trials, **info):
+        """Trials still open when the experiment ends were interrupted: KILLED until the sweep resumes."""
+        for trial_id, run_id in self._runs.items():
+            if trial_id not in self._finished:
+                self.client.set_terminated(run_id, status="KILLED")
+
+
+def _read_error(trial) -> str | None:
+    """The trial's error text: Tune writes it on the driver first, then syncs it to the storage path."""
+    if trial.error_file and Path(trial.error_file).is_file():
+        return Path(trial.error_file).read_text(errors="replace")
+    return trial.get_error()
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
