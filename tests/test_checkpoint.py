@@ -1,0 +1,43 @@
+"""A LoRA adapter trained here loads onto transformers.BertModel with peft and gives the same outputs."""
+
+import peft
+import pytest
+import torch
+import transformers
+
+from conftest import TINY, tiny_backbone
+from peftune import methods
+from peftune.checkpoint import CheckpointError, export_lora
+from peftune.model import MultitaskModel
+from peftune.tasks import parse_tasks
+
+
+@pytest.mark.parametrize("targets", [["query", "key", "value"], ["query", "value", "output.dense"]])
+def test_exported_lora_equals_peft_on_hf_bert(tmp_path, targets):
+    backbone = tiny_backbone(seed=2)
+    hf = transformers.BertModel(transformers.BertConfig(**TINY.to_dict())).eval()
+    hf.load_state_dict(backbone.state_dict())
+    config = methods.make_method_config("lora", {"rank": 4, "alpha": 8.0, "targets": targets})
+    model = MultitaskModel(backbone, parse_tasks("sst"), "lora", config).eval()
+    with torch.no_grad():  # as if trained: B is no longer zero
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_()
+    export_lora(model, tmp_path)
+    loaded = peft.PeftModel.from_pretrained(hf, tmp_path).eval()
+    ids = torch.randint(1, TINY.vocab_size, (2, 7))
+    mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
+    with torch.no_grad():
+        ours = model.backbone(ids, mask, torch.zeros_like(ids))[0]
+        theirs = loaded(input_ids=ids, attention_mask=mask).last_hidden_state
+    real = mask.bool()
+    torch.testing.assert_close(ours[real], theirs[real], rtol=1e-5, atol=1e-5)
+    with torch.no_grad(), loaded.disable_adapter():
+        without_lora = loaded(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert not torch.allclose(theirs[real], without_lora[real], atol=1e-3)  # the adapter does something
+
+
+def test_only_lora_exports(tmp_path):
+    model = MultitaskModel(tiny_backbone(), parse_tasks("sst"), "adapter")
+    with pytest.raises(CheckpointError, match="only LoRA"):
+        export_lora(model, tmp_path)
