@@ -28,63 +28,40 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import re
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
 log = logging.getLogger("analysis.runs")
 
-# The record's names, as written by peftune.tracking (tests/test_report.py checks they still agree).
-# They are repeated here so that reading a sweep never imports the writer, which imports Ray.
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
-ROLE, SWEEP, TRIAL_ID, STATUS, ERROR = (
-    "peftune.role",
-    "peftune.sweep",
-    "peftune.trial_id",
-    "peftune.status",
-    "peftune.error",
+from peftune.record import (  # noqa: E402  the record's names, shared with the writer (no Ray import)
+    CHECKPOINT_TAG,
+    COMPLETED,
+    COUNT_METRICS,
+    EARLY_STOPPED,
+    ERROR,
+    FAILED,
+    PARENT_TAG,
+    ROLE,
+    STATUS,
+    SWEEP,
+    TRIAL_ID,
+    resolve_tracking_uri,
 )
-PARENT_TAG = "mlflow.parentRunId"
-CHECKPOINT_TAG = "peftune.checkpoint"
 
-COMPLETED, EARLY_STOPPED, FAILED = "completed", "early_stopped", "failed"
 # the writer's three final statuses, then what an unfinished run is: still running, or interrupted (KILLED)
 STATUSES = (COMPLETED, EARLY_STOPPED, FAILED, "running", "interrupted", "unknown")
 
-COUNT_COLUMNS = (
-    "backbone_params",
-    "trainable_params_per_task",
-    "trainable_params_per_task_pct",
-    "stored_params",
-    "stored_params_pct",
-    "checkpoint_params",
-    "head_params",
-)
+COUNT_COLUMNS = COUNT_METRICS
 HYPERPARAMETERS = ("lr", "dropout", "weight_decay", "epochs", "batch_size", "seed", "warmup_ratio", "sampling")
 
 # Short symbols of the size fields, as the papers' tables write them (lora r=8, adapter m=64, ...)
 SIZE_SYMBOLS = {"rank": "r", "bottleneck": "m", "prefix_length": "l", "prompt_length": "l", "k": "k"}
 # sizes shown before the registry's size field: LoRA + adapters has a rank and a bottleneck
 EXTRA_SIZE_FIELDS = {"lora_adapter": ("rank",)}
-
-
-def resolve_tracking_uri(uri: str | None = None) -> str:
-    """The argument, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``; a relative SQLite path made absolute.
-
-    The same rule as ``peftune.tracking.resolve_tracking_uri``, so ``peftune report`` finds what
-    ``peftune sweep`` wrote when both run in the same directory with the same environment.
-    """
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
-    if uri.startswith("sqlite:///"):
-        path = Path(uri[len("sqlite:///") :])
-        if not path.is_absolute():
-            uri = "sqlite:///" + str(Path.cwd() / path)
-    return uri
 
 
 @dataclass

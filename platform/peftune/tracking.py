@@ -62,7 +62,6 @@ import functools
 import json
 import logging
 import math
-import os
 import subprocess
 import time
 from dataclasses import dataclass, field
@@ -70,45 +69,28 @@ from pathlib import Path
 
 from ray import tune
 
+from peftune.record import (  # noqa: F401  (re-exported: the record's names)
+    CHECKPOINT_TAG,
+    COMPLETED,
+    COUNT_METRICS,
+    DEFAULT_TRACKING_URI,
+    EARLY_STOPPED,
+    ERROR,
+    FAILED,
+    PARENT_TAG,
+    ROLE,
+    STATUS,
+    SWEEP,
+    TRIAL_ID,
+    resolve_tracking_uri,
+    sqlite_path,
+)
+
 log = logging.getLogger("peftune.tracking")
 
-DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
-ROLE, SWEEP, TRIAL_ID, STATUS, ERROR = (
-    "peftune.role",
-    "peftune.sweep",
-    "peftune.trial_id",
-    "peftune.status",
-    "peftune.error",
-)
-PARENT_TAG = "mlflow.parentRunId"
-COMPLETED, EARLY_STOPPED, FAILED = "completed", "early_stopped", "failed"
 EPOCH_METRICS = ("score", "train_loss", "epoch_time_s", "tokens_per_s", "train_time_s")
-COUNT_METRICS = (
-    "backbone_params",
-    "trainable_params_per_task",
-    "trainable_params_per_task_pct",
-    "stored_params",
-    "stored_params_pct",
-    "checkpoint_params",
-    "head_params",
-)
 CHECKPOINT_ARTIFACTS = ("trainable.safetensors", "peftune.json")  # the optimizer state stays with Ray
 MAX_TAG_CHARS = 5000
-
-
-def resolve_tracking_uri(uri: str | None = None) -> str:
-    """The flag, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db``; relative SQLite paths made absolute."""
-    uri = uri or os.environ.get("MLFLOW_TRACKING_URI") or DEFAULT_TRACKING_URI
-    path = sqlite_path(uri)
-    if path is not None and not path.is_absolute():
-        uri = "sqlite:///" + str(Path.cwd() / path)
-    return uri
-
-
-def sqlite_path(uri: str) -> Path | None:
-    if not uri.startswith("sqlite:///"):
-        return None
-    return Path(uri[len("sqlite:///") :])
 
 
 def ui_hint(uri: str, experiment_id: str | None = None) -> tuple[str, str | None]:
@@ -379,7 +361,7 @@ def log_best_checkpoints(record: SweepRecord, checkpoints: dict[str, tuple[float
                 for name in CHECKPOINT_ARTIFACTS:
                     if (Path(directory) / name).is_file():
                         client.log_artifact(trial.run_id, str(Path(directory) / name), "checkpoint")
-            client.set_tag(trial.run_id, "peftune.checkpoint", "checkpoint/")
+            client.set_tag(trial.run_id, CHECKPOINT_TAG, "checkpoint/")
             logged.append(trial.trial_id)
     return logged
 
