@@ -46,7 +46,9 @@ class MultitaskModel(nn.Module):
 
         self.backbone = backbone
         # taken before training: full fine-tuning changes the weights it is computed from
-        self.backbone_fingerprint = fingerprint(backbone)
+        # (a model on the meta device, built only to count parameters, has no weights to identify)
+        meta = backbone.embeddings.word_embeddings.weight.is_meta
+        self.backbone_fingerprint = None if meta else fingerprint(backbone)
         # names of the pretrained weights, to tell them from what the method adds
         self.pretrained_parameter_names = frozenset(name for name, _ in backbone.named_parameters())
         self.backbone.requires_grad_(False)  # methods unfreeze what they train
