@@ -173,11 +173,11 @@ def cmd_methods(args) -> int:
     tasks = parse_tasks(args.tasks)
     print(f"backbone: {label}; tasks: {', '.join(t.name for t in tasks)}")
     print(f"{'method':<13} {'size':<18} {'trainable/task':>15} {'%':>8} {'stored (all tasks)':>19} {'%':>8}")
-    torch.manual_seed(0)
     for name in methods.method_names():
         spec = methods.get_method(name)
         method_config = spec.config_cls()
-        model = MultitaskModel(BertModel(config), tasks, name, method_config)
+        with torch.device("meta"):  # shapes only: no memory, no initialisation
+            model = MultitaskModel(BertModel(config), tasks, name, method_config)
         counts = count_parameters(model)
         size = f"{spec.size_field}={getattr(method_config, spec.size_field)}" if spec.size_field else ""
         trainable, stored = counts.trainable_per_task, counts.stored
