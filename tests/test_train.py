@@ -59,7 +59,7 @@ def test_reports_every_epoch_with_metrics_and_counts(tiny_prepared):
 def test_learns_the_toy_tasks(tiny_prepared):
     run = config(method="full", method_options={}, epochs=5, lr=1e-3, pooling="mean")
     history = train.run_trial(run, tiny_prepared).history
-    assert history[-1]["train_loss"] < 0.7 * history[0]["train_loss"]
+    assert history[-1]["train_loss"] < 0.8 * history[0]["train_loss"]
     assert history[-1]["sst_accuracy"] > 0.8  # two well-separated classes in the toy file
 
 
