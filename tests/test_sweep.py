@@ -67,7 +67,7 @@ def definition(directory: Path, name: str, num_samples: int, concurrency: int, s
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(num_cpus=2, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, include_dashboard=False)  # never a cluster already running here
     yield
     ray.shutdown()
 

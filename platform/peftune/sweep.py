@@ -183,8 +183,10 @@ def init_ray(address: str | None = None) -> None:
     address = address or os.environ.get("RAY_ADDRESS")
     if address:
         ray.init(address=address)
-    else:  # local Ray for this process only, dashboard off: nothing listens beyond the driver's needs
-        ray.init(include_dashboard=False, dashboard_host="127.0.0.1")
+    else:
+        # a Ray of this process only (address="local": never join a cluster started on this
+        # machine by someone else), dashboard off: nothing listens beyond the driver's needs
+        ray.init(address="local", include_dashboard=False, dashboard_host="127.0.0.1")
 
 
 def trial_resources(resources: spaces.Resources) -> dict[str, float]:
