@@ -11,15 +11,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-COUNT_KEYS = (
-    "backbone_params",
-    "trainable_params_per_task",
-    "trainable_params_per_task_pct",
-    "stored_params",
-    "stored_params_pct",
-    "checkpoint_params",
-    "head_params",
-)
+from peftune.record import COUNT_METRICS as COUNT_KEYS
 
 
 @dataclass

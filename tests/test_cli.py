@@ -3,7 +3,7 @@
 import pytest
 
 from conftest import SHARED_DATA, write_task_file
-from peftune import cli
+from peftune import cli, methods
 
 
 def run(capsys, *argv):
@@ -99,22 +99,7 @@ def test_methods_lists_every_method_with_counts(capsys):
 
 
 @pytest.mark.skipif(not SHARED_DATA.is_dir(), reason="real data directory not present")
-@pytest.mark.parametrize(
-    "method",
-    [
-        "frozen",
-        "full",
-        "bitfit",
-        "layernorm",
-        "top_k",
-        "lora",
-        "adapter",
-        "lora_adapter",
-        "hyperformer",
-        "prefix",
-        "prompt",
-    ],
-)
+@pytest.mark.parametrize("method", methods.method_names())
 def test_every_method_trains_on_the_real_files(capsys, tmp_path, method):
     """A short multitask run on the real SST/Quora/STS files with the packaged model."""
     code, out, err = run(
