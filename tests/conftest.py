@@ -30,9 +30,19 @@ def tiny_backbone(seed: int = 0, config: BertConfig = TINY) -> BertModel:
     return BertModel(config)
 
 
-@pytest.fixture
-def tiny_config() -> BertConfig:
-    return TINY
+def random_batch(seed: int = 1, batch: int = 3, length: int = 8):
+    """(input_ids, attention_mask, token_type_ids) of random tokens, the first row padded."""
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(1, TINY.vocab_size, (batch, length), generator=g)
+    mask = torch.ones_like(ids)
+    mask[0, -3:] = 0  # some padding
+    return ids, mask, torch.zeros_like(ids)
+
+
+def sequence_output(model, task: str, batch):
+    """The backbone's (B, T, H) output with ``task``'s method parameters."""
+    model.context.task = task
+    return model.backbone(*batch)[0]
 
 
 def write_task_file(path: Path, header: list[str], rows: list[list]) -> Path:

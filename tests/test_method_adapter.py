@@ -7,6 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from conftest import TINY, random_batch, sequence_output
 from peftune.backbone import BertConfig, BertModel
 from peftune.methods import get_method, make_method_config
 from peftune.methods.adapter import AdapterConfig, HoulsbyAdapter, TaskAdapters, adapter_parameter_count
@@ -15,29 +16,12 @@ from peftune.methods.lora_adapter import LoraAdapterConfig, lora_adapter_paramet
 from peftune.model import MultitaskModel
 from peftune.tasks import parse_tasks
 
-TINY = BertConfig(
-    vocab_size=100, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
-    max_position_embeddings=32,
-)  # fmt: skip
 TASKS = "sst,para"
 
 
 def build(method="adapter", config=None, bert=TINY, tasks=TASKS, seed=0):
     torch.manual_seed(seed)
     return MultitaskModel(BertModel(bert), parse_tasks(tasks), method, config)
-
-
-def random_batch(seed=1, batch=3, length=8):
-    g = torch.Generator().manual_seed(seed)
-    ids = torch.randint(1, TINY.vocab_size, (batch, length), generator=g)
-    mask = torch.ones_like(ids)
-    mask[0, -3:] = 0  # some padding
-    return ids, mask, torch.zeros_like(ids)
-
-
-def sequence_output(model, task, batch):
-    model.context.task = task
-    return model.backbone(*batch)[0]  # (B, T, H)
 
 
 def randomize_adapters(model, std=0.2):

@@ -9,6 +9,7 @@ import pytest
 import torch
 from torch.testing import assert_close
 
+from conftest import TINY
 from peftune.backbone import BertConfig, BertModel
 from peftune.methods.base import get_method, make_method_config
 from peftune.methods.prefix import PrefixConfig, merge_prefix, prefix_parameter_count
@@ -16,14 +17,6 @@ from peftune.methods.prompt import PromptConfig, prompt_parameter_count
 from peftune.model import MultitaskModel
 from peftune.tasks import parse_tasks
 
-TINY = BertConfig(
-    vocab_size=100,
-    hidden_size=32,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    intermediate_size=64,
-    max_position_embeddings=64,
-)
 BERT_BASE_PARAMS = 109_482_240  # bert-base-uncased BertModel, as in METHODS.md
 CLS_ID = 2
 

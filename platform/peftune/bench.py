@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from peftune import train
-from peftune.backbone import load_pretrained, load_tokenizer
+from peftune.backbone import load_tokenizer, resolve_model_dir
 from peftune.data import read_task_file
 from peftune.tasks import get_task
 
@@ -27,7 +27,7 @@ from peftune.tasks import get_task
 def plain_loop_epoch(model_name: str, texts: list[str], labels: list[int], batch_size: int, seed: int) -> dict:
     import transformers
 
-    _, model_dir = load_pretrained(model_name)
+    model_dir = resolve_model_dir(model_name)
     torch.manual_seed(seed)
     tokenizer = load_tokenizer(model_dir)
     bert = transformers.BertModel.from_pretrained(str(model_dir))
