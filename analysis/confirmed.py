@@ -43,15 +43,20 @@ Z = 1.959963984540054  # the normal 97.5% quantile
 # ----------------------------------------------------------------------------- statistics
 
 
-def seed_stats(values: Sequence[float]) -> dict[str, float]:
-    """n, mean, sample std and the t-based 95% interval of ``values`` (NaN where undefined)."""
+def interval_factor(n: int) -> float:
+    """Half-width of the t-based 95% interval of a mean of ``n`` values, per unit of their sample std."""
     from scipy import stats
 
+    return float(stats.t.ppf(1 - ALPHA / 2, n - 1) / math.sqrt(n)) if n > 1 else math.nan
+
+
+def seed_stats(values: Sequence[float]) -> dict[str, float]:
+    """n, mean, sample std and the t-based 95% interval of ``values`` (NaN where undefined)."""
     x = np.asarray([v for v in values if v is not None and math.isfinite(v)], dtype=float)
     n = len(x)
     mean = float(x.mean()) if n else math.nan
     std = float(x.std(ddof=1)) if n > 1 else math.nan
-    half = float(stats.t.ppf(1 - ALPHA / 2, n - 1) * std / math.sqrt(n)) if n > 1 else math.nan
+    half = interval_factor(n) * std
     return {"n": n, "mean": mean, "std": std, "ci_low": mean - half, "ci_high": mean + half}
 
 

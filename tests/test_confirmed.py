@@ -194,3 +194,29 @@ def test_without_confirmation_the_search_trials_answer_with_the_binomial_rule(tm
     assert rec.loc[1.0, "method"] == "lora" and rec.loc[1.0, "runner_up"] == "bitfit"
     assert rec.loc[1.0, "noise_rule"].startswith("binomial") and not rec.loc[1.0, "beats_runner_up"]
     assert "No confirmation runs recorded" in report.markdown_report(built)
+
+
+def test_evaluate_reuses_the_confirmed_configurations_and_seeds(record):
+    from analysis import evaluate
+
+    uri, _ = record
+    sweep = runs.load_sweep("noise", uri)
+    chosen = evaluate.select_configurations(sweep)
+    assert list(chosen["config_key"]) == ["key-b2", "key-l2", "key-f1"]  # the frontier of the seed means
+    assert list(chosen["trial_id"]) == ["b2", "l2", "f1"]  # represented by their search trials
+    assert evaluate.evaluation_seeds(sweep, chosen.iloc[1], 2) == [1, 2]  # the confirmation's seeds
+    assert list(evaluate.select_configurations(sweep, top=1)["config_key"]) == ["key-f1"]
+
+    summary = evaluate.summarize(
+        pd.DataFrame(
+            [
+                {"run_id": "r", "label": "x", "method": "lora", "size": "", "split": "dev", "score": v}
+                | {confirmed.pareto.COST: 1, confirmed.pareto.COST_PCT: 0.1}
+                for v in SEEDS["l2"]
+            ]
+        ),
+        ["score"],
+    )
+    stats = confirmed.seed_stats(SEEDS["l2"])
+    assert summary.loc[0, "score_ci_low"] == pytest.approx(stats["ci_low"])
+    assert summary.loc[0, "score_ci_high"] == pytest.approx(stats["ci_high"])
