@@ -14,6 +14,10 @@ The directory (default ``reports/<sweep>/``), also logged under ``report/`` in t
 ``frontier.csv``              the trials on the frontier of the score and of each task (``objective``)
 ``frontier_summary.csv``      per scope (all methods, each method) and objective: frontier size, hypervolume
 ``importance.csv``            hyperparameter importance (PED-ANOVA) for score, frontier, each task
+``recommendation.csv``        best configuration per budget (0.1%, 1%, 10% trainable per task), runner-up, beyond noise?
+``fairness.csv``              per method: trials, steps, compute, best default, best tuned mean ± std, gain, spread
+``configurations.csv``        per configuration: seed mean, std, t 95% interval of every metric (analysis.confirmed)
+``confirmed_frontier.csv``    the frontier of the seed means with its within-noise marks (also ``.png``)
 ``score_vs_params.png``       score vs trainable parameters per task; ``score_vs_params_<task>.png`` per task
 ``parallel_coordinates.png``  hyperparameters of the completed trials; ``importance.png``
 ============================  ==========================================================================
@@ -379,6 +383,7 @@ def _header_lines(sweep: SweepRuns) -> list[str]:
     return [
         f"- backbone: `{sweep.backbone}`; tasks: {', '.join(sweep.tasks)}; sweep status: {sweep.parent_status}",
         f"- trials: {sweep.status_summary()}",
+        *_confirmation_line(sweep),
         f"- budget: {budget or 'not recorded'}; scheduler {p.get('scheduler', '?')}; "
         f"objective {p.get('objective', '?')}",
         f"- MLflow: `{sweep.tracking_uri}`, experiment {sweep.experiment_id}, parent run `{sweep.parent_run_id}`",
@@ -433,6 +438,16 @@ def answer_lines(report: Report) -> list[str]:
     else:
         lines += ["None.", ""]
     return lines
+
+
+def _confirmation_line(sweep: SweepRuns) -> list[str]:
+    runs = sweep.confirmations
+    if runs is None or not len(runs):
+        return []
+    return [
+        f"- confirmation: {len(runs)} runs of {runs['config_key'].nunique()} configurations "
+        f"({', '.join(f'{n} {s}' for s, n in runs['status'].value_counts().items())})"
+    ]
 
 
 def markdown_report(report: Report) -> str:

@@ -179,6 +179,11 @@ def test_recommendation_and_fairness_tables(record):
     ]
     assert "| ≤ 1% | lora | lora r=8 |" in text and "no (within noise)" in text
     assert "0.470 ± 0.010" in text
+    assert "- confirmation: 12 runs of 4 configurations (12 completed)" in text
+    page = report.html_report(written)
+    assert page.index("Recommendation per parameter budget") < page.index("Fairness per method")
+    assert "<h2>Confirmed configurations (seed means)</h2>" in page and "no (within noise)" in page
+    assert page.count('"error_y"') >= 2 * len(SEEDS)  # per method: the std bars and the 95% intervals
 
 
 def test_without_confirmation_the_search_trials_answer_with_the_binomial_rule(tmp_path):

@@ -335,7 +335,8 @@ def score_history(record: SweepRecord) -> dict[str, dict[int, float]]:
     history = {}
     for run in child_runs(client, record.experiment_id, record.parent_run_id):
         trial_id = run.data.tags.get(TRIAL_ID)
-        if trial_id and "score" in run.data.metrics:
+        confirming = run.data.tags.get("peftune.phase") == "confirm"  # not the search's: no rung of it
+        if trial_id and "score" in run.data.metrics and not confirming:
             history[trial_id] = {int(m.step): m.value for m in client.get_metric_history(run.info.run_id, "score")}
     return history
 
