@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+import statistics
 import textwrap
 from pathlib import Path
 
@@ -119,6 +120,18 @@ def test_confirmation_trains_seeds_of_each_methods_best(local_ray, workdir, tiny
     # the seeds differ in what they train: dropout, initialisation and batch order
     losses = [r.data.metrics["train_loss"] for r in confirmed if r.data.params["method"] == "top_k"]
     assert losses[0] != losses[1]
+
+    # the report draws these runs: one configuration per method, its std that of its two seeds
+    from analysis import report, runs
+
+    built = report.build_report(runs.load_sweep("confirmed", uri), reference=False)
+    configs = built.configs.set_index("method")
+    assert set(configs.index) == {"frozen", "top_k"} and set(configs["seeds"]) == {2}
+    for method in ("frozen", "top_k"):
+        scores = [r.data.metrics["best_score"] for r in confirmed if r.data.params["method"] == method]
+        assert configs.loc[method, "score_mean"] == pytest.approx(statistics.mean(scores))
+        assert configs.loc[method, "score_std"] == pytest.approx(statistics.stdev(scores))
+    assert len(built.recommendation) == 3 and len(built.fairness) == 2
 
 
 class InterruptAfterConfirmation(tune.Callback):
