@@ -99,6 +99,8 @@ def test_confirmation_trains_seeds_of_each_methods_best(local_ray, workdir, tiny
     spec = definition(workdir / "defs", "confirmed", concurrency=2)
     result = sweep.run_sweep(spec, tiny_data_dir, uri, storage_path=workdir / "ray_results", verbose=0)
     assert result.status == "completed" and result.num_trials == 4  # the search's trials only
+    assert result.confirmation["wanted"] == result.confirmation["finished"] == 4
+    assert "confirmation: 4/4 seed runs" in result.summary()
 
     search, confirmed = split(children(uri, result.parent_run_id))
     assert len(search) == 4 and len(confirmed) == 2 * 2  # K=1 configuration of each of 2 methods, S=2 seeds

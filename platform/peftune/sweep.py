@@ -149,6 +149,7 @@ class SweepResult:
     best: dict | None  # best trial: trial_id, method, best_score, run_id, params
     resumed: bool
     checkpoints_logged: list[str] = field(default_factory=list)
+    confirmation: dict | None = None  # peftune.confirm.ConfirmationResult as a dict (None: the search did not finish)
 
     @property
     def ui_address(self) -> str:
@@ -169,6 +170,9 @@ class SweepResult:
             lines.append(
                 f"best trial: {self.best['method']} ({self.best['trial_id']}) dev score {self.best['best_score']:.4f}"
             )
+        if self.confirmation and self.confirmation["status"] != "skipped":
+            c = self.confirmation
+            lines.append(f"confirmation: {c['finished']}/{c['wanted']} seed runs of the best configurations finished")
         if self.status == "interrupted":
             lines.append("run the same command again to resume it")
         lines.append(f"MLflow parent run id: {self.parent_run_id}")
@@ -344,6 +348,7 @@ def run_sweep(
                 ),
             )
         grid = tuner.fit()
+        confirmation = None
         searched = confirm.search_run_ids(record)
         trials = [t for t in tracking.trial_records(record) if t.run_id in searched]
         complete = len(grid) >= budget.num_samples and len([t for t in trials if t.status]) >= len(grid)
@@ -382,6 +387,7 @@ def run_sweep(
         best=dataclasses.asdict(best) if best else None,
         resumed=record.resumed,
         checkpoints_logged=logged,
+        confirmation=dataclasses.asdict(confirmation) if confirmation else None,
     )
     if complete and on_finished is not None:
         on_finished(result)  # the report goes here
