@@ -455,8 +455,9 @@ def markdown_report(report: Report) -> str:
     lines = [f"# Sweep {sweep.name}: dev results", "", *_header_lines(sweep), ""]
     lines += answer_lines(report)
     lines += [
-        "All figures are dev figures of each trial's best epoch. Frontiers, hypervolumes and the table below use "
-        "completed trials only; early-stopped and failed trials are listed apart.",
+        "From here on, the search's trials: one run each (no seeds), so gaps smaller than the noise above are "
+        "not evidence. All figures are dev figures of each trial's best epoch. Frontiers, hypervolumes and the "
+        "table below use completed trials only; early-stopped and failed trials are listed apart.",
         "",
         "## Best configuration per method and size",
         "",
