@@ -7,7 +7,12 @@ trainable parameters per task down; ``--top N`` keeps the N best-scoring of them
 re-training run the epoch kept is the one with the best dev score, exactly as the sweep chose its
 checkpoints. The test split is read here and nowhere else, once, after every selection is made.
 
-Seeds: the first is the trial's own seed. When the trial's run holds its best checkpoint
+With confirmation runs in the record (``peftune.confirm``), the configurations are the frontier of
+the seed means instead, and each is re-trained with the seeds its confirmation used (the first
+``--seeds`` of them): dev and test are then means over the same configurations and seeds as the
+report's, with the same t-based 95% intervals (``<metric>_ci_low``/``_ci_high`` in ``evaluation.csv``).
+
+Seeds without confirmation runs: the first is the trial's own seed. When the trial's run holds its best checkpoint
 (``checkpoint/`` artifact), that seed is restored instead of re-trained (and its dev score is checked
 against the recorded one: a mismatch means other data or code). The other seeds are the trial's seed
 + 1, + 2, ...: they change the initialisation of the new modules, dropout and batch order; the data
@@ -43,7 +48,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import pareto, plots
+from analysis import confirmed, pareto, plots
 from analysis.report import ARTIFACT_PATH, REPORTS_DIR, to_markdown
 from analysis.runs import SweepRuns, load_sweep
 
@@ -66,8 +71,14 @@ class Evaluation:
 
 
 def select_configurations(sweep: SweepRuns, top: int | None = None) -> pd.DataFrame:
-    """The dev frontier of the completed trials (sorted by cost); ``top``: its ``top`` best-scoring members."""
-    front = pareto.frontier(sweep.trials, "score")
+    """The dev frontier (sorted by cost); ``top``: its ``top`` best-scoring members.
+
+    With confirmation runs in the record, the frontier of the seed means (:mod:`analysis.confirmed`), each
+    configuration represented by its search trial; else the frontier of the completed search trials.
+    """
+    front = _confirmed_frontier(sweep)
+    if front is None:
+        front = pareto.frontier(sweep.trials, "score")
     if front.empty:
         raise ValueError(
             f"sweep {sweep.name!r} has no completed trial with a dev score and parameter counts "
@@ -76,9 +87,35 @@ def select_configurations(sweep: SweepRuns, top: int | None = None) -> pd.DataFr
     if top is not None:
         if top < 1:
             raise ValueError(f"--top must be >= 1, got {top}")
-        front = front.sort_values("score", ascending=False, kind="stable").head(top)
+        by = "seed_mean" if "seed_mean" in front else "score"  # confirmed: the best seed means
+        front = front.sort_values(by, ascending=False, kind="stable").head(top)
         front = front.sort_values([pareto.COST, "score"], ascending=[True, False], kind="stable")
     return front
+
+
+def _confirmed_frontier(sweep: SweepRuns) -> pd.DataFrame | None:
+    """The search trials of the configurations on the frontier of the seed means; None without confirmation runs."""
+    configs = confirmed.configurations(sweep)
+    if not len(configs) or configs["source"].iloc[0] != "confirmed":
+        return None
+    means = confirmed.frontier(configs).set_index("config_key")["score_mean"]
+    search = pareto.eligible(sweep.trials, ("completed", "early_stopped"))
+    search = search[search["config_key"].isin(means.index)].sort_values("score", ascending=False, kind="stable")
+    front = search.drop_duplicates("config_key").assign(seed_mean=lambda t: t["config_key"].map(means))
+    return front.sort_values([pareto.COST, "score"], ascending=[True, False], kind="stable")
+
+
+def evaluation_seeds(sweep: SweepRuns, trial: pd.Series, seeds: int) -> list[int]:
+    """The seeds to re-train ``trial`` with: those its confirmation used (the first ``seeds``), so that dev and test
+    are means over the same runs the report's seed means are; without confirmation runs, the trial's seed + 0, 1, ..."""
+    runs = sweep.confirmations if sweep.confirmations is not None else pd.DataFrame()
+    if len(runs):
+        mine = runs[(runs["config_key"] == trial["config_key"]) & (runs["status"] == "completed")]
+        confirmed_seeds = sorted(int(s) for s in mine["seed"].dropna())
+        if confirmed_seeds:
+            return confirmed_seeds[:seeds]
+    base_seed = int(trial["seed"]) if pd.notna(trial["seed"]) else 0
+    return [base_seed + i for i in range(seeds)]
 
 
 def method_options(row: pd.Series) -> dict:
@@ -270,11 +307,10 @@ def evaluate_sweep(
         recorded_dev = {m: trial[m] for m in ["score", *sweep.task_metrics]}
         rows.append(_row(trial, None, "dev (sweep)", "sweep record", recorded_dev))
         base_seed = int(trial["seed"]) if pd.notna(trial["seed"]) else 0
-        for i in range(seeds):
-            seed = base_seed + i
+        for i, seed in enumerate(evaluation_seeds(sweep, trial, seeds)):
             started = time.perf_counter()
             model_ = None
-            if i == 0 and restore_checkpoints and trial.get("has_checkpoint"):
+            if i == 0 and seed == base_seed and restore_checkpoints and trial.get("has_checkpoint"):
                 model_ = _restore(client, trial, prepared, device_)
             if model_ is not None:
                 source = "checkpoint"
@@ -375,6 +411,10 @@ def summarize(runs: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
     std = grouped.std(ddof=1).add_suffix("_std")
     count = grouped.size().rename("n")
     out = pd.concat([mean, std, count], axis=1).reset_index()
+    half = out["n"].map(confirmed.interval_factor)  # the report's t-based 95% interval of the mean
+    for metric in metrics:
+        out[f"{metric}_ci_low"] = out[f"{metric}_mean"] - half * out[f"{metric}_std"]
+        out[f"{metric}_ci_high"] = out[f"{metric}_mean"] + half * out[f"{metric}_std"]
     out["split"] = pd.Categorical(out["split"], categories=list(SPLITS), ordered=True)
     out = out.sort_values([pareto.COST, "label", "split"], kind="stable").reset_index(drop=True)
     out["split"] = out["split"].astype(str)

@@ -410,3 +410,128 @@ def score_vs_params_figure(
         height=height,
     )
     return fig
+
+
+# ----------------------------------------------------------------------------- confirmed configurations (seed means)
+
+
+def _interval(configs: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """(upper, lower) lengths of the 95% interval bars around the seed means; 0 where undefined."""
+    mean = configs["score_mean"].to_numpy(float)
+    upper = np.nan_to_num(configs["score_ci_high"].to_numpy(float) - mean)
+    lower = np.nan_to_num(mean - configs["score_ci_low"].to_numpy(float))
+    return upper, lower
+
+
+def confirmed_png(configs: pd.DataFrame, front: pd.DataFrame, path: str | Path, *, sweep: str, backbone: str) -> Path:
+    """Seed means vs trainable parameters per task: thick bar = std, thin bar = 95% interval; the frontier on means.
+
+    Frontier points marked ``≈`` are within noise of the next cheaper frontier point.
+    """
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+
+    floor = zero_floor(configs[PCT])
+    fig, ax = plt.subplots(figsize=(11, 6.2), dpi=150, layout="constrained")
+    handles = []
+    for method in pareto.ordered_methods(configs["method"]):
+        mine = configs[configs["method"] == method]
+        x, y, color = _x(mine[PCT], floor), mine["score_mean"].to_numpy(float), method_color(method)
+        upper, lower = _interval(mine)
+        ax.errorbar(x, y, yerr=[lower, upper], fmt="none", ecolor=color, elinewidth=0.8, capsize=2, alpha=0.7)
+        std = np.nan_to_num(mine["score_std"].to_numpy(float))
+        ax.errorbar(x, y, yerr=std, fmt="o", color=color, ms=6, elinewidth=2.4, capsize=0, mec="white", zorder=4)
+        handles.append(Line2D([], [], ls="", marker="o", ms=7, color=color, mec="white", label=method))
+    if len(front):
+        x, y = _x(front[PCT], floor), front["score_mean"].to_numpy(float)
+        ax.step(x, y, where="post", color="black", lw=1.5, zorder=5)
+        for xi, yi, label, noise in zip(x, y, front["label"], front["within_noise_of"], strict=True):
+            text = f"≈ {label}" if noise not in ("", "unknown") else label
+            ax.annotate(text, (xi, yi), xytext=(6, 6), textcoords="offset points", fontsize=7.5, zorder=7)
+        handles.append(Line2D([], [], color="black", lw=1.5, label="frontier of the seed means"))
+    handles += [
+        Line2D([], [], color="grey", lw=2.4, label="± std over seeds"),
+        Line2D([], [], color="grey", lw=0.8, label="95% interval (t)"),
+        Line2D([], [], ls="", label="≈: within noise of the cheaper frontier point"),
+    ]
+    ax.set_xscale("log")
+    ax.set_xlabel("trainable parameters per task, % of the backbone (log; 0% drawn at the left edge)")
+    ax.set_ylabel("dev score, mean over seeds")
+    seeds = int(configs["seeds"].max()) if len(configs) else 0
+    title = f"Sweep {sweep}: confirmed configurations, up to {seeds} seed(s) each\nbackbone {backbone}"
+    ax.set_title(title, fontsize=11)
+    ax.grid(True, alpha=0.3)
+    ax.legend(handles=handles, loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
+    fig.savefig(path)
+    plt.close(fig)
+    return Path(path)
+
+
+def confirmed_figure(configs: pd.DataFrame, front: pd.DataFrame, *, sweep: str, width: int = 900, height: int = 520):
+    """The interactive :func:`confirmed_png`: per method, error bars of the std (and a trace of the 95% intervals)."""
+    import plotly.graph_objects as go
+
+    floor = zero_floor(configs[PCT])
+    fig = go.Figure()
+    for method in pareto.ordered_methods(configs["method"]):
+        mine = configs[configs["method"] == method]
+        color = method_color(method)
+        x, y = _x(mine[PCT], floor), mine["score_mean"]
+        upper, lower = _interval(mine)
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=y,
+                mode="markers",
+                name=f"{method} 95% interval",
+                legendgroup=method,
+                showlegend=False,
+                marker={"color": color, "size": 1, "opacity": 0},
+                error_y={"type": "data", "symmetric": False, "array": upper, "arrayminus": lower, "thickness": 0.8},
+                hoverinfo="skip",
+            )
+        )
+        text = [
+            f"{r['label']}<br>score {r['score_mean']:.4f} ± {r['score_std']:.4f} ({r['seeds']} seeds)"
+            f"<br>95% interval [{r['score_ci_low']:.4f}, {r['score_ci_high']:.4f}]<br>trainable {r[PCT]:.3g}%"
+            for r in mine.to_dict("records")
+        ]
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=y,
+                mode="markers",
+                name=method,
+                legendgroup=method,
+                marker={"color": color, "size": 10},
+                error_y={"type": "data", "array": np.nan_to_num(mine["score_std"].to_numpy(float)), "thickness": 2.5},
+                text=text,
+                hovertemplate="%{text}<extra></extra>",
+                meta={"error": "std"},
+            )
+        )
+    if len(front):
+        fig.add_trace(
+            go.Scatter(
+                x=_x(front[PCT], floor),
+                y=front["score_mean"],
+                mode="lines+text",
+                line={"color": "black", "width": 1.5, "shape": "hv"},
+                text=["≈" if n not in ("", "unknown") else "" for n in front["within_noise_of"]],
+                textposition="top center",
+                name="frontier of the seed means (≈: within noise of the cheaper point)",
+                hoverinfo="skip",
+            )
+        )
+    fig.update_layout(
+        title=f"Sweep {sweep}: confirmed configurations, seed mean ± std (thin: 95% interval)",
+        xaxis={"type": "log", "title": "trainable parameters per task, % of the backbone"},
+        yaxis={"title": "dev score, mean over seeds"},
+        width=width,
+        height=height,
+        template="plotly_white",
+    )
+    return fig

@@ -14,6 +14,10 @@ The directory (default ``reports/<sweep>/``), also logged under ``report/`` in t
 ``frontier.csv``              the trials on the frontier of the score and of each task (``objective``)
 ``frontier_summary.csv``      per scope (all methods, each method) and objective: frontier size, hypervolume
 ``importance.csv``            hyperparameter importance (PED-ANOVA) for score, frontier, each task
+``recommendation.csv``        best configuration per budget (0.1%, 1%, 10% trainable per task), runner-up, beyond noise?
+``fairness.csv``              per method: trials, steps, compute, best default, best tuned mean ± std, gain, spread
+``configurations.csv``        per configuration: seed mean, std, t 95% interval of every metric (analysis.confirmed)
+``confirmed_frontier.csv``    the frontier of the seed means with its within-noise marks (also ``.png``)
 ``score_vs_params.png``       score vs trainable parameters per task; ``score_vs_params_<task>.png`` per task
 ``parallel_coordinates.png``  hyperparameters of the completed trials; ``importance.png``
 ============================  ==========================================================================
@@ -35,7 +39,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import pareto, plots, views
+from analysis import confirmed, pareto, plots, views
 from analysis.runs import COUNT_COLUMNS, SweepRuns, load_sweep
 
 log = logging.getLogger("analysis.report")
@@ -202,6 +206,12 @@ class Report:
     reference: pd.DataFrame | None  # AdaptBert Table 3, when drawn
     directory: Path | None = None
     files: list[Path] = field(default_factory=list)
+    # the answer (analysis.confirmed): configurations with seed statistics, their frontier with
+    # within-noise marks, the recommendation per parameter budget, the fairness table per method
+    configs: pd.DataFrame = field(default_factory=pd.DataFrame)
+    confirmed_front: pd.DataFrame = field(default_factory=pd.DataFrame)
+    recommendation: pd.DataFrame = field(default_factory=pd.DataFrame)
+    fairness: pd.DataFrame = field(default_factory=pd.DataFrame)
 
     @property
     def objectives(self) -> list[str]:
@@ -234,6 +244,7 @@ def build_report(sweep: SweepRuns, *, reference: bool = True) -> Report:
     fronts = [pareto.frontier(trials, objective).assign(objective=objective) for objective in objectives]
     frontier_rows = pd.concat(fronts)
     frontier_rows = frontier_rows[["objective", *[c for c in frontier_rows.columns if c != "objective"]]]
+    configs = confirmed.configurations(sweep)
     return Report(
         sweep=sweep,
         trials=trials,
@@ -242,6 +253,10 @@ def build_report(sweep: SweepRuns, *, reference: bool = True) -> Report:
         summary=pareto.frontier_summary(trials, objectives),
         importances=views.param_importances(trials, objectives[1:]),
         reference=load_reference() if reference else None,
+        configs=configs,
+        confirmed_front=confirmed.frontier(configs),
+        recommendation=confirmed.recommendations(configs),
+        fairness=confirmed.fairness(sweep, configs),
     )
 
 
@@ -265,6 +280,18 @@ def write_report(sweep: SweepRuns, directory: str | Path, *, reference: bool = T
     report.frontier.to_csv(out("frontier.csv"), index=False)
     report.summary.to_csv(out("frontier_summary.csv"), index=False)
     report.importances.to_csv(out("importance.csv"), index=False)
+    report.configs.to_csv(out("configurations.csv"), index=False)
+    report.confirmed_front.to_csv(out("confirmed_frontier.csv"), index=False)
+    report.recommendation.to_csv(out("recommendation.csv"), index=False)
+    report.fairness.to_csv(out("fairness.csv"), index=False)
+    if len(report.configs):
+        plots.confirmed_png(
+            report.configs,
+            report.confirmed_front,
+            out("confirmed_frontier.png"),
+            sweep=sweep.name,
+            backbone=sweep.backbone,
+        )
     if len(trials):
         common = {
             "sweep": sweep.name,
@@ -356,6 +383,7 @@ def _header_lines(sweep: SweepRuns) -> list[str]:
     return [
         f"- backbone: `{sweep.backbone}`; tasks: {', '.join(sweep.tasks)}; sweep status: {sweep.parent_status}",
         f"- trials: {sweep.status_summary()}",
+        *_confirmation_line(sweep),
         f"- budget: {budget or 'not recorded'}; scheduler {p.get('scheduler', '?')}; "
         f"objective {p.get('objective', '?')}",
         f"- MLflow: `{sweep.tracking_uri}`, experiment {sweep.experiment_id}, parent run `{sweep.parent_run_id}`",
@@ -363,12 +391,73 @@ def _header_lines(sweep: SweepRuns) -> list[str]:
     ]
 
 
+def answer_notes(report: Report) -> dict[str, str]:
+    """The sentences that say where the numbers of the answer come from (Markdown and HTML alike)."""
+    configs = report.configs
+    if len(configs) and configs["source"].iloc[0] == "confirmed":
+        seeds = sorted(set(configs["seeds"].astype(int)))
+        source = (
+            f"Seed means of the confirmation runs: the best configurations of every method re-trained with "
+            f"{'/'.join(map(str, seeds))} new seed(s) each at the full budget."
+        )
+    else:
+        source = "No confirmation runs recorded: each configuration is its single search trial (no std)."
+    return {
+        "source": source,
+        "noise": "Beyond noise: Welch's t-test at 5% (two-sided) with 2+ seeds on both sides; with a single run, "
+        "a gap over 1.96 standard errors of the metric on the dev set (binomial for an accuracy, (1-r²)/√(n-1) "
+        "for a Pearson r). 'unknown': one run and no recorded dev size. Definitions: analysis/confirmed.py.",
+        "fairness": "Trials, steps and compute seconds each method received in the search; best default: the "
+        "control arm (the method's published default trial); tuning gain = best tuned seed mean − best default; "
+        "spread: IQR and std of the completed search trials' scores (how sensitive the method is to tuning).",
+    }
+
+
+def answer_lines(report: Report) -> list[str]:
+    """The report's opening: recommendation per budget, fairness per method, confirmed configurations."""
+    notes = answer_notes(report)
+    lines = ["## Recommendation per parameter budget", "", notes["source"], ""]
+    if len(report.configs):
+        lines += [to_markdown(confirmed.recommendation_display(report.recommendation)), notes["noise"], ""]
+    else:
+        lines += ["No completed trial yet.", ""]
+    lines += ["## Fairness per method", "", notes["fairness"], ""]
+    if len(report.fairness):
+        lines.append(to_markdown(confirmed.fairness_display(report.fairness)))
+    lines += ["## Confirmed configurations (seed means)", ""]
+    if len(report.configs):
+        shown = confirmed.configurations_display(report.confirmed_front, report.configs, report.sweep.task_metrics)
+        lines += [
+            "Frontier: non-dominated on (seed mean up, trainable parameters per task down); 'within noise of X': "
+            "not better than the cheaper frontier point X beyond noise.",
+            "",
+            to_markdown(shown),
+            "![confirmed configurations](confirmed_frontier.png)",
+            "",
+        ]
+    else:
+        lines += ["None.", ""]
+    return lines
+
+
+def _confirmation_line(sweep: SweepRuns) -> list[str]:
+    runs = sweep.confirmations
+    if runs is None or not len(runs):
+        return []
+    return [
+        f"- confirmation: {len(runs)} runs of {runs['config_key'].nunique()} configurations "
+        f"({', '.join(f'{n} {s}' for s, n in runs['status'].value_counts().items())})"
+    ]
+
+
 def markdown_report(report: Report) -> str:
     sweep, trials, frontier_rows = report.sweep, report.trials, report.frontier
     lines = [f"# Sweep {sweep.name}: dev results", "", *_header_lines(sweep), ""]
+    lines += answer_lines(report)
     lines += [
-        "All figures are dev figures of each trial's best epoch. Frontiers, hypervolumes and the table below use "
-        "completed trials only; early-stopped and failed trials are listed apart.",
+        "From here on, the search's trials: one run each (no seeds), so gaps smaller than the noise above are "
+        "not evidence. All figures are dev figures of each trial's best epoch. Frontiers, hypervolumes and the "
+        "table below use completed trials only; early-stopped and failed trials are listed apart.",
         "",
         "## Best configuration per method and size",
         "",
@@ -492,6 +581,24 @@ def html_report(report: Report) -> str:
         "crosses are trials stopped early. Hover a point for its hyperparameters and MLflow run id. Hollow diamonds: "
         "the AdaptBert report's published bert-base figures (another backbone), for reference only.</p>",
     ]
+    notes = answer_notes(report)
+    parts += ["<h2>Recommendation per parameter budget</h2>", f"<p class='note'>{esc(notes['source'])}</p>"]
+    if len(report.configs):
+        parts += [
+            _table_html(confirmed.recommendation_display(report.recommendation)),
+            f"<p class='note'>{esc(notes['noise'])}</p>",
+        ]
+    parts += ["<h2>Fairness per method</h2>", f"<p class='note'>{esc(notes['fairness'])}</p>"]
+    parts.append(_table_html(confirmed.fairness_display(report.fairness)) if len(report.fairness) else "")
+    if len(report.configs):
+        shown = confirmed.configurations_display(report.confirmed_front, report.configs, sweep.task_metrics)
+        parts += [
+            "<h2>Confirmed configurations (seed means)</h2><div class='row'><div class='plot'>",
+            embed(plots.confirmed_figure(report.configs, report.confirmed_front, sweep=sweep.name)),
+            "</div><div class='side'>",
+            _table_html(shown),
+            "</div></div>",
+        ]
     if len(trials):
         parts += [
             "<div class='row'><div class='plot'>",

@@ -14,6 +14,9 @@ Columns of :attr:`SweepRuns.trials`:
 
 - identity: ``run_id``, ``trial_id``, ``run_name``, ``method``, ``size`` (e.g. ``r=8``; see
   :func:`size_label`), ``label`` (``lora r=8``), ``size_value`` (the method's size field, for sorting);
+- search or confirmation: ``phase`` (``search``; confirmation runs are in :attr:`SweepRuns.confirmations`,
+  not in ``trials``), ``default`` (the method's control-arm trial), ``config_key`` (one configuration,
+  whatever its seed: the tag, else computed from the params, see :func:`peftune.confirm.config_key`);
 - outcome: ``status``, ``error`` (first line of the failure), ``mlflow_status``, ``epochs_run``,
   ``best_epoch``, ``score`` and each task metric (``sst_accuracy``, ...) at the best-scoring epoch;
 - parameter counts: ``backbone_params``, ``trainable_params_per_task`` (+ ``_pct``), ``stored_params``
@@ -37,6 +40,7 @@ import pandas as pd
 
 log = logging.getLogger("analysis.runs")
 
+from peftune.confirm import CONFIG_KEY, CONFIRM, DEFAULT, config_key, run_phase  # noqa: E402  (Ray-free)
 from peftune.record import (  # noqa: E402  the record's names, shared with the writer (no Ray import)
     CHECKPOINT_TAG,
     COMPLETED,
@@ -79,6 +83,8 @@ class SweepRuns:
     parent_tags: dict[str, str]
     trials: pd.DataFrame
     task_metrics: list[str] = field(default_factory=list)  # ["sst_accuracy", "para_accuracy", "sts_pearson"]
+    confirmations: pd.DataFrame | None = None  # confirmation runs (peftune.confirm), the columns of ``trials``
+    parent_metrics: dict[str, float] = field(default_factory=dict)  # budget_trials.<method>, dev_examples.<task>...
 
     def status_counts(self) -> dict[str, int]:
         """Trials per status, in the order of :data:`STATUSES` (statuses with no trial left out)."""
@@ -132,7 +138,10 @@ def load_sweep(name: str, tracking_uri: str | None = None, *, client=None) -> Sw
         tasks = next((_split_list(c.data.params["tasks"]) for c in children if c.data.params.get("tasks")), [])
     metrics = task_metric_names(tasks)
     histories = {run.info.run_id: _histories(client, run, metrics) for run in children}
-    trials = trials_frame(children, metrics, histories)
+    frame = trials_frame(children, metrics, histories)
+    confirming = frame["phase"] == CONFIRM if len(frame) else pd.Series(dtype=bool)
+    trials = frame[~confirming].reset_index(drop=True) if len(frame) else frame
+    confirmations = frame[confirming].reset_index(drop=True) if len(frame) else frame
     return SweepRuns(
         name=name,
         tracking_uri=uri,
@@ -145,6 +154,8 @@ def load_sweep(name: str, tracking_uri: str | None = None, *, client=None) -> Sw
         parent_tags=dict(parent.data.tags),
         trials=trials,
         task_metrics=metrics,
+        confirmations=confirmations,
+        parent_metrics=dict(parent.data.metrics),
     )
 
 
@@ -220,6 +231,9 @@ def trial_row(run, task_metrics: Sequence[str], history: dict[str, dict[int, flo
         "error": error.strip().splitlines()[0] if error and error.strip() else None,
         "mlflow_status": run.info.status,
         "epochs_run": max(history.get("score", {}), default=0),
+        "phase": run_phase(tags),
+        "default": tags.get(DEFAULT) == "true",
+        "config_key": tags.get(CONFIG_KEY) or config_key(method, run.data.params),
     }
     if "best_score" in metrics:
         row["best_epoch"] = _int_or_none(metrics.get("best_epoch"))
@@ -268,6 +282,9 @@ def _column_order(rows: list[dict], task_metrics: Sequence[str]) -> list[str]:
         "error",
         "mlflow_status",
         "epochs_run",
+        "phase",
+        "default",
+        "config_key",
         "best_epoch",
         "score",
         *task_metrics,

@@ -152,6 +152,10 @@ def test_sst_job_smoke_test_through_ray_job_submit(tiny_data_dir, tmp_path, clus
     assert parent["tags.peftune.role"] == "sweep" and parent["params.budget"] == "smoke"
     assert parent["tags.peftune.status"] == "completed" and parent["status"] == "FINISHED"
     children = runs[runs["tags.mlflow.parentRunId"] == run_id]
+    confirmed = children[children["tags.peftune.phase"] == "confirm"]  # smoke: the best of each method, 1 seed
+    children = children[children["tags.peftune.phase"] != "confirm"]
     assert len(children) == int(parent["params.num_samples"]) == 3
+    assert len(confirmed) == children["params.method"].nunique()
+    assert (confirmed["tags.peftune.status"] == "completed").all()
     assert children["tags.peftune.status"].isin(["completed", "early_stopped"]).all()
     assert children["metrics.best_score"].notna().all() and children["metrics.trainable_params_per_task"].notna().all()

@@ -48,6 +48,7 @@ SWEEP = """\
     resources: {{cpus_per_trial: 1, max_concurrent_trials: {concurrency}}}
     max_failures: 1
     checkpoints_per_method: 1
+    confirm: {{seeds: 0}}
     budget: tiny
     budgets:
       tiny: {{num_samples: {num_samples}, epochs: 2, batch_size: 16, max_length: 32, max_train_examples: 64,

@@ -383,6 +383,17 @@ class Resources:
 
 
 @dataclass(frozen=True)
+class ConfirmSettings:
+    """Confirmation after the search: the best ``top_k`` configurations of every method, each re-trained
+    with ``seeds`` new seeds at the full budget (``seeds: 0`` turns it off); ``defaults`` also confirms each
+    method's default (control-arm) trial, so the tuning gain compares seed means on both sides."""
+
+    top_k: int = 2
+    seeds: int = 3
+    defaults: bool = False
+
+
+@dataclass(frozen=True)
 class SweepDefinition:
     name: str
     tasks: tuple[str, ...]
@@ -398,6 +409,7 @@ class SweepDefinition:
     checkpoints_per_method: int = 1  # best trials per method whose checkpoint goes to MLflow
     train: dict[str, Any] = field(default_factory=dict)  # fixed TrainConfig settings (warmup_ratio, sampling...)
     description: str = ""
+    confirm: ConfirmSettings = field(default_factory=ConfirmSettings)  # for the chosen budget
     source: str = ""
 
     @property
@@ -425,6 +437,7 @@ class SweepDefinition:
             "max_failures": self.max_failures,
             "checkpoints_per_method": self.checkpoints_per_method,
             "train": dict(self.train),
+            "confirm": dataclasses.asdict(self.confirm),
             "spaces": {name: space.to_yaml() for name, space in self.spaces.items()},
         }
 
@@ -474,6 +487,7 @@ _SWEEP_KEYS = {
     "train",
     "budget",
     "budgets",
+    "confirm",
 }
 
 
@@ -644,6 +658,7 @@ def load_sweep(path: str | Path, budget: str | None = None, spaces_dir: str | Pa
         key = "budget" if budget is None else "budgets"
         raise SpaceError(path, key, f"no budget preset {chosen!r}; presets: {', '.join(parsed_budgets)}")
 
+    confirm = _confirm_section(path, data.get("confirm"), chosen, parsed_budgets)
     return SweepDefinition(
         name=name,
         tasks=tuple(raw_tasks),
@@ -660,7 +675,38 @@ def load_sweep(path: str | Path, budget: str | None = None, spaces_dir: str | Pa
         train=dict(train),
         description=description,
         source=str(path),
+        confirm=confirm,
     )
+
+
+def _confirm_section(path, raw, budget: str, presets) -> ConfirmSettings:
+    """``confirm: {top_k, seeds, defaults, by_budget: {<preset>: {...}}}`` resolved for ``budget``.
+
+    ``by_budget`` lets a small preset (smoke) confirm less than the full one, in the same file.
+    """
+    if raw is None:
+        raw = {}
+    if not isinstance(raw, dict):
+        raise SpaceError(path, "confirm", f"expected a mapping, got {raw!r}")
+    raw = dict(raw)
+    by_budget = raw.pop("by_budget", None) or {}
+    if not isinstance(by_budget, dict):
+        raise SpaceError(path, "confirm.by_budget", f"expected a mapping of budget presets, got {by_budget!r}")
+    settings = _checked_confirm(path, "confirm", _section(path, raw, "confirm", ConfirmSettings))
+    for preset, override in by_budget.items():
+        key = f"confirm.by_budget.{preset}"
+        if preset not in presets:
+            raise SpaceError(path, key, f"no budget preset {preset!r}; presets: {', '.join(presets)}")
+        parsed = _checked_confirm(path, key, _section(path, override, key, ConfirmSettings))
+        if preset == budget:
+            settings = dataclasses.replace(settings, **{k: getattr(parsed, k) for k in override or {}})
+    return settings
+
+
+def _checked_confirm(path, key: str, settings: ConfirmSettings) -> ConfirmSettings:
+    for name in ("top_k", "seeds"):
+        _positive_int(path, f"{key}.{name}", getattr(settings, name), minimum=0)
+    return settings
 
 
 def resolve_sweep_path(name_or_path: str | Path) -> Path:

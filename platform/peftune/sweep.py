@@ -69,6 +69,11 @@ class TrialSettings:
             dict(definition.train),
         )
 
+    def for_trial(self, config: dict) -> TrialSettings:
+        """These settings with the trial's own seed where its config carries one (a confirmation trial)."""
+        seed = (config.get("peftune") or {}).get("seed")
+        return self if seed is None else dataclasses.replace(self, seed=int(seed))
+
     @staticmethod
     def split(config: dict) -> tuple[str, dict[str, Any]]:
         return spaces.sampled_settings(config)
@@ -109,6 +114,7 @@ def trainable(config: dict, prepared, settings: TrialSettings) -> None:
 
     cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
     torch.set_num_threads(max(1, int(cpus)))
+    settings = settings.for_trial(config)
     method, sampled = settings.split(config)
     train_config = settings.train_config(method, sampled)
 
@@ -143,6 +149,7 @@ class SweepResult:
     best: dict | None  # best trial: trial_id, method, best_score, run_id, params
     resumed: bool
     checkpoints_logged: list[str] = field(default_factory=list)
+    confirmation: dict | None = None  # peftune.confirm.ConfirmationResult as a dict (None: the search did not finish)
 
     @property
     def ui_address(self) -> str:
@@ -163,6 +170,9 @@ class SweepResult:
             lines.append(
                 f"best trial: {self.best['method']} ({self.best['trial_id']}) dev score {self.best['best_score']:.4f}"
             )
+        if self.confirmation and self.confirmation["status"] != "skipped":
+            c = self.confirmation
+            lines.append(f"confirmation: {c['finished']}/{c['wanted']} seed runs of the best configurations finished")
         if self.status == "interrupted":
             lines.append("run the same command again to resume it")
         lines.append(f"MLflow parent run id: {self.parent_run_id}")
@@ -262,7 +272,7 @@ def run_sweep(
     """
     from ray import tune
 
-    from peftune import tracking
+    from peftune import confirm, tracking
     from peftune.train import prepare
 
     # num_to_keep=1 makes Tune snapshot its state at each checkpoint, as resuming needs; that is cheap here
@@ -297,6 +307,7 @@ def run_sweep(
         ray_experiment_path=experiment_path,
         expect_existing=exists,
     )
+    confirm.log_dev_sizes(record, prepared)  # the report's noise rule for single runs needs them
     settings = TrialSettings.from_definition(definition)
     trial_logger = tracking.TrialLogger(record, settings, _task_metric_names(definition.tasks))
     all_callbacks = [trial_logger, *callbacks]
@@ -337,13 +348,25 @@ def run_sweep(
                 ),
             )
         grid = tuner.fit()
+        confirmation = None
+        searched = confirm.search_run_ids(record)
+        trials = [t for t in tracking.trial_records(record) if t.run_id in searched]
+        complete = len(grid) >= budget.num_samples and len([t for t in trials if t.status]) >= len(grid)
+        if complete:  # the search is over: confirm the best configurations of every method with seeds
+            confirmation = confirm.run_confirmation(
+                definition,
+                record,
+                runnable,
+                trial_logger=trial_logger,
+                storage=storage,
+                callbacks=callbacks,
+                verbose=verbose,
+            )
+            complete = confirmation.status != "interrupted"
     except BaseException:
         tracking.close_sweep(record, "failed")
         raise
 
-    trials = tracking.trial_records(record)
-    finished = [t for t in trials if t.status]
-    complete = len(grid) >= budget.num_samples and len(finished) >= len(grid)
     logged = []
     if complete:
         logged = tracking.log_best_checkpoints(record, _best_checkpoints(grid), definition.checkpoints_per_method)
@@ -364,6 +387,7 @@ def run_sweep(
         best=dataclasses.asdict(best) if best else None,
         resumed=record.resumed,
         checkpoints_logged=logged,
+        confirmation=dataclasses.asdict(confirmation) if confirmation else None,
     )
     if complete and on_finished is not None:
         on_finished(result)  # the report goes here

@@ -35,6 +35,9 @@ Child run per trial (run name ``<method>-<ray trial id>``):
   ``peftune.retries`` (when Ray retried the trial); ``peftune.checkpoint=checkpoint/`` on the trials whose
   checkpoint is logged. No ``peftune.status`` yet: the trial is running,
   or the sweep was interrupted (MLflow status KILLED) and resuming it continues this run;
+  every key of the trial config's ``"peftune"`` dict as ``peftune.<key>``; confirmation trials
+  (``peftune.confirm``) carry ``peftune.phase=confirm``, ``peftune.config_key``, ``peftune.seed``,
+  ``peftune.default`` and ``peftune.confirms`` (the search trial's run id), and log their own ``seed``;
 - params: ``method``, ``lr``, ``dropout``, ``weight_decay``, ``epochs``, ``batch_size``, ``tasks``,
   ``seed``, ``warmup_ratio``, ``sampling``, and every option of the method's config as
   ``method.<field>`` (``method.rank``, ``method.bottleneck``, ...; lists comma-separated);
@@ -332,7 +335,8 @@ def score_history(record: SweepRecord) -> dict[str, dict[int, float]]:
     history = {}
     for run in child_runs(client, record.experiment_id, record.parent_run_id):
         trial_id = run.data.tags.get(TRIAL_ID)
-        if trial_id and "score" in run.data.metrics:
+        confirming = run.data.tags.get("peftune.phase") == "confirm"  # not the search's: no rung of it
+        if trial_id and "score" in run.data.metrics and not confirming:
             history[trial_id] = {int(m.step): m.value for m in client.get_metric_history(run.info.run_id, "score")}
     return history
 
@@ -451,11 +455,13 @@ class TrialLogger(tune.Callback):
                 SWEEP: self.settings.sweep,
                 TRIAL_ID: trial_id,
                 "peftune.method": method,
+                **trial_tags(trial.config),
             },
         )
         from mlflow.entities import Param
 
         params = self._params(method, sampled)
+        params["seed"] = self.settings.for_trial(trial.config).seed  # a confirmation trial's own seed
         self.client.log_batch(run.info.run_id, params=[Param(k, _param_value(v)) for k, v in params.items()])
         self._runs[trial_id] = run.info.run_id
         return run.info.run_id
@@ -577,6 +583,11 @@ class TrialLogger(tune.Callback):
         for trial_id, run_id in self._runs.items():
             if trial_id not in self._finished:
                 self.client.set_terminated(run_id, status="KILLED")
+
+
+def trial_tags(config: dict) -> dict[str, str]:
+    """The trial config's ``"peftune"`` dict as child-run tags: ``{"phase": "confirm"}`` -> ``peftune.phase``."""
+    return {f"peftune.{key}": str(value) for key, value in (config.get("peftune") or {}).items()}
 
 
 def _read_error(trial) -> str | None:

@@ -1,0 +1,269 @@
+"""Confirmation with seeds after the search: real Ray Tune + MLflow on the embedded MiniLM (no mocks).
+
+A tiny sweep (two methods, K=1, S=2) must end with S confirmation runs of each method's best search
+configuration, recorded under the parent run with their own seeds; a second sweep is interrupted
+during the confirmation and run again: nothing completed runs twice, no (configuration, seed) pair
+has two child runs.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import statistics
+import textwrap
+from pathlib import Path
+
+import mlflow
+import pytest
+import ray
+from ray import tune
+
+from peftune import confirm, spaces, sweep
+
+FROZEN = """\
+    method: frozen
+    lr: {low: 1.0e-3, high: 1.0e-2, log: true}
+    dropout: {low: 0.0, high: 0.2}
+    weight_decay: 0.0
+"""
+TOP_K = """\
+    method: top_k
+    lr: {low: 2.0e-4, high: 1.0e-3, log: true}
+    dropout: 0.1
+    weight_decay: {low: 0.0, high: 0.1}
+    options:
+      k: 1
+"""
+SWEEP = """\
+    name: {name}
+    tasks: [sst]
+    methods: [frozen, top_k]
+    seed: 3
+    search: {{objective: single, sampler: tpe, n_startup_trials: 10}}
+    scheduler: {{type: none}}
+    resources: {{cpus_per_trial: 1, max_concurrent_trials: {concurrency}}}
+    max_failures: 0
+    checkpoints_per_method: 0
+    confirm: {{top_k: 1, seeds: 2}}
+    budget: tiny
+    budgets:
+      tiny: {{num_samples: 4, epochs: 2, batch_size: 16, max_length: 32, max_train_examples: 48, max_dev_examples: 32}}
+"""
+
+
+def definition(directory: Path, name: str, concurrency: int):
+    (directory / "methods").mkdir(parents=True, exist_ok=True)
+    (directory / "methods" / "frozen.yaml").write_text(textwrap.dedent(FROZEN))
+    (directory / "methods" / "top_k.yaml").write_text(textwrap.dedent(TOP_K))
+    path = directory / f"{name}.yaml"
+    path.write_text(textwrap.dedent(SWEEP).format(name=name, concurrency=concurrency))
+    return spaces.load_sweep(path)
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(address="local", num_cpus=2, include_dashboard=False)  # never a cluster already running here
+    yield
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("confirm")
+
+
+def children(uri: str, parent_run_id: str) -> list:
+    client = mlflow.MlflowClient(uri)
+    experiment = client.get_run(parent_run_id).info.experiment_id
+    return client.search_runs([experiment], filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}'")
+
+
+def split(runs) -> tuple[list, list]:
+    search = [r for r in runs if r.data.tags.get(confirm.PHASE, "search") == "search"]
+    return search, [r for r in runs if r.data.tags.get(confirm.PHASE) == "confirm"]
+
+
+def best_of_method(search: list) -> dict:
+    best = {}
+    for run in sorted(search, key=lambda r: r.info.start_time):
+        method, score = run.data.params["method"], run.data.metrics["best_score"]
+        if method not in best or score > best[method].data.metrics["best_score"]:
+            best[method] = run
+    return best
+
+
+@pytest.mark.slow
+def test_confirmation_trains_seeds_of_each_methods_best(local_ray, workdir, tiny_data_dir):
+    uri = f"sqlite:///{workdir / 'mlflow.db'}"
+    spec = definition(workdir / "defs", "confirmed", concurrency=2)
+    result = sweep.run_sweep(spec, tiny_data_dir, uri, storage_path=workdir / "ray_results", verbose=0)
+    assert result.status == "completed" and result.num_trials == 4  # the search's trials only
+    assert result.confirmation["wanted"] == result.confirmation["finished"] == 4
+    assert "confirmation: 4/4 seed runs" in result.summary()
+
+    search, confirmed = split(children(uri, result.parent_run_id))
+    assert len(search) == 4 and len(confirmed) == 2 * 2  # K=1 configuration of each of 2 methods, S=2 seeds
+    best = best_of_method(search)
+    assert set(best) == {"frozen", "top_k"}
+    for method, trial in best.items():
+        runs = [r for r in confirmed if r.data.params["method"] == method]
+        key = confirm.config_key(method, trial.data.params)
+        assert {r.data.tags[confirm.CONFIG_KEY] for r in runs} == {key}
+        assert {r.data.tags[confirm.CONFIRMS] for r in runs} == {trial.info.run_id}
+        assert sorted(r.data.tags[confirm.SEED] for r in runs) == ["4", "5"]  # new seeds: the search used 3
+        for run in runs:
+            assert run.data.params["seed"] == run.data.tags[confirm.SEED]
+            same = {k: v for k, v in trial.data.params.items() if k != "seed"}
+            assert {k: run.data.params[k] for k in same} == same, "a confirmation trains another configuration"
+            assert run.data.tags["peftune.status"] == "completed" and run.info.status == "FINISHED"
+            history = mlflow.MlflowClient(uri).get_metric_history(run.info.run_id, "score")
+            assert sorted(m.step for m in history) == [1, 2]  # the full budget
+    # the seeds differ in what they train: dropout, initialisation and batch order
+    losses = [r.data.metrics["train_loss"] for r in confirmed if r.data.params["method"] == "top_k"]
+    assert losses[0] != losses[1]
+
+    # the report draws these runs: one configuration per method, its std that of its two seeds
+    from analysis import report, runs
+
+    built = report.build_report(runs.load_sweep("confirmed", uri), reference=False)
+    configs = built.configs.set_index("method")
+    assert set(configs.index) == {"frozen", "top_k"} and set(configs["seeds"]) == {2}
+    for method in ("frozen", "top_k"):
+        scores = [r.data.metrics["best_score"] for r in confirmed if r.data.params["method"] == method]
+        assert configs.loc[method, "score_mean"] == pytest.approx(statistics.mean(scores))
+        assert configs.loc[method, "score_std"] == pytest.approx(statistics.stdev(scores))
+    assert len(built.recommendation) == 3 and len(built.fairness) == 2
+
+
+class InterruptAfterConfirmation(tune.Callback):
+    """Stops the experiment as Ctrl+C does once the first confirmation trial has completed."""
+
+    def __init__(self):
+        self.fired = None
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        if self.fired is None and (trial.config.get("peftune") or {}).get("phase") == "confirm":
+            self.fired = trial.trial_id
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+
+class Recorder(tune.Callback):
+    def __init__(self):
+        self.started: list[dict] = []
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self.started.append(dict(trial.config.get("peftune") or {}))
+
+
+@pytest.mark.slow
+def test_interrupted_confirmation_resumes_exactly_once(local_ray, workdir, tiny_data_dir):
+    uri = f"sqlite:///{workdir / 'mlflow.db'}"
+    spec = definition(workdir / "defs", "confirm_resume", concurrency=1)
+    storage = workdir / "ray_results"
+    interrupter = InterruptAfterConfirmation()
+    first = sweep.run_sweep(spec, tiny_data_dir, uri, storage_path=storage, callbacks=[interrupter], verbose=0)
+    assert interrupter.fired and first.status == "interrupted"
+    search, confirmed = split(children(uri, first.parent_run_id))
+    assert len(search) == 4
+    done = {
+        (r.data.tags[confirm.CONFIG_KEY], r.data.tags[confirm.SEED]): r.info.run_id
+        for r in confirmed
+        if r.data.tags.get("peftune.status") == "completed"
+    }
+    assert 1 <= len(done) < 4
+
+    recorder = Recorder()
+    second = sweep.run_sweep(spec, tiny_data_dir, uri, storage_path=storage, callbacks=[recorder], verbose=0)
+    assert second.status == "completed" and second.parent_run_id == first.parent_run_id
+    started = {(c.get("config_key"), str(c.get("seed"))) for c in recorder.started}
+    assert all(c.get("phase") == "confirm" for c in recorder.started), "a search trial ran again"
+    assert not started & set(done), "a completed confirmation trial ran again"
+
+    search_after, confirmed = split(children(uri, first.parent_run_id))
+    assert sorted(r.info.run_id for r in search_after) == sorted(r.info.run_id for r in search)
+    pairs = [(r.data.tags[confirm.CONFIG_KEY], r.data.tags[confirm.SEED]) for r in confirmed]
+    assert len(pairs) == 4 and len(set(pairs)) == 4, "a confirmation trial has two child runs"
+    assert all(r.data.tags.get("peftune.status") == "completed" for r in confirmed)
+    kept = {(r.data.tags[confirm.CONFIG_KEY], r.data.tags[confirm.SEED]): r.info.run_id for r in confirmed}
+    assert all(kept[pair] == run_id for pair, run_id in done.items()), "a completed run was replaced"
+
+    # a third run finds everything done: nothing trains
+    third = Recorder()
+    again = sweep.run_sweep(spec, tiny_data_dir, uri, storage_path=storage, callbacks=[third], verbose=0)
+    assert again.status == "completed" and not third.started
+    assert len(split(children(uri, first.parent_run_id))[1]) == 4
+
+
+# ----------------------------------------------------------------------------- definition and selection (fast)
+
+
+def test_confirm_section_resolves_per_budget_and_names_bad_keys(workdir):
+    spec = definition(workdir / "defs", "sections", concurrency=1)
+    assert (spec.confirm.top_k, spec.confirm.seeds, spec.confirm.defaults) == (1, 2, False)
+    path = Path(spec.source)
+    text = path.read_text().replace(
+        "confirm: {top_k: 1, seeds: 2}", "confirm: {top_k: 3, by_budget: {tiny: {seeds: 0, defaults: true}}}"
+    )
+    path.write_text(text)
+    resolved = spaces.load_sweep(path).confirm
+    assert (resolved.top_k, resolved.seeds, resolved.defaults) == (3, 0, True)
+    assert "confirm" in spaces.load_sweep(path).to_dict()  # part of the fingerprint: a resumed sweep must match
+    for bad, key in [
+        ("confirm: {seeds: -1}", "confirm.seeds"),
+        ("confirm: {top_k: two}", "confirm.top_k"),
+        ("confirm: {rounds: 2}", "confirm.rounds"),
+        ("confirm: {by_budget: {gpu: {seeds: 1}}}", "confirm.by_budget.gpu"),
+        ("confirm: {by_budget: {tiny: {seeds: -2}}}", "confirm.by_budget.tiny.seeds"),
+    ]:
+        path.write_text(text.replace("confirm: {top_k: 3, by_budget: {tiny: {seeds: 0, defaults: true}}}", bad))
+        with pytest.raises(spaces.SpaceError, match=f": {key}: "):
+            spaces.load_sweep(path)
+
+
+def test_candidates_are_each_methods_best_distinct_configurations(tmp_path):
+    from sweep_record import TrialSpec, counts, record_sweep
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+    def trial(trial_id, method, accuracy, status="completed", lr=1e-3, options=None):
+        return TrialSpec(trial_id, method, options or {}, [{"sst_accuracy": accuracy}], counts(10), status, lr=lr)
+
+    trials = [
+        trial("a", "lora", 0.30, options={"rank": 8}),
+        trial("b", "lora", 0.50, options={"rank": 4}),
+        trial("c", "lora", 0.45, options={"rank": 4}),  # same configuration as b (another seed): counts once
+        trial("d", "lora", 0.90, "early_stopped", options={"rank": 2}),  # a partial budget ranks after completed
+        trial("e", "lora", 0.99, "failed", options={"rank": 1}),
+        trial("f", "bitfit", 0.20),
+        trial("g", "bitfit", 0.25, lr=2e-3),
+    ]
+    trials[2].lr = trials[1].lr
+    _, parent, runs = record_sweep(uri, "select", ["sst"], trials, artifact_dir=tmp_path / "artifacts")
+    client = mlflow.MlflowClient(uri)
+    client.set_tag(runs["a"], confirm.DEFAULT, "true")
+    experiment = client.get_run(parent).info.experiment_id
+    children = client.search_runs([experiment], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'")
+
+    picked = confirm.select_candidates(children, top_k=3)
+    assert [(c.method, c.run_id) for c in picked] == [
+        ("lora", runs["b"]),
+        ("lora", runs["a"]),
+        ("lora", runs["d"]),
+        ("bitfit", runs["g"]),
+        ("bitfit", runs["f"]),
+    ]
+    with_default = confirm.select_candidates(children, top_k=1, defaults=True)
+    assert [c.run_id for c in with_default] == [runs["b"], runs["a"], runs["g"]]
+    assert with_default[1].default and not with_default[0].default
+
+    config = confirm.trial_config(picked[0], seed=7)
+    assert config["method"] == "lora" and config["lora"]["rank"] == 4 and config["lora"]["lr"] == trials[1].lr
+    assert config["peftune"] == {
+        "phase": "confirm",
+        "config_key": picked[0].config_key,
+        "seed": 7,
+        "default": "false",
+        "confirms": runs["b"],
+    }
+    assert confirm.confirm_seeds(3, 2) == [4, 5]
