@@ -88,7 +88,7 @@ from peftune.record import (  # noqa: F401  (re-exported: the record's names)
 
 log = logging.getLogger("peftune.tracking")
 
-EPOCH_METRICS = ("score", "train_loss", "epoch_time_s", "tokens_per_s", "train_time_s")
+EPOCH_METRICS = ("score", "train_loss", "epoch_time_s", "tokens_per_s", "train_time_s", "steps", "examples_seen")
 CHECKPOINT_ARTIFACTS = ("trainable.safetensors", "peftune.json")  # the optimizer state stays with Ray
 MAX_TAG_CHARS = 5000
 
@@ -298,6 +298,79 @@ def close_sweep(record: SweepRecord, status: str) -> None:
     client.set_terminated(record.parent_run_id, status=mlflow_status)
 
 
+def search_tags(config: dict, method: str, sampled: dict) -> dict[str, str]:
+    """``peftune.phase``, ``peftune.default``, ``peftune.config_key`` from the ``"peftune"`` marks of a trial's config.
+
+    A trial without marks (the joint search) is a search trial, not a default, keyed by its method and params.
+    """
+    from peftune.search import SEARCH_PHASE, config_key
+
+    marks = config.get("peftune") or {}
+    return {
+        "peftune.phase": str(marks.get("phase", SEARCH_PHASE)),
+        "peftune.default": "true" if marks.get("default") else "false",
+        "peftune.config_key": str(marks.get("config_key") or config_key(method, sampled)),
+    }
+
+
+@dataclass(frozen=True)
+class RecordedResults:
+    """The per-epoch results of the sweep's search trials: a restored scheduler refills its rungs from them."""
+
+    record: SweepRecord
+
+    def results(self) -> dict[str, tuple[str, list[dict]]]:
+        """Ray trial id -> (method, [{"epoch", "score", "steps"}, ...] in epoch order)."""
+        client = _client(self.record.tracking_uri)
+        out = {}
+        for run in child_runs(client, self.record.experiment_id, self.record.parent_run_id):
+            tags = run.data.tags
+            searched = tags.get(TRIAL_ID) and tags.get("peftune.phase", "search") == "search"
+            if not searched or "score" not in run.data.metrics:
+                continue
+            histories = {
+                key: {int(m.step): m.value for m in client.get_metric_history(run.info.run_id, key)}
+                for key in ("score", "steps")
+            }
+            results = [
+                {"epoch": epoch, "score": score, "steps": histories["steps"].get(epoch, float("inf"))}
+                for epoch, score in sorted(histories["score"].items())
+            ]
+            out[tags[TRIAL_ID]] = (tags.get("peftune.method", ""), results)
+        return out
+
+
+def log_method_budgets(record: SweepRecord) -> dict[str, dict[str, float]]:
+    """The budget each method received in the search, on the parent run.
+
+    Metrics ``budget_trials.<method>``, ``budget_steps.<method>`` (optimizer steps trained, summed over
+    its trials) and ``budget_compute_s.<method>`` (training seconds, summed); returned as
+    ``{method: {"trials", "steps", "compute_s"}}``.
+    """
+    from mlflow.entities import Metric
+
+    client = _client(record.tracking_uri)
+    budgets: dict[str, dict[str, float]] = {}
+    for run in child_runs(client, record.experiment_id, record.parent_run_id):
+        tags, metrics = run.data.tags, run.data.metrics
+        if not tags.get(TRIAL_ID) or tags.get("peftune.phase", "search") != "search":
+            continue
+        budget = budgets.setdefault(tags.get("peftune.method", ""), {"trials": 0, "steps": 0.0, "compute_s": 0.0})
+        budget["trials"] += 1
+        budget["steps"] += metrics.get("steps", 0.0)
+        budget["compute_s"] += metrics.get("train_time_s", 0.0)
+    now = _now_ms()
+    client.log_batch(
+        record.parent_run_id,
+        metrics=[
+            Metric(f"budget_{key}.{method}", float(value), now, 0)
+            for method, budget in budgets.items()
+            for key, value in budget.items()
+        ],
+    )
+    return budgets
+
+
 @dataclass
 class TrialRecord:
     trial_id: str
@@ -451,6 +524,7 @@ class TrialLogger(tune.Callback):
                 SWEEP: self.settings.sweep,
                 TRIAL_ID: trial_id,
                 "peftune.method": method,
+                **search_tags(trial.config, method, sampled),
             },
         )
         from mlflow.entities import Param

@@ -285,6 +285,9 @@ def run_trial(
 
     trainable = [p for p in model.parameters() if p.requires_grad]
     train_time = sum(m["epoch_time_s"] for m in history)
+    # the fidelity the schedulers' rungs and floors count in: optimizer steps and examples trained on so far
+    steps_done = history[-1].get("steps", 0) if history else 0
+    examples_seen = history[-1].get("examples_seen", 0) if history else 0
     for epoch in range(start_epoch, config.epochs):
         model.train()
         started = time.perf_counter()
@@ -309,6 +312,8 @@ def run_trial(
             scheduler.step()
             loss_sum += loss.item()
             tokens += int(batch.attention_mask.sum())
+            steps_done += 1
+            examples_seen += int(batch.input_ids.shape[0])
             if config.log_every and (step + 1) % config.log_every == 0:
                 elapsed = time.perf_counter() - started
                 log.info(
@@ -330,6 +335,8 @@ def run_trial(
             "epoch_time_s": epoch_time,
             "train_time_s": train_time,
             "tokens_per_s": tokens / epoch_time,
+            "steps": steps_done,
+            "examples_seen": examples_seen,
             **counts.summary(),
         }
         history.append(metrics)
