@@ -6,6 +6,8 @@ sweep (Ray Tune + MLflow) whose record must show the equal budget and the contro
 
 from __future__ import annotations
 
+import os
+import signal
 import textwrap
 from collections import Counter
 from pathlib import Path
@@ -14,6 +16,7 @@ from types import SimpleNamespace
 import mlflow
 import pytest
 import ray
+from ray import tune
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 from ray.tune.search import Searcher
 
@@ -258,3 +261,67 @@ def test_no_private_attributes_of_other_libraries_in_the_search_policy():
         source = Path(module.__file__).read_text()
         found = re.findall(r"\b(?:tuner|internal|study|searcher|scheduler|trial|asha)\._[a-z]\w*", source)
         assert not found, (module.__name__, found)
+
+
+class Interrupt(tune.Callback):
+    """Stops the experiment as Ctrl+C does (Tune's SIGUSR1 handler) at the first checkpoint after ``after`` trials."""
+
+    def __init__(self, after: int):
+        self.after, self.finished, self.fired = after, 0, False
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self.finished += 1
+
+    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
+        if not self.fired and self.finished >= self.after:
+            self.fired = True
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+
+class Started(tune.Callback):
+    def __init__(self):
+        self.started: list[str] = []
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self.started.append(trial.trial_id)
+
+
+@pytest.mark.slow
+def test_a_resumed_per_method_sweep_keeps_the_budgets_and_loses_or_repeats_nothing(local_ray, tmp_path, tiny_data_dir):
+    (tmp_path / "methods").mkdir()
+    (tmp_path / "methods" / "frozen.yaml").write_text(textwrap.dedent(FROZEN))
+    (tmp_path / "methods" / "top_k.yaml").write_text(textwrap.dedent(TOP_K))
+    (tmp_path / "fair.yaml").write_text(textwrap.dedent(SWEEP).replace("num_samples: 5", "num_samples: 6"))
+    definition = spaces.load_sweep(tmp_path / "fair.yaml")
+    uri, storage = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "ray"
+    interrupter = Interrupt(after=2)
+    first = sweep.run_sweep(definition, tiny_data_dir, uri, storage_path=storage, callbacks=[interrupter])
+    assert first.status == "interrupted" and interrupter.fired
+    mlflow.set_tracking_uri(uri)
+    runs = mlflow.search_runs(experiment_names=["fair"])
+    finished = set(runs[runs["tags.peftune.status"].notna()]["tags.peftune.trial_id"].dropna())
+    assert 2 <= len(finished) < 6
+
+    started = Started()
+    second = sweep.run_sweep(definition, tiny_data_dir, uri, storage_path=storage, callbacks=[started])
+    assert second.status == "completed" and second.parent_run_id == first.parent_run_id
+    assert not finished & set(started.started), "a finished trial ran again"
+    assert interrupter.finished >= 2  # the first run's callback did not come back: it would have counted on
+
+    runs = mlflow.search_runs(experiment_names=["fair"])
+    parent = runs[runs["tags.peftune.role"] == "sweep"].iloc[0]
+    children = runs[runs["tags.peftune.role"] == "trial"]
+    assert len(children) == 6 and children["tags.peftune.trial_id"].is_unique, "a child run was lost or duplicated"
+    assert children["tags.peftune.status"].notna().all()
+    assert Counter(children["tags.peftune.method"]) == {"frozen": 3, "top_k": 3}
+    assert Counter(children[children["tags.peftune.default"] == "true"]["tags.peftune.method"]) == {
+        "frozen": 1,
+        "top_k": 1,
+    }
+    assert children["tags.peftune.config_key"].is_unique, "a configuration ran twice"
+    import optuna
+
+    for method in ("frozen", "top_k"):
+        assert parent[f"metrics.budget_trials.{method}"] == 3
+        study = optuna.load_study(study_name=f"fair.{method}", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+        assert len(study.get_trials(deepcopy=False)) == 3, "a study asked for more trials than ran"
