@@ -20,6 +20,8 @@ import mlflow
 import psutil
 import pytest
 
+from peftune import spaces
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -152,6 +154,10 @@ def test_sst_job_smoke_test_through_ray_job_submit(tiny_data_dir, tmp_path, clus
     assert parent["tags.peftune.role"] == "sweep" and parent["params.budget"] == "smoke"
     assert parent["tags.peftune.status"] == "completed" and parent["status"] == "FINISHED"
     children = runs[runs["tags.mlflow.parentRunId"] == run_id]
-    assert len(children) == int(parent["params.num_samples"]) == 3
+    assert len(children) == int(parent["params.num_samples"]) == 11
+    # the smoke budget gives every method one trial: its published default
+    methods = spaces.load_sweep(spaces.resolve_sweep_path("sst_tuning")).methods
+    assert sorted(children["tags.peftune.method"]) == sorted(methods)
+    assert (children["tags.peftune.default"] == "true").all()
     assert children["tags.peftune.status"].isin(["completed", "early_stopped"]).all()
     assert children["metrics.best_score"].notna().all() and children["metrics.trainable_params_per_task"].notna().all()
