@@ -115,6 +115,17 @@ def test_results_go_to_the_method_study_and_state_survives_a_restore(tmp_path):
     assert len(frozen) == 3 and len(lora) == 3  # no trial asked twice
 
 
+def test_data_fidelity_rungs():
+    assert search.rung_fractions(3, 3) == pytest.approx([1 / 9, 1 / 3])
+    assert search.rung_fractions(1, 3) == []
+    definition = spaces.load_sweep(spaces.resolve_sweep_path("sst_tuning"))
+    scheduler = sweep.make_scheduler(definition)
+    assert scheduler.settings["time_attr"] == "progress" and scheduler.settings["max_t"] == 1.0
+    assert sweep.TrialSettings.from_definition(definition).train["report_fractions"] == search.rung_fractions(
+        definition.scheduler.rungs, definition.scheduler.reduction_factor
+    )
+
+
 def test_budget_split_is_equal_within_one():
     for total in range(1, 40):
         split = search.budget_split(total, ["a", "b", "c", "d", "e"])
@@ -199,7 +210,7 @@ SWEEP = """\
     methods: [frozen, top_k]
     seed: 3
     search: {objective: single, sampler: tpe, n_startup_trials: 2, allocation: per_method}
-    scheduler: {type: asha, grace_period: 1, reduction_factor: 2, min_steps: 1}
+    scheduler: {type: asha, reduction_factor: 2, min_steps: 1, fidelity: data, rungs: 3}
     resources: {cpus_per_trial: 1, max_concurrent_trials: 2}
     max_failures: 0
     checkpoints_per_method: 0
@@ -246,6 +257,8 @@ def test_a_real_sweep_gives_each_method_an_equal_budget_and_a_default_trial(loca
         mine = children[children["tags.peftune.method"] == method]
         assert parent[f"metrics.budget_steps.{method}"] == mine["metrics.steps"].sum() > 0
         assert parent[f"metrics.budget_compute_s.{method}"] > 0
+    # data fidelity: rungs at 1/4 (within the first epoch), 1/2 and all of the run's examples
+    assert children["metrics.fidelity_score"].notna().all() and (children["metrics.fidelity_progress"] == 0.25).all()
     # the studies are in the Optuna storage beside the MLflow store, one per method, each 2-3 trials told
     import optuna
 

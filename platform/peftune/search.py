@@ -72,6 +72,16 @@ def default_storage_url(tracking_uri: str, storage_path: str) -> str:
     return f"sqlite:///{Path(storage_path).resolve() / 'optuna.db'}"
 
 
+def rung_fractions(rungs: int, reduction_factor: int) -> list[float]:
+    """The data-fidelity rungs below the whole run: ``rungs=3, reduction_factor=3`` -> [1/9, 1/3].
+
+    The same floats as ASHA's milestones (grace period 1/rf^(rungs-1), times rf^k), so a trial
+    reporting at a fraction reaches the rung of that fraction.
+    """
+    grace = float(reduction_factor) ** -(rungs - 1)
+    return [grace * reduction_factor**k for k in range(rungs - 1)]
+
+
 def budget_split(num_samples: int, methods: list[str]) -> dict[str, int]:
     """``num_samples`` trials in all, split equally; the first methods get the remainder (±1)."""
     base, extra = divmod(num_samples, len(methods))

@@ -51,6 +51,7 @@ OBJECTIVES = ("single", "multi")
 SAMPLERS = ("tpe", "nsga2")
 SCHEDULERS = ("asha", "none")
 ALLOCATIONS = ("per_method", "joint")
+FIDELITIES = ("epochs", "data")
 # (metric, mode) pairs the multi-objective search optimises
 MULTI_OBJECTIVE = (("score", "max"), ("trainable_params_per_task", "min"))
 # TrainConfig fields a sweep sets elsewhere (searched, budget, top level), so not in `train:`
@@ -64,6 +65,7 @@ _TRAIN_FIELDS_SET_ELSEWHERE = {
     "epochs",
     "batch_size",
     "seed",
+    "report_fractions",  # from the scheduler's data-fidelity rungs
 }
 
 
@@ -428,6 +430,10 @@ class SchedulerSettings:
     grace_period: int = 1  # epochs every trial gets before ASHA may stop it (at most the budget's epochs)
     reduction_factor: int = 2
     min_steps: int = 0  # the floor: no trial is judged (compared at a rung) before this many optimizer steps
+    # the rungs' unit: "epochs" (grace_period, then x reduction_factor) or "data": the fractions of the run's
+    # training examples 1/rf^(rungs-1) ... 1/rf, 1 (rungs: 3, reduction_factor: 3 -> 1/9, 1/3, all)
+    fidelity: str = "epochs"
+    rungs: int = 3
 
 
 @dataclass(frozen=True)
@@ -564,6 +570,14 @@ def _section(path, raw, key: str, cls):
     return cls(**values)
 
 
+def _check_fidelity(path, scheduler: SchedulerSettings) -> None:
+    if scheduler.fidelity not in FIDELITIES:
+        raise SpaceError(path, "scheduler.fidelity", f"{scheduler.fidelity!r}; expected one of {FIDELITIES}")
+    _positive_int(path, "scheduler.rungs", scheduler.rungs)
+    if scheduler.rungs > 6:
+        raise SpaceError(path, "scheduler.rungs", f"expected at most 6 rungs, got {scheduler.rungs}")
+
+
 def _check_allocation(path, search: SearchSettings) -> None:
     if search.allocation not in ALLOCATIONS:
         raise SpaceError(path, "search.allocation", f"{search.allocation!r}; expected one of {ALLOCATIONS}")
@@ -661,6 +675,7 @@ def load_sweep(path: str | Path, budget: str | None = None, spaces_dir: str | Pa
     _positive_int(path, "scheduler.grace_period", scheduler.grace_period)
     _positive_int(path, "scheduler.reduction_factor", scheduler.reduction_factor, minimum=2)
     _positive_int(path, "scheduler.min_steps", scheduler.min_steps, minimum=0)
+    _check_fidelity(path, scheduler)
     resources = _section(path, data.get("resources"), "resources", Resources)
     if resources.cpus_per_trial <= 0:
         raise SpaceError(path, "resources.cpus_per_trial", f"expected > 0, got {resources.cpus_per_trial}")

@@ -70,7 +70,7 @@ class TrialSettings:
             budget.epochs,
             budget.batch_size,
             definition.seed,
-            dict(definition.train),
+            {**definition.train, **fidelity_settings(definition)},
         )
 
     @staticmethod
@@ -116,7 +116,10 @@ def trainable(config: dict, prepared, settings: TrialSettings) -> None:
     method, sampled = settings.split(config)
     train_config = settings.train_config(method, sampled)
 
-    def report(metrics: dict, save: Callable[[Path], None]) -> None:
+    def report(metrics: dict, save: Callable[[Path], None] | None) -> None:
+        if save is None:  # a data-fidelity rung within an epoch: a result for the scheduler, no checkpoint
+            tune.report(metrics)
+            return
         with tempfile.TemporaryDirectory(prefix="peftune-ckpt-") as directory:
             save(Path(directory))
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
@@ -248,17 +251,29 @@ def make_searcher(definition: SweepDefinition, storage_url: str | None = None):
     return OptunaSearch(space, metric="score", mode="max", sampler=sampler)
 
 
+def fidelity_settings(definition: SweepDefinition) -> dict[str, Any]:
+    """The TrainConfig settings a data-fidelity scheduler needs: reports at its rungs within the run."""
+    from peftune.search import rung_fractions
+
+    if definition.scheduler.type == "none" or definition.multi_objective or definition.scheduler.fidelity != "data":
+        return {}
+    return {"report_fractions": rung_fractions(definition.scheduler.rungs, definition.scheduler.reduction_factor)}
+
+
 def make_scheduler(definition: SweepDefinition, history=None):
     """``history``: ``tracking.RecordedResults`` of the sweep, from which a per-method scheduler refills its rungs."""
     if definition.scheduler.type == "none" or definition.multi_objective:
         return None
-    from peftune.search import PerMethodScheduler
+    from peftune.search import PerMethodScheduler, rung_fractions
 
     # ASHA per method (or one for all, in the joint search) that refills its rungs from the record on a restore
+    data = definition.scheduler.fidelity == "data"  # rungs in the fraction of the run's examples seen
+    fractions = rung_fractions(definition.scheduler.rungs, definition.scheduler.reduction_factor)
     return PerMethodScheduler(
         definition.methods,
-        max_t=definition.budget.epochs,
-        grace_period=definition.scheduler.grace_period,
+        max_t=1.0 if data else definition.budget.epochs,
+        grace_period=(fractions[0] if fractions else 1.0) if data else definition.scheduler.grace_period,
+        time_attr="progress" if data else "epoch",
         reduction_factor=definition.scheduler.reduction_factor,
         min_steps=definition.scheduler.min_steps,
         history=history,

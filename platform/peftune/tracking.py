@@ -88,7 +88,12 @@ from peftune.record import (  # noqa: F401  (re-exported: the record's names)
 
 log = logging.getLogger("peftune.tracking")
 
-EPOCH_METRICS = ("score", "train_loss", "epoch_time_s", "tokens_per_s", "train_time_s", "steps", "examples_seen")
+EPOCH_METRICS = (
+    *("score", "train_loss", "epoch_time_s", "tokens_per_s", "train_time_s"),
+    *("steps", "examples_seen", "progress"),  # the fidelity: optimizer steps, examples, fraction of the run
+)
+# a report within an epoch (a data-fidelity rung), logged at step = examples seen: fidelity_score, ...
+PARTIAL_METRICS = ("score", "steps", "progress")
 CHECKPOINT_ARTIFACTS = ("trainable.safetensors", "peftune.json")  # the optimizer state stays with Ray
 MAX_TAG_CHARS = 5000
 
@@ -330,12 +335,21 @@ class RecordedResults:
                 continue
             histories = {
                 key: {int(m.step): m.value for m in client.get_metric_history(run.info.run_id, key)}
-                for key in ("score", "steps")
+                for key in ("score", "steps", "progress", "fidelity_score", "fidelity_steps", "fidelity_progress")
             }
+            inf = float("inf")
             results = [
-                {"epoch": epoch, "score": score, "steps": histories["steps"].get(epoch, float("inf"))}
-                for epoch, score in sorted(histories["score"].items())
-            ]
+                {"progress": histories["fidelity_progress"][seen], "score": score,
+                 "steps": histories["fidelity_steps"].get(seen, inf)}
+                for seen, score in histories["fidelity_score"].items()
+                if seen in histories["fidelity_progress"]
+            ]  # fmt: skip
+            results += [
+                {"epoch": epoch, "score": score, "steps": histories["steps"].get(epoch, inf),
+                 **({"progress": histories["progress"][epoch]} if epoch in histories["progress"] else {})}
+                for epoch, score in histories["score"].items()
+            ]  # fmt: skip
+            results.sort(key=lambda r: (r["steps"], r.get("epoch", 0)))
             out[tags[TRIAL_ID]] = (tags.get("peftune.method", ""), results)
         return out
 
@@ -476,6 +490,7 @@ class TrialLogger(tune.Callback):
         self._failed: set[str] = set()  # of those, the failed ones (re-running the sweep retries them)
         self._last_epoch: dict[str, int] = {}  # trial id -> last epoch logged
         self._counted: set[str] = set()  # trial ids whose parameter counts are logged
+        self._partials: dict[str, set[int]] = {}  # trial id -> examples_seen of the rungs logged within epochs
 
     def __getstate__(self):  # Ray pickles callbacks with the experiment; the client is rebuilt in setup()
         return {"record": self.record, "settings": self.settings, "task_metrics": self.task_metrics}
@@ -507,6 +522,9 @@ class TrialLogger(tune.Callback):
             if "score" in run.data.metrics:
                 history = self.client.get_metric_history(run.info.run_id, "score")
                 self._last_epoch[trial_id] = max(int(m.step) for m in history)
+            if "fidelity_score" in run.data.metrics:
+                history = self.client.get_metric_history(run.info.run_id, "fidelity_score")
+                self._partials[trial_id] = {int(m.step) for m in history}
 
     # -- run lifecycle
 
@@ -582,6 +600,9 @@ class TrialLogger(tune.Callback):
         from mlflow.entities import Metric
 
         run_id = self._run_for(trial)
+        if result.get("partial"):
+            self._log_partial(run_id, trial.trial_id, result)
+            return
         epoch = int(result["epoch"])
         if epoch <= self._last_epoch.get(trial.trial_id, 0):
             return  # logged before the sweep was interrupted; the resumed trial re-ran this epoch
@@ -604,6 +625,20 @@ class TrialLogger(tune.Callback):
             result.get("score", float("nan")),
             result.get("epoch_time_s", 0),
         )
+
+    def _log_partial(self, run_id: str, trial_id: str, result: dict) -> None:
+        """A rung within an epoch, once: ``fidelity_<score|steps|progress>`` at step = examples seen."""
+        from mlflow.entities import Metric
+
+        seen = int(result["examples_seen"])
+        logged = self._partials.setdefault(trial_id, set())
+        if seen in logged:
+            return  # logged before the sweep was interrupted; the resumed trial re-ran this part of its epoch
+        now = _now_ms()
+        keys = [k for k in PARTIAL_METRICS if _finite(result.get(k))]
+        metrics = [Metric(f"fidelity_{k}", float(result[k]), now, seen) for k in keys]
+        self.client.log_batch(run_id, metrics=metrics)
+        logged.add(seen)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         run_id = self._run_for(trial)
