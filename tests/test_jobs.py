@@ -20,6 +20,8 @@ import mlflow
 import psutil
 import pytest
 
+from peftune import spaces
+
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 
@@ -154,8 +156,12 @@ def test_sst_job_smoke_test_through_ray_job_submit(tiny_data_dir, tmp_path, clus
     children = runs[runs["tags.mlflow.parentRunId"] == run_id]
     confirmed = children[children["tags.peftune.phase"] == "confirm"]  # smoke: the best of each method, 1 seed
     children = children[children["tags.peftune.phase"] != "confirm"]
-    assert len(children) == int(parent["params.num_samples"]) == 3
-    assert len(confirmed) == children["params.method"].nunique()
     assert (confirmed["tags.peftune.status"] == "completed").all()
+    assert len(children) == int(parent["params.num_samples"]) == 11
+    # the smoke budget gives every method one trial: its published default
+    methods = spaces.load_sweep(spaces.resolve_sweep_path("sst_tuning")).methods
+    assert sorted(children["tags.peftune.method"]) == sorted(methods)
+    assert (children["tags.peftune.default"] == "true").all()
+    assert len(confirmed) == children["params.method"].nunique()
     assert children["tags.peftune.status"].isin(["completed", "early_stopped"]).all()
     assert children["metrics.best_score"].notna().all() and children["metrics.trainable_params_per_task"].notna().all()

@@ -50,7 +50,8 @@ def test_job_definitions_tune_every_method_and_have_the_three_presets():
         for preset in ("smoke", "cpu", "gpu"):
             spaces.load_sweep(spaces.resolve_sweep_path(name), budget=preset)
         smoke = spaces.load_sweep(spaces.resolve_sweep_path(name), budget="smoke").budget
-        assert smoke.num_samples <= 4 and smoke.epochs <= 2 and smoke.max_train_examples <= 64
+        assert smoke.num_samples >= len(definition.methods)  # every method gets at least one trial
+        assert smoke.epochs <= 2 and smoke.max_train_examples <= 64
 
 
 # ----------------------------------------------------------------------------- method spaces: errors
@@ -108,6 +109,13 @@ def test_method_space_parses_ranges_choices_and_fixed_values(tmp_path):
         ("rank: {choices: [2, 4, 8]}", "", "options.rank", "must be searched or fixed"),
         ("method: lora", "method: lorra", "method", "unknown method 'lorra'"),
         ("options:", "optoins:", "optoins", "unknown key"),
+        ("alpha: 16", "alpha: 16\ndefault: {lr: 1.0e-5}", "default.source", "missing"),
+        ("alpha: 16", "alpha: 16\ndefault: {lr: 1.0e-5, source: x, rnak: 8}", "default.rnak", "not a parameter"),
+        ("alpha: 16", "alpha: 16\ndefault: {rank: 16, source: x}", "default.rank", "not among"),
+        ("alpha: 16", "alpha: 16\ndefault: {lr: .nan, source: x}", "default.lr", "finite"),
+        ("alpha: 16", "alpha: 16\ndefault: {lr: 0.0, source: x}", "default.lr", "out of range"),
+        ("alpha: 16", "alpha: 16\ndefault: {dropout: 1.5, source: x}", "default.dropout", "out of range"),
+        ("alpha: 16", "alpha: 16\ndefault: [1]", "default", "expected a mapping"),
     ],
 )
 def test_method_space_errors_name_file_and_key(tmp_path, old, new, key, message):
@@ -118,6 +126,13 @@ def test_method_space_errors_name_file_and_key(tmp_path, old, new, key, message)
         spaces.load_method_space(path)
     assert caught.value.path == str(path) and caught.value.key == key
     assert message in str(caught.value) and str(path) in str(caught.value)
+
+
+def test_a_default_block_is_the_published_setting_with_its_source(tmp_path):
+    text = LORA_OK + "    default: {lr: 1.0e-5, rank: 8, source: AdaptBert report}\n"
+    space = spaces.load_method_space(write(tmp_path / "lora.yaml", text))
+    assert space.default == {"lr": 1e-5, "rank": 8} and space.default_source == "AdaptBert report"
+    assert space.to_yaml()["default"] == {"lr": 1e-5, "rank": 8, "source": "AdaptBert report"}
 
 
 def test_method_file_name_must_match_and_yaml_errors_are_named(tmp_path):
@@ -191,6 +206,8 @@ def test_sweep_definition_resolves_budget_and_spaces(sweep_dir):
             "multi-objective",
         ),
         ("name: tiny", "name: tiny sweep", "name", "letters, digits"),
+        ("scheduler: {type: asha", "search: {allocation: fair}\nscheduler: {type: asha", "search.allocation", "fair"),
+        ("reduction_factor: 2}", "reduction_factor: 2, min_steps: -1}", "scheduler.min_steps", ">= 0"),
     ],
 )
 def test_sweep_errors_name_file_and_key(sweep_dir, old, new, key, message):

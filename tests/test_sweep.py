@@ -24,6 +24,8 @@ from peftune import checkpoint, spaces, sweep, tracking
 
 # frozen with a vanishing lr cannot learn: it scores below top_k after epoch 1, so ASHA stops it
 # there; top_k with k = 8 > the 6 layers of MiniLM fails when the trial builds its model.
+# the joint search (one TPE over a categorical method, one ASHA for all): per-method allocation is tested in
+# test_search.py
 FROZEN = """\
     method: frozen
     lr: 1.0e-9
@@ -43,7 +45,7 @@ SWEEP = """\
     tasks: [sst]
     methods: [frozen, top_k]
     seed: {seed}
-    search: {{objective: single, sampler: tpe, n_startup_trials: 10}}
+    search: {{objective: single, sampler: tpe, n_startup_trials: 10, allocation: joint}}
     scheduler: {{type: asha, grace_period: 1, reduction_factor: 2}}
     resources: {{cpus_per_trial: 1, max_concurrent_trials: {concurrency}}}
     max_failures: 1
@@ -287,7 +289,7 @@ def test_multi_objective_mode_searches_score_and_size_without_a_scheduler():
     assert searcher.metric == ["score", "trainable_params_per_task"] and searcher.mode == ["max", "min"]
     assert sweep.make_scheduler(spec) is None
     single = spaces.load_sweep(spaces.resolve_sweep_path("smoke"))
-    assert type(sweep.make_scheduler(single)).__name__ == "AsyncHyperBandScheduler"
+    assert type(sweep.make_scheduler(single)).__name__ == "PerMethodScheduler"
 
 
 def test_tracking_uri_defaults_to_sqlite_in_the_working_directory(monkeypatch, tmp_path):

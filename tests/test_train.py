@@ -56,6 +56,24 @@ def test_reports_every_epoch_with_metrics_and_counts(tiny_prepared):
     assert last["trainable_params_per_task"] == 2 * 3 * 4 * (32 + 32)  # 2 layers x q,k,v x r (d_in + d_out)
 
 
+def test_reports_at_data_fidelity_rungs_within_an_epoch_without_a_checkpoint(tiny_prepared):
+    reports = []
+    run = config(epochs=3, batch_size=4, report_fractions=[1 / 9, 1 / 3])
+    train.run_trial(run, tiny_prepared, lambda metrics, save: reports.append((metrics, save)))
+    partial = [m for m, save in reports if m.get("partial")]
+    assert all(save is None for m, save in reports if m.get("partial"))
+    assert all(save is not None for m, save in reports if not m.get("partial"))
+    # 1/9 of the run falls inside the first epoch; 1/3 is its end, which reports anyway
+    assert len(partial) == 1 and partial[0]["epoch"] == 0 and 1 / 9 <= partial[0]["progress"] < 1 / 3
+    epochs = [m for m, _ in reports if not m.get("partial")]
+    assert [m["progress"] for m in epochs] == pytest.approx([1 / 3, 2 / 3, 1])
+    steps = [m["steps"] for m, _ in reports]
+    seen = [m["examples_seen"] for m, _ in reports]
+    assert steps == sorted(steps) and seen == sorted(seen) and seen[-1] == 3 * seen[1]
+    with pytest.raises(ValueError, match="report_fractions"):
+        config(report_fractions=[1.0])
+
+
 def test_learns_the_toy_tasks(tiny_prepared):
     run = config(method="full", method_options={}, epochs=5, lr=1e-3, pooling="mean")
     history = train.run_trial(run, tiny_prepared).history

@@ -50,6 +50,8 @@ METHODS_SUBDIR = "methods"
 OBJECTIVES = ("single", "multi")
 SAMPLERS = ("tpe", "nsga2")
 SCHEDULERS = ("asha", "none")
+ALLOCATIONS = ("per_method", "joint")
+FIDELITIES = ("epochs", "data")
 # (metric, mode) pairs the multi-objective search optimises
 MULTI_OBJECTIVE = (("score", "max"), ("trainable_params_per_task", "min"))
 # TrainConfig fields a sweep sets elsewhere (searched, budget, top level), so not in `train:`
@@ -63,6 +65,7 @@ _TRAIN_FIELDS_SET_ELSEWHERE = {
     "epochs",
     "batch_size",
     "seed",
+    "report_fractions",  # from the scheduler's data-fidelity rungs
 }
 
 
@@ -261,6 +264,8 @@ class MethodSpace:
     weight_decay: Param
     options: dict[str, Param] = field(default_factory=dict)
     source: str = ""
+    default: dict[str, Any] = field(default_factory=dict)  # the published setting: each method's first trial
+    default_source: str = ""  # where the default comes from (paper, report)
 
     def params(self) -> dict[str, Param]:
         return {"lr": self.lr, "dropout": self.dropout, "weight_decay": self.weight_decay, **self.options}
@@ -274,6 +279,8 @@ class MethodSpace:
         }
         if self.options:
             out["options"] = {k: param_to_yaml(v) for k, v in self.options.items()}
+        if self.default:
+            out["default"] = {**self.default, "source": self.default_source}
         return out
 
 
@@ -290,7 +297,7 @@ def load_method_space(path: str | Path) -> MethodSpace:
 
     path = Path(path)
     data = read_yaml(path)
-    allowed = {"method", "lr", "dropout", "weight_decay", "options", "description"}
+    allowed = {"method", "lr", "dropout", "weight_decay", "options", "description", "default"}
     unknown = sorted(set(data) - allowed)
     if unknown:
         raise SpaceError(path, unknown[0], f"unknown key; expected {', '.join(sorted(allowed))}")
@@ -343,7 +350,53 @@ def load_method_space(path: str | Path) -> MethodSpace:
                 methods.make_method_config(name, {key: value})
             except (ValueError, TypeError) as error:
                 raise SpaceError(path, f"options.{key}", f"{value!r} is refused by {name!r}: {error}") from None
-    return MethodSpace(name, common["lr"], common["dropout"], common["weight_decay"], options, str(path))
+    params = {**common, **options}
+    default, default_source = parse_default(path, name, data.get("default"), params)
+    return MethodSpace(
+        name, common["lr"], common["dropout"], common["weight_decay"], options, str(path), default, default_source
+    )
+
+
+def parse_default(path, method: str, raw, params: dict[str, Param]) -> tuple[dict[str, Any], str]:
+    """The ``default:`` block: the method's published setting and its ``source``.
+
+    Its values may lie outside a searched range (the control arm is the published setting,
+    not the nearest point of our space), but a choice must be one of its choices and every
+    value must make a valid config. Parameters it leaves out are drawn by the sampler.
+    """
+    from peftune import methods
+
+    if raw is None:
+        return {}, ""
+    if not isinstance(raw, dict) or not raw:
+        raise SpaceError(path, "default", f"expected a mapping of parameters and a source, got {raw!r}")
+    source = raw.get("source")
+    if not isinstance(source, str) or not source.strip():
+        raise SpaceError(path, "default.source", "missing: say where the default setting comes from")
+    values = {}
+    for key, value in raw.items():
+        if key == "source":
+            continue
+        if key not in params:
+            raise SpaceError(path, f"default.{key}", f"not a parameter of this space; expected {', '.join(params)}")
+        param = params[key]
+        kind = float if key in _COMMON else None
+        value = _check_scalar(path, f"default.{key}", value, kind)
+        if isinstance(value, float) and not math.isfinite(value):
+            raise SpaceError(path, f"default.{key}", f"expected a finite number, got {value!r}")
+        if isinstance(param, (Fixed, Choice)) and value not in param.values():
+            raise SpaceError(path, f"default.{key}", f"{value!r} is not among {param.values()}")
+        if key in _COMMON:
+            low, high, low_inclusive = _COMMON[key]
+            if (value < low if low_inclusive else value <= low) or (high is not None and value >= high):
+                raise SpaceError(path, f"default.{key}", f"{value!r} is out of range")
+        values[key] = value
+    options = {k: v for k, v in values.items() if k not in _COMMON}
+    try:
+        methods.make_method_config(method, options)
+    except (ValueError, TypeError) as error:
+        raise SpaceError(path, "default", f"refused by {method!r}: {error}") from None
+    return values, source.strip()
 
 
 # ----------------------------------------------------------------------------- sweep definitions
@@ -366,6 +419,9 @@ class SearchSettings:
     objective: str = "single"  # "single": max score; "multi": (max score, min trainable params per task)
     sampler: str = "tpe"  # TPE (single or multi-objective) or NSGA-II (multi-objective)
     n_startup_trials: int = 10  # random trials before TPE models the space
+    # per_method: one seeded TPE study per method, num_samples split equally (±1) across the methods;
+    # joint: one TPE over a categorical method (num_samples trials in all, shared as TPE likes)
+    allocation: str = "per_method"
 
 
 @dataclass(frozen=True)
@@ -373,6 +429,11 @@ class SchedulerSettings:
     type: str = "asha"  # "asha" stops weak trials early; "none" runs every trial to the end
     grace_period: int = 1  # epochs every trial gets before ASHA may stop it (at most the budget's epochs)
     reduction_factor: int = 2
+    min_steps: int = 0  # the floor: no trial is judged (compared at a rung) before this many optimizer steps
+    # the rungs' unit: "epochs" (grace_period, then x reduction_factor) or "data": the fractions of the run's
+    # training examples 1/rf^(rungs-1) ... 1/rf, 1 (rungs: 3, reduction_factor: 3 -> 1/9, 1/3, all)
+    fidelity: str = "epochs"
+    rungs: int = 3
 
 
 @dataclass(frozen=True)
@@ -523,6 +584,19 @@ def _section(path, raw, key: str, cls):
     return cls(**values)
 
 
+def _check_fidelity(path, scheduler: SchedulerSettings) -> None:
+    if scheduler.fidelity not in FIDELITIES:
+        raise SpaceError(path, "scheduler.fidelity", f"{scheduler.fidelity!r}; expected one of {FIDELITIES}")
+    _positive_int(path, "scheduler.rungs", scheduler.rungs)
+    if scheduler.rungs > 6:
+        raise SpaceError(path, "scheduler.rungs", f"expected at most 6 rungs, got {scheduler.rungs}")
+
+
+def _check_allocation(path, search: SearchSettings) -> None:
+    if search.allocation not in ALLOCATIONS:
+        raise SpaceError(path, "search.allocation", f"{search.allocation!r}; expected one of {ALLOCATIONS}")
+
+
 def _check_name(path, key: str, name) -> str:
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", name):
         raise SpaceError(path, key, f"expected a name of letters, digits, '_', '-', '.', got {name!r}")
@@ -606,6 +680,7 @@ def load_sweep(path: str | Path, budget: str | None = None, spaces_dir: str | Pa
     if search.sampler == "nsga2" and search.objective != "multi":
         raise SpaceError(path, "search.sampler", "nsga2 is for objective: multi; use tpe")
     _positive_int(path, "search.n_startup_trials", search.n_startup_trials)
+    _check_allocation(path, search)
     scheduler = _section(path, data.get("scheduler"), "scheduler", SchedulerSettings)
     if scheduler.type not in SCHEDULERS:
         raise SpaceError(path, "scheduler.type", f"{scheduler.type!r}; expected one of {SCHEDULERS}")
@@ -613,6 +688,8 @@ def load_sweep(path: str | Path, budget: str | None = None, spaces_dir: str | Pa
         raise SpaceError(path, "scheduler.type", "ASHA takes one metric: a multi-objective search needs type: none")
     _positive_int(path, "scheduler.grace_period", scheduler.grace_period)
     _positive_int(path, "scheduler.reduction_factor", scheduler.reduction_factor, minimum=2)
+    _positive_int(path, "scheduler.min_steps", scheduler.min_steps, minimum=0)
+    _check_fidelity(path, scheduler)
     resources = _section(path, data.get("resources"), "resources", Resources)
     if resources.cpus_per_trial <= 0:
         raise SpaceError(path, "resources.cpus_per_trial", f"expected > 0, got {resources.cpus_per_trial}")

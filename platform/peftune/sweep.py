@@ -7,18 +7,22 @@
    reads, validates and tokenizes the data once (``peftune.train.prepare``) and the
    trials get it, with the pretrained weights, through Ray's object store
    (``tune.with_parameters``): no trial reads a file, no shared file system is assumed;
-2. ``OptunaSearch`` with a seeded sampler proposes configurations from a
-   define-by-run space (a categorical ``method``, then only that method's
-   parameters); ``ASHAScheduler`` on the dev ``score`` stops weak trials after
-   their first epoch(s); in multi-objective mode Optuna searches (max ``score``,
-   min ``trainable_params_per_task``) directly, without a scheduler;
+2. ``peftune.search`` decides what runs and what stops: with ``allocation: per_method``
+   (the default) one seeded TPE study per method, an equal number of trials per method,
+   each method's published default first, and ASHA within each method only; with
+   ``allocation: joint``, ``OptunaSearch`` over a define-by-run space (a categorical
+   ``method``, then only that method's parameters) and one ASHA for all trials; in
+   multi-objective mode Optuna searches (max ``score``, min ``trainable_params_per_task``)
+   jointly, without a scheduler;
 3. each trial asks for a GPU fraction where the cluster has GPUs, CPUs otherwise,
    under an optional concurrency limit, and reports after each epoch the per-task
    dev metrics, the score, parameter counts and timings with a checkpoint of its
    trainable parameters; ``FailureConfig`` retries a failed trial from its last checkpoint;
 4. Tune keeps its state under ``<storage_path>/<sweep name>``: running the same sweep
    again resumes it (``Tuner.restore``): finished trials are not run again,
-   interrupted ones continue from their checkpoints;
+   interrupted ones continue from their checkpoints; the searcher's state comes back
+   through its own save/restore, the Optuna studies from their storage, the scheduler's
+   rungs from the MLflow record, and the callbacks through ``peftune.resume``;
 5. ``peftune.tracking`` logs everything to MLflow from the driver.
 """
 
@@ -66,7 +70,7 @@ class TrialSettings:
             budget.epochs,
             budget.batch_size,
             definition.seed,
-            dict(definition.train),
+            {**definition.train, **fidelity_settings(definition)},
         )
 
     def for_trial(self, config: dict) -> TrialSettings:
@@ -118,7 +122,10 @@ def trainable(config: dict, prepared, settings: TrialSettings) -> None:
     method, sampled = settings.split(config)
     train_config = settings.train_config(method, sampled)
 
-    def report(metrics: dict, save: Callable[[Path], None]) -> None:
+    def report(metrics: dict, save: Callable[[Path], None] | None) -> None:
+        if save is None:  # a data-fidelity rung within an epoch: a result for the scheduler, no checkpoint
+            tune.report(metrics)
+            return
         with tempfile.TemporaryDirectory(prefix="peftune-ckpt-") as directory:
             save(Path(directory))
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
@@ -208,8 +215,28 @@ def trial_resources(resources: spaces.Resources) -> dict[str, float]:
     return {"cpu": resources.cpus_per_trial}
 
 
-def make_searcher(definition: SweepDefinition):
+def per_method(definition: SweepDefinition) -> bool:
+    """An equal budget per method (``peftune.search``); the multi-objective search stays joint."""
+    return definition.search.allocation == "per_method" and not definition.multi_objective
+
+
+def make_searcher(definition: SweepDefinition, storage_url: str | None = None):
+    """``storage_url``: the Optuna storage of the per-method studies (needed with ``allocation: per_method``)."""
     import warnings
+
+    if per_method(definition):
+        from peftune.search import PerMethodSearcher
+
+        if storage_url is None:
+            raise ValueError("a per-method search needs an Optuna storage URL")
+        return PerMethodSearcher(
+            definition.spaces,
+            sweep=definition.name,
+            num_samples=definition.budget.num_samples,
+            storage_url=storage_url,
+            seed=definition.seed,
+            n_startup_trials=definition.search.n_startup_trials,
+        )
 
     import optuna
     from ray.tune.search.optuna import OptunaSearch
@@ -234,19 +261,33 @@ def make_searcher(definition: SweepDefinition):
     return OptunaSearch(space, metric="score", mode="max", sampler=sampler)
 
 
-def make_scheduler(definition: SweepDefinition):
+def fidelity_settings(definition: SweepDefinition) -> dict[str, Any]:
+    """The TrainConfig settings a data-fidelity scheduler needs: reports at its rungs within the run."""
+    from peftune.search import rung_fractions
+
+    if definition.scheduler.type == "none" or definition.multi_objective or definition.scheduler.fidelity != "data":
+        return {}
+    return {"report_fractions": rung_fractions(definition.scheduler.rungs, definition.scheduler.reduction_factor)}
+
+
+def make_scheduler(definition: SweepDefinition, history=None):
+    """``history``: ``tracking.RecordedResults`` of the sweep, from which a per-method scheduler refills its rungs."""
     if definition.scheduler.type == "none" or definition.multi_objective:
         return None
-    from ray.tune.schedulers import ASHAScheduler
+    from peftune.search import PerMethodScheduler, rung_fractions
 
-    epochs = definition.budget.epochs
-    return ASHAScheduler(
-        metric="score",
-        mode="max",
-        time_attr="epoch",
-        max_t=epochs,
-        grace_period=min(definition.scheduler.grace_period, epochs),
+    # ASHA per method (or one for all, in the joint search) that refills its rungs from the record on a restore
+    data = definition.scheduler.fidelity == "data"  # rungs in the fraction of the run's examples seen
+    fractions = rung_fractions(definition.scheduler.rungs, definition.scheduler.reduction_factor)
+    return PerMethodScheduler(
+        definition.methods,
+        max_t=1.0 if data else definition.budget.epochs,
+        grace_period=(fractions[0] if fractions else 1.0) if data else definition.scheduler.grace_period,
+        time_attr="progress" if data else "epoch",
         reduction_factor=definition.scheduler.reduction_factor,
+        min_steps=definition.scheduler.min_steps,
+        history=history,
+        per_method=per_method(definition),
     )
 
 
@@ -262,17 +303,20 @@ def run_sweep(
     on_finished: Callable[[SweepResult], None] | None = None,
     reports_dir: str | Path = REPORTS_DIR,
     verbose: int = 1,
+    optuna_storage: str | None = None,
 ) -> SweepResult:
     """Run (or resume) ``definition`` as one Ray Tune experiment logged to MLflow.
 
     ``resume``: None (default) resumes when Tune has state for this sweep name under
     ``storage_path`` and starts it otherwise; True requires that state; False refuses it.
     ``callbacks``: extra ``tune.Callback`` objects (this run only). ``on_finished(result)``
-    runs when every trial has finished: the hook for the report.
+    runs when every trial has finished: the hook for the report. ``optuna_storage``: the database
+    URL of the per-method Optuna studies (default: ``peftune.search.default_storage_url``).
     """
     from ray import tune
 
     from peftune import confirm, tracking
+    from peftune.resume import RunCallbacks, installed
     from peftune.train import prepare
 
     # num_to_keep=1 makes Tune snapshot its state at each checkpoint, as resuming needs; that is cheap here
@@ -309,6 +353,10 @@ def run_sweep(
     )
     confirm.log_dev_sizes(record, prepared)  # the report's noise rule for single runs needs them
     settings = TrialSettings.from_definition(definition)
+    from peftune import search
+
+    optuna_url = optuna_storage or search.default_storage_url(tracking_uri, storage)
+    history = tracking.RecordedResults(record)
     trial_logger = tracking.TrialLogger(record, settings, _task_metric_names(definition.tasks))
     all_callbacks = [trial_logger, *callbacks]
 
@@ -320,16 +368,16 @@ def run_sweep(
         del prepared  # the object store holds it now
         if exists:
             log.info("resuming sweep %s from %s", definition.name, experiment_path)
+            # Tune brings back the pickled searcher (and restores its saved state), the scheduler (which
+            # refills its rungs from the record) and a RunCallbacks (which forwards to this run's callbacks)
             tuner = tune.Tuner.restore(experiment_path, trainable=runnable, resume_unfinished=True, resume_errored=True)
-            _restore_callbacks_and_scheduler(tuner, all_callbacks, make_scheduler(definition), record)
         else:
             tuner = tune.Tuner(
                 runnable,
                 tune_config=tune.TuneConfig(
-                    # metric and mode are set on OptunaSearch and ASHA themselves (not here), so that a
-                    # resumed sweep can hand Tune an ASHA with its rungs refilled
-                    search_alg=make_searcher(definition),
-                    scheduler=make_scheduler(definition),
+                    # metric and mode are set on the searcher and the scheduler themselves (not here)
+                    search_alg=make_searcher(definition, optuna_url),
+                    scheduler=make_scheduler(definition, history),
                     num_samples=budget.num_samples,
                     max_concurrent_trials=definition.resources.max_concurrent_trials,
                     reuse_actors=True,  # one worker process runs trial after trial: torch is imported once
@@ -339,7 +387,7 @@ def run_sweep(
                 run_config=tune.RunConfig(
                     name=definition.name,
                     storage_path=storage,
-                    callbacks=all_callbacks,
+                    callbacks=[RunCallbacks()],
                     failure_config=tune.FailureConfig(max_failures=definition.max_failures),
                     checkpoint_config=tune.CheckpointConfig(
                         num_to_keep=1, checkpoint_score_attribute="score", checkpoint_score_order="max"
@@ -347,7 +395,8 @@ def run_sweep(
                     verbose=verbose,
                 ),
             )
-        grid = tuner.fit()
+        with installed(all_callbacks):
+            grid = tuner.fit()
         confirmation = None
         searched = confirm.search_run_ids(record)
         trials = [t for t in tracking.trial_records(record) if t.run_id in searched]
@@ -369,6 +418,7 @@ def run_sweep(
 
     logged = []
     if complete:
+        tracking.log_method_budgets(record)
         logged = tracking.log_best_checkpoints(record, _best_checkpoints(grid), definition.checkpoints_per_method)
     tracking.close_sweep(record, "completed" if complete else "interrupted")
     statuses = dict(Counter(trial.status for trial in trials))
@@ -409,34 +459,6 @@ def _task_metric_names(tasks: Sequence[str]) -> list[str]:
 def _storage_uri(storage_path: str | Path) -> str:
     text = str(storage_path)
     return text if "://" in text else str(Path(text).expanduser().resolve())
-
-
-def _restore_callbacks_and_scheduler(tuner, callbacks: list, scheduler, record) -> None:
-    """Give a restored Tuner this run's callbacks and an ASHA that remembers the epochs already run.
-
-    ``Tuner.restore`` brings back the callbacks and the scheduler pickled when the sweep started.
-    This run's tracking callback must be used (it knows this run's MLflow parent run), and a
-    callback given for one run (a test's interrupter, a progress hook) must not come back. ASHA's
-    rungs are not part of Tune's saved state, so a restored ASHA would let every resumed or new
-    trial through its first rung; the scores recorded in MLflow refill them. Ray 2.60 has no public
-    way to set either on a restored Tuner: this sets them on its internal configs.
-    """
-    from types import SimpleNamespace
-
-    from peftune import tracking
-
-    internal = getattr(tuner, "_local_tuner", None)
-    if internal is None or not hasattr(internal, "get_run_config") or not hasattr(internal, "_tune_config"):
-        raise RuntimeError("this Ray version's Tuner does not expose its configs; peftune needs Ray 2.60")
-    internal.get_run_config().callbacks = list(callbacks)
-    if scheduler is None:
-        return
-    for trial_id, scores in tracking.score_history(record).items():
-        trial = SimpleNamespace(trial_id=trial_id)  # ASHA keys its rungs by trial id
-        scheduler.on_trial_add(None, trial)
-        for epoch in sorted(scores):
-            scheduler.on_trial_result(None, trial, {"epoch": epoch, "score": scores[epoch]})
-    internal._tune_config.scheduler = scheduler
 
 
 def _best_checkpoints(grid) -> dict[str, tuple[float, Any]]:
@@ -499,6 +521,11 @@ def add_arguments(parser, definition_default: str | None = None) -> None:
         f"multi-node cluster; default ./{DEFAULT_STORAGE_PATH})",
     )
     parser.add_argument(
+        "--optuna-storage",
+        help="database URL of the per-method Optuna studies (default: optuna.db beside a SQLite MLflow store, "
+        "else under --storage-path)",
+    )
+    parser.add_argument(
         "--reports-dir", default=REPORTS_DIR, help=f"reports go to <dir>/<sweep>/ (default ./{REPORTS_DIR})"
     )
     group = parser.add_mutually_exclusive_group()
@@ -537,6 +564,7 @@ def main_from_args(args, on_finished: Callable[[SweepResult], None] | None = Non
         ray_address=args.ray_address,
         reports_dir=args.reports_dir,
         on_finished=on_finished,
+        optuna_storage=getattr(args, "optuna_storage", None),
     )
     print("\n" + result.summary(), flush=True)
     return 0 if result.status == "completed" else 3

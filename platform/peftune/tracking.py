@@ -91,7 +91,12 @@ from peftune.record import (  # noqa: F401  (re-exported: the record's names)
 
 log = logging.getLogger("peftune.tracking")
 
-EPOCH_METRICS = ("score", "train_loss", "epoch_time_s", "tokens_per_s", "train_time_s")
+EPOCH_METRICS = (
+    *("score", "train_loss", "epoch_time_s", "tokens_per_s", "train_time_s"),
+    *("steps", "examples_seen", "progress"),  # the fidelity: optimizer steps, examples, fraction of the run
+)
+# a report within an epoch (a data-fidelity rung), logged at step = examples seen: fidelity_score, ...
+PARTIAL_METRICS = ("score", "steps", "progress")
 CHECKPOINT_ARTIFACTS = ("trainable.safetensors", "peftune.json")  # the optimizer state stays with Ray
 MAX_TAG_CHARS = 5000
 
@@ -301,6 +306,88 @@ def close_sweep(record: SweepRecord, status: str) -> None:
     client.set_terminated(record.parent_run_id, status=mlflow_status)
 
 
+def search_tags(config: dict, method: str, sampled: dict) -> dict[str, str]:
+    """``peftune.phase``, ``peftune.default``, ``peftune.config_key`` from the ``"peftune"`` marks of a trial's config.
+
+    A trial without marks (the joint search) is a search trial, not a default, keyed by its method and params.
+    """
+    from peftune.search import SEARCH_PHASE, config_key
+
+    marks = config.get("peftune") or {}
+    return {
+        "peftune.phase": str(marks.get("phase", SEARCH_PHASE)),
+        "peftune.default": "true" if marks.get("default") else "false",
+        "peftune.config_key": str(marks.get("config_key") or config_key(method, sampled)),
+    }
+
+
+@dataclass(frozen=True)
+class RecordedResults:
+    """The per-epoch results of the sweep's search trials: a restored scheduler refills its rungs from them."""
+
+    record: SweepRecord
+
+    def results(self) -> dict[str, tuple[str, list[dict]]]:
+        """Ray trial id -> (method, [{"epoch", "score", "steps"}, ...] in epoch order)."""
+        client = _client(self.record.tracking_uri)
+        out = {}
+        for run in child_runs(client, self.record.experiment_id, self.record.parent_run_id):
+            tags = run.data.tags
+            searched = tags.get(TRIAL_ID) and tags.get("peftune.phase", "search") == "search"
+            if not searched or "score" not in run.data.metrics:
+                continue
+            histories = {
+                key: {int(m.step): m.value for m in client.get_metric_history(run.info.run_id, key)}
+                for key in ("score", "steps", "progress", "fidelity_score", "fidelity_steps", "fidelity_progress")
+            }
+            inf = float("inf")
+            results = [
+                {"progress": histories["fidelity_progress"][seen], "score": score,
+                 "steps": histories["fidelity_steps"].get(seen, inf)}
+                for seen, score in histories["fidelity_score"].items()
+                if seen in histories["fidelity_progress"]
+            ]  # fmt: skip
+            results += [
+                {"epoch": epoch, "score": score, "steps": histories["steps"].get(epoch, inf),
+                 **({"progress": histories["progress"][epoch]} if epoch in histories["progress"] else {})}
+                for epoch, score in histories["score"].items()
+            ]  # fmt: skip
+            results.sort(key=lambda r: (r["steps"], r.get("epoch", 0)))
+            out[tags[TRIAL_ID]] = (tags.get("peftune.method", ""), results)
+        return out
+
+
+def log_method_budgets(record: SweepRecord) -> dict[str, dict[str, float]]:
+    """The budget each method received in the search, on the parent run.
+
+    Metrics ``budget_trials.<method>``, ``budget_steps.<method>`` (optimizer steps trained, summed over
+    its trials) and ``budget_compute_s.<method>`` (training seconds, summed); returned as
+    ``{method: {"trials", "steps", "compute_s"}}``.
+    """
+    from mlflow.entities import Metric
+
+    client = _client(record.tracking_uri)
+    budgets: dict[str, dict[str, float]] = {}
+    for run in child_runs(client, record.experiment_id, record.parent_run_id):
+        tags, metrics = run.data.tags, run.data.metrics
+        if not tags.get(TRIAL_ID) or tags.get("peftune.phase", "search") != "search":
+            continue
+        budget = budgets.setdefault(tags.get("peftune.method", ""), {"trials": 0, "steps": 0.0, "compute_s": 0.0})
+        budget["trials"] += 1
+        budget["steps"] += metrics.get("steps", 0.0)
+        budget["compute_s"] += metrics.get("train_time_s", 0.0)
+    now = _now_ms()
+    client.log_batch(
+        record.parent_run_id,
+        metrics=[
+            Metric(f"budget_{key}.{method}", float(value), now, 0)
+            for method, budget in budgets.items()
+            for key, value in budget.items()
+        ],
+    )
+    return budgets
+
+
 @dataclass
 class TrialRecord:
     trial_id: str
@@ -327,18 +414,6 @@ def trial_records(record: SweepRecord) -> list[TrialRecord]:
             )
         )
     return out
-
-
-def score_history(record: SweepRecord) -> dict[str, dict[int, float]]:
-    """Ray trial id -> {epoch: dev score} of every trial recorded so far."""
-    client = _client(record.tracking_uri)
-    history = {}
-    for run in child_runs(client, record.experiment_id, record.parent_run_id):
-        trial_id = run.data.tags.get(TRIAL_ID)
-        confirming = run.data.tags.get("peftune.phase") == "confirm"  # not the search's: no rung of it
-        if trial_id and "score" in run.data.metrics and not confirming:
-            history[trial_id] = {int(m.step): m.value for m in client.get_metric_history(run.info.run_id, "score")}
-    return history
 
 
 def log_best_checkpoints(record: SweepRecord, checkpoints: dict[str, tuple[float, object]], per_method: int) -> list:
@@ -407,6 +482,7 @@ class TrialLogger(tune.Callback):
         self._failed: set[str] = set()  # of those, the failed ones (re-running the sweep retries them)
         self._last_epoch: dict[str, int] = {}  # trial id -> last epoch logged
         self._counted: set[str] = set()  # trial ids whose parameter counts are logged
+        self._partials: dict[str, set[int]] = {}  # trial id -> examples_seen of the rungs logged within epochs
 
     def __getstate__(self):  # Ray pickles callbacks with the experiment; the client is rebuilt in setup()
         return {"record": self.record, "settings": self.settings, "task_metrics": self.task_metrics}
@@ -438,6 +514,9 @@ class TrialLogger(tune.Callback):
             if "score" in run.data.metrics:
                 history = self.client.get_metric_history(run.info.run_id, "score")
                 self._last_epoch[trial_id] = max(int(m.step) for m in history)
+            if "fidelity_score" in run.data.metrics:
+                history = self.client.get_metric_history(run.info.run_id, "fidelity_score")
+                self._partials[trial_id] = {int(m.step) for m in history}
 
     # -- run lifecycle
 
@@ -455,7 +534,8 @@ class TrialLogger(tune.Callback):
                 SWEEP: self.settings.sweep,
                 TRIAL_ID: trial_id,
                 "peftune.method": method,
-                **trial_tags(trial.config),
+                **trial_tags(trial.config),  # a confirmation trial's seed and origin
+                **search_tags(trial.config, method, sampled),
             },
         )
         from mlflow.entities import Param
@@ -514,6 +594,9 @@ class TrialLogger(tune.Callback):
         from mlflow.entities import Metric
 
         run_id = self._run_for(trial)
+        if result.get("partial"):
+            self._log_partial(run_id, trial.trial_id, result)
+            return
         epoch = int(result["epoch"])
         if epoch <= self._last_epoch.get(trial.trial_id, 0):
             return  # logged before the sweep was interrupted; the resumed trial re-ran this epoch
@@ -536,6 +619,20 @@ class TrialLogger(tune.Callback):
             result.get("score", float("nan")),
             result.get("epoch_time_s", 0),
         )
+
+    def _log_partial(self, run_id: str, trial_id: str, result: dict) -> None:
+        """A rung within an epoch, once: ``fidelity_<score|steps|progress>`` at step = examples seen."""
+        from mlflow.entities import Metric
+
+        seen = int(result["examples_seen"])
+        logged = self._partials.setdefault(trial_id, set())
+        if seen in logged:
+            return  # logged before the sweep was interrupted; the resumed trial re-ran this part of its epoch
+        now = _now_ms()
+        keys = [k for k in PARTIAL_METRICS if _finite(result.get(k))]
+        metrics = [Metric(f"fidelity_{k}", float(result[k]), now, seen) for k in keys]
+        self.client.log_batch(run_id, metrics=metrics)
+        logged.add(seen)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         run_id = self._run_for(trial)

@@ -6,6 +6,7 @@ holds the tokenized data and the pretrained weights, read once by the driver;
 a trial never reads a file. After each epoch ``report(metrics, save)`` gets the
 dev metrics, the score, the parameter counts and timings, and ``save(dir)``
 writes a checkpoint of the trainable parameters there if the caller wants one.
+With ``report_fractions`` it also reports within an epoch (``save`` is None there).
 """
 
 from __future__ import annotations
@@ -66,6 +67,9 @@ class TrainConfig:
     seed: int = 0
     device: str = "auto"
     log_every: int = 50  # steps between progress lines
+    # data-fidelity rungs: also evaluate and report (without a checkpoint) once this fraction of the
+    # run's training examples is seen, e.g. [1/9, 1/3]; epoch ends report anyway
+    report_fractions: list[float] = field(default_factory=list)
 
     def __post_init__(self):
         self.tasks = [t.name for t in parse_tasks(self.tasks)]
@@ -86,6 +90,8 @@ class TrainConfig:
             raise ValueError("TrainConfig.weight_decay must be >= 0 and max_grad_norm > 0")
         if self.sampling not in SAMPLING:
             raise ValueError(f"TrainConfig.sampling {self.sampling!r}, expected one of {SAMPLING}")
+        if not all(0.0 < f < 1.0 for f in self.report_fractions):
+            raise ValueError(f"TrainConfig.report_fractions must lie in (0, 1), got {self.report_fractions!r}")
         if self.pooling not in ("auto", *POOLINGS):
             raise ValueError(f"TrainConfig.pooling {self.pooling!r}, expected one of {('auto', *POOLINGS)}")
 
@@ -243,7 +249,7 @@ def metric_name(spec) -> str:
 
 # ----------------------------------------------------------------------------- the trial
 
-ReportFn = Callable[[dict, Callable[[Path], None]], None]
+ReportFn = Callable[[dict, Callable[[Path], None] | None], None]  # save is None within an epoch
 
 
 @dataclass
@@ -275,7 +281,9 @@ def run_trial(
     optimizer = build_optimizer(model, config)
     tasks = {t: prepared.tasks[t] for t in config.tasks}
 
-    steps_per_epoch = len(_epoch_plan(config, tasks, prepared.pad_token_id, epoch=0))
+    first_plan = _epoch_plan(config, tasks, prepared.pad_token_id, epoch=0)
+    steps_per_epoch = len(first_plan)
+    examples_per_run = config.epochs * sum(len(batch) for batch in first_plan)
     scheduler = linear_schedule(optimizer, steps_per_epoch * config.epochs, config.warmup_ratio)
     history: list[dict] = []
     start_epoch = 0
@@ -285,6 +293,10 @@ def run_trial(
 
     trainable = [p for p in model.parameters() if p.requires_grad]
     train_time = sum(m["epoch_time_s"] for m in history)
+    # the fidelity the schedulers' rungs and floors count in: optimizer steps and examples trained on so far
+    steps_done = history[-1].get("steps", 0) if history else 0
+    examples_seen = history[-1].get("examples_seen", 0) if history else 0
+    fractions = sorted(f for f in config.report_fractions if f > examples_seen / examples_per_run)
     for epoch in range(start_epoch, config.epochs):
         model.train()
         started = time.perf_counter()
@@ -309,6 +321,15 @@ def run_trial(
             scheduler.step()
             loss_sum += loss.item()
             tokens += int(batch.attention_mask.sum())
+            steps_done += 1
+            examples_seen += int(batch.input_ids.shape[0])
+            while fractions and examples_seen / examples_per_run >= fractions[0]:
+                fractions.pop(0)
+                if report is not None and step + 1 < len(plan):  # an epoch's end reports anyway
+                    dev = evaluate(model, tasks, config.batch_size * 2, prepared.pad_token_id, device)
+                    model.train()
+                    progress = {"steps": steps_done, "examples_seen": examples_seen}
+                    report(_partial_metrics(epoch, dev, progress, examples_per_run), None)
             if config.log_every and (step + 1) % config.log_every == 0:
                 elapsed = time.perf_counter() - started
                 log.info(
@@ -330,6 +351,9 @@ def run_trial(
             "epoch_time_s": epoch_time,
             "train_time_s": train_time,
             "tokens_per_s": tokens / epoch_time,
+            "steps": steps_done,
+            "examples_seen": examples_seen,
+            "progress": examples_seen / examples_per_run,
             **counts.summary(),
         }
         history.append(metrics)
@@ -354,6 +378,18 @@ def run_trial(
             )
             report(metrics, save)
     return TrialResult(history, model)
+
+
+def _partial_metrics(epoch: int, dev: dict, progress: dict, examples_per_run: int) -> dict:
+    """A report within an epoch (a data-fidelity rung): ``epoch`` counts the epochs completed."""
+    return {
+        "epoch": epoch,
+        **dev,
+        "score": overall_score(dev),
+        **progress,
+        "progress": progress["examples_seen"] / examples_per_run,
+        "partial": True,
+    }
 
 
 def _epoch_seed(config: TrainConfig, epoch: int) -> int:

@@ -1,0 +1,314 @@
+"""The search and scheduling policy of a sweep: an equal budget per method, stopping within a method.
+
+``sweep.py`` runs the Ray Tune experiment; this module decides what runs and what stops:
+
+- ``PerMethodSearcher`` (a Ray Tune ``Searcher``) keeps ONE Optuna study per method, each with
+  its own seeded TPE (seed + the method's index), in an Optuna storage that outlives the driver
+  (SQLite beside the MLflow store by default; ``optuna-dashboard <url>`` opens it). It hands out
+  trials round-robin over the methods that still have budget, so every method gets the same
+  number of trials (±1) and no method waits for another's trials. The budget ``num_samples``
+  is the number of trials IN ALL, split equally across the methods.
+- Each study's first trial is the method's published default (the ``default:`` block of its
+  space, enqueued with ``study.enqueue_trial``): the control arm, and a point TPE learns from.
+- ``PerMethodScheduler`` (a ``TrialScheduler``) keeps one stock ``ASHAScheduler`` per method and
+  dispatches by ``trial.config["method"]``: a trial is only ever compared with trials of its own
+  method, and not before it has trained ``min_steps`` optimizer steps (the floor).
+
+Every trial's config carries ``{"peftune": {"phase": "search", "default": bool, "config_key": str}}``;
+``peftune.tracking.TrialLogger`` turns it into tags of the trial's child run.
+
+State across a resume, through public means only: Tune saves and restores the searcher
+(``save``/``restore``); the studies themselves live in the Optuna storage. The scheduler's rungs
+are not part of Tune's saved state, so the scheduler refills them from the MLflow record of the
+sweep (``tracking.result_history``) the first time it sees a trial after it was (un)pickled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import warnings
+from types import SimpleNamespace
+from typing import Any
+
+from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
+from ray.tune.search import Searcher
+
+from peftune import spaces
+from peftune.spaces import MethodSpace
+
+METRIC, MODE = "score", "max"
+SEARCH_PHASE = "search"
+DEFAULT_ATTR = "peftune.default"  # user attribute of an enqueued default trial in its Optuna study
+ALL = "*"  # the one group of a scheduler shared by all methods (the joint search)
+
+
+def config_key(method: str, params: dict[str, Any]) -> str:
+    """A stable short hash of a configuration: the same method and parameters give the same key."""
+    text = json.dumps({"method": method, "params": params}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def study_name(sweep: str, method: str) -> str:
+    return f"{sweep}.{method}"
+
+
+def default_storage_url(tracking_uri: str, storage_path: str) -> str:
+    """SQLite beside the MLflow store when that is SQLite, else ``<storage path>/optuna.db`` (a local path)."""
+    from pathlib import Path
+
+    from peftune.record import sqlite_path
+
+    db = sqlite_path(tracking_uri)
+    if db is not None:
+        return f"sqlite:///{db.parent / 'optuna.db'}"
+    if "://" in storage_path:
+        raise ValueError(
+            f"the Optuna studies need a database: the tracking store ({tracking_uri}) is not SQLite and the "
+            f"storage path {storage_path} is not local; pass --optuna-storage <database URL>"
+        )
+    Path(storage_path).mkdir(parents=True, exist_ok=True)
+    return f"sqlite:///{Path(storage_path).resolve() / 'optuna.db'}"
+
+
+def rung_fractions(rungs: int, reduction_factor: int) -> list[float]:
+    """The data-fidelity rungs below the whole run: ``rungs=3, reduction_factor=3`` -> [1/9, 1/3].
+
+    The same floats as ASHA's milestones (grace period 1/rf^(rungs-1), times rf^k), so a trial
+    reporting at a fraction reaches the rung of that fraction.
+    """
+    grace = float(reduction_factor) ** -(rungs - 1)
+    return [grace * reduction_factor**k for k in range(rungs - 1)]
+
+
+def budget_split(num_samples: int, methods: list[str]) -> dict[str, int]:
+    """``num_samples`` trials in all, split equally; the first methods get the remainder (±1)."""
+    base, extra = divmod(num_samples, len(methods))
+    return {m: base + (i < extra) for i, m in enumerate(methods)}
+
+
+# ----------------------------------------------------------------------------- the searcher
+
+
+class PerMethodSearcher(Searcher):
+    """One seeded TPE study per method; round-robin over the methods that still have budget."""
+
+    def __init__(
+        self,
+        method_spaces: dict[str, MethodSpace],
+        *,
+        sweep: str,
+        num_samples: int,
+        storage_url: str,
+        seed: int = 0,
+        n_startup_trials: int = 10,
+    ):
+        super().__init__(metric=METRIC, mode=MODE)
+        self.spaces = dict(method_spaces)
+        self.sweep, self.storage_url, self.seed = sweep, storage_url, seed
+        self.n_startup_trials = n_startup_trials
+        self.budget = budget_split(num_samples, list(self.spaces))
+        self.handed = {m: 0 for m in self.spaces}  # trials handed out per method
+        self.live: dict[str, list] = {}  # Ray trial id -> [method, Optuna trial number]
+        self._studies: dict[str, Any] = {}
+
+    # the studies are rebuilt from the storage after unpickling (Tune pickles the searcher)
+    def __getstate__(self):
+        state = dict(self.__dict__)
+        state["_studies"] = {}
+        return state
+
+    def study(self, method: str):
+        if method not in self._studies:
+            import optuna
+
+            warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning, module="optuna")
+            index = list(self.spaces).index(method)
+            sampler = optuna.samplers.TPESampler(
+                seed=self.seed + index, n_startup_trials=self.n_startup_trials, multivariate=True
+            )
+            study = optuna.create_study(
+                study_name=study_name(self.sweep, method),
+                storage=optuna.storages.RDBStorage(self.storage_url),
+                sampler=sampler,
+                direction="maximize",
+                load_if_exists=True,
+            )
+            default = self.spaces[method].default
+            if default and not study.get_trials(deepcopy=False):
+                study.enqueue_trial(default, user_attrs={DEFAULT_ATTR: True})
+            self._studies[method] = study
+        return self._studies[method]
+
+    def next_method(self) -> str | None:
+        """The method with the fewest trials handed out among those with budget left (listed order breaks ties)."""
+        open_methods = [m for m in self.spaces if self.handed[m] < self.budget[m]]
+        return min(open_methods, key=lambda m: self.handed[m]) if open_methods else None
+
+    def suggest(self, trial_id: str) -> dict | str | None:
+        method = self.next_method()
+        if method is None:
+            return Searcher.FINISHED
+        optuna_trial = self.study(method).ask()
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="Fixed parameter .* is out of range")  # a default outside
+            params = _suggest(optuna_trial, self.spaces[method])
+        self.handed[method] += 1
+        self.live[trial_id] = [method, optuna_trial.number]
+        is_default = bool(optuna_trial.user_attrs.get(DEFAULT_ATTR))
+        marks = {"phase": SEARCH_PHASE, "default": is_default, "config_key": config_key(method, params)}
+        return {"method": method, method: params, "peftune": marks}
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        import optuna
+
+        entry = self.live.pop(trial_id, None)
+        if entry is None:
+            return
+        method, number = entry
+        score = (result or {}).get(METRIC)
+        if error or score is None or not math.isfinite(score):
+            self.study(method).tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
+        else:  # a trial stopped early counts with its last score, as OptunaSearch does
+            self.study(method).tell(number, float(score), skip_if_finished=True)
+
+    def get_state(self) -> dict:
+        return {"handed": dict(self.handed), "live": dict(self.live), "budget": dict(self.budget)}
+
+    def set_state(self, state: dict) -> None:
+        self.handed.update(state["handed"])
+        self.live = {k: list(v) for k, v in state["live"].items()}
+        self.budget.update(state["budget"])
+
+    def save(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path, "w") as file:
+            json.dump(self.get_state(), file)
+
+    def restore(self, checkpoint_path: str) -> None:
+        with open(checkpoint_path) as file:
+            self.set_state(json.load(file))
+
+
+def _suggest(optuna_trial, space: MethodSpace) -> dict[str, Any]:
+    """The method's parameters (plain names: the study is the method's own); fixed ones as constants."""
+    return {
+        name: param.value if isinstance(param, spaces.Fixed) else param.suggest(optuna_trial, name)
+        for name, param in space.params().items()
+    }
+
+
+# ----------------------------------------------------------------------------- the scheduler
+
+
+class PerMethodScheduler(FIFOScheduler):
+    """One stock ASHA per method, so a trial is only stopped by comparison with its own method's trials.
+
+    ``per_method=False`` (the joint search) keeps one ASHA for all trials, with the same floor and refill.
+
+    ``history``: an object with ``results() -> {trial_id: (method, [result, ...])}`` (the MLflow
+    record of the sweep so far); the rungs are refilled from it after a restore.
+    """
+
+    def __init__(
+        self,
+        methods: list[str],
+        *,
+        max_t: int,
+        grace_period: int = 1,
+        reduction_factor: int = 2,
+        time_attr: str = "epoch",
+        min_steps: int = 0,
+        history=None,
+        per_method: bool = True,
+    ):
+        super().__init__()
+        self.settings = dict(
+            methods=list(methods) if per_method else [ALL],
+            max_t=max_t,
+            grace_period=grace_period,
+            reduction_factor=reduction_factor,
+            time_attr=time_attr,
+            min_steps=min_steps,
+            history=history,
+        )
+        self._fresh()
+
+    def _fresh(self) -> None:
+        s = self.settings
+        self.min_steps = s["min_steps"]
+        self.history = s["history"]
+        self.by_method = {
+            m: ASHAScheduler(
+                metric=METRIC,
+                mode=MODE,
+                time_attr=s["time_attr"],
+                max_t=s["max_t"],
+                grace_period=min(s["grace_period"], s["max_t"]),
+                reduction_factor=s["reduction_factor"],
+            )
+            for m in s["methods"]
+        }
+        self.added: set[str] = set()
+        self.refilled = self.history is None
+
+    def __getstate__(self):  # rungs are rebuilt from the record, not pickled
+        return {"settings": self.settings}
+
+    def __setstate__(self, state):
+        FIFOScheduler.__init__(self)
+        self.settings = state["settings"]
+        self._fresh()
+
+    @property
+    def metric(self):
+        return METRIC
+
+    def set_search_properties(self, metric, mode, **spec) -> bool:
+        return metric in (None, METRIC) and mode in (None, MODE)
+
+    def _asha(self, trial) -> ASHAScheduler:
+        return self.by_method[trial.config["method"] if ALL not in self.by_method else ALL]
+
+    def refill(self) -> None:
+        """Feed each method's ASHA the results recorded before a restore, as if it had seen them."""
+        self.refilled = True
+        for trial_id, (method, results) in self.history.results().items():
+            if method not in self.by_method and ALL not in self.by_method:
+                continue
+            trial = SimpleNamespace(trial_id=trial_id, config={"method": method})  # ASHA keys rungs by trial id
+            self._add(None, trial)
+            for result in results:
+                self.on_trial_result(None, trial, result)
+
+    def _add(self, tune_controller, trial) -> None:
+        if trial.trial_id not in self.added:
+            self.added.add(trial.trial_id)
+            self._asha(trial).on_trial_add(tune_controller, trial)
+
+    def on_trial_add(self, tune_controller, trial) -> None:
+        if not self.refilled:
+            self.refill()
+        self._add(tune_controller, trial)
+
+    def on_trial_result(self, tune_controller, trial, result: dict) -> str:
+        if result.get("steps", math.inf) < self.min_steps:
+            return TrialScheduler.CONTINUE  # below the floor: not judged yet
+        self._add(tune_controller, trial)
+        return self._asha(trial).on_trial_result(tune_controller, trial, result)
+
+    def on_trial_complete(self, tune_controller, trial, result: dict) -> None:
+        if trial.trial_id in self.added:
+            self.added.discard(trial.trial_id)
+            self._asha(trial).on_trial_complete(tune_controller, trial, result)
+
+    def on_trial_error(self, tune_controller, trial) -> None:
+        self.on_trial_remove(tune_controller, trial)
+
+    def on_trial_remove(self, tune_controller, trial) -> None:
+        if trial.trial_id in self.added:
+            self.added.discard(trial.trial_id)
+            self._asha(trial).on_trial_remove(tune_controller, trial)
+
+    def debug_string(self) -> str:
+        return "Per-method ASHA: " + "; ".join(f"{m}: {a.debug_string()}" for m, a in self.by_method.items())

@@ -1,0 +1,340 @@
+"""The per-method search: equal allocation, defaults first, stopping within a method, state across a restore.
+
+Real Optuna studies in a SQLite storage, real ASHA schedulers fed results, and one real tiny
+sweep (Ray Tune + MLflow) whose record must show the equal budget and the control arm.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import textwrap
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+import mlflow
+import pytest
+import ray
+from ray import tune
+from ray.tune.schedulers import ASHAScheduler, TrialScheduler
+from ray.tune.search import Searcher
+
+from peftune import search, spaces, sweep
+
+SPACES_DIR = spaces.SEARCH_SPACES_DIR / "methods"
+
+
+def shipped_space(method: str) -> spaces.MethodSpace:
+    return spaces.load_method_space(SPACES_DIR / f"{method}.yaml")
+
+
+def make_searcher(tmp_path: Path, methods: list[str], num_samples: int, seed: int = 0) -> search.PerMethodSearcher:
+    return search.PerMethodSearcher(
+        {m: shipped_space(m) for m in methods},
+        sweep="s",
+        num_samples=num_samples,
+        storage_url=f"sqlite:///{tmp_path / 'optuna.db'}",
+        seed=seed,
+        n_startup_trials=2,
+    )
+
+
+def hand_out(searcher, start: int, count: int) -> list[dict]:
+    return [searcher.suggest(f"t{i}") for i in range(start, start + count)]
+
+
+# ----------------------------------------------------------------------------- the searcher
+
+
+def test_trials_are_split_equally_and_each_method_starts_with_its_published_default(tmp_path):
+    methods = ["frozen", "lora", "adapter"]
+    searcher = make_searcher(tmp_path, methods, num_samples=8)
+    configs = hand_out(searcher, 0, 8)
+    assert searcher.suggest("t8") == Searcher.FINISHED
+    counts = Counter(c["method"] for c in configs)
+    assert sorted(counts.values()) == [2, 3, 3]  # equal within one
+    # round robin: no method gets a second trial before every method has had its first
+    assert [c["method"] for c in configs[:3]] == methods
+    for config in configs[:3]:
+        method = config["method"]
+        assert config["peftune"] == {
+            "phase": "search",
+            "default": True,
+            "config_key": search.config_key(method, config[method]),
+        }
+        published = shipped_space(method).default
+        assert {k: config[method][k] for k in published} == published
+    assert not any(c["peftune"]["default"] for c in configs[3:])
+    # the AdaptBert report's settings
+    assert configs[0]["frozen"]["lr"] == 1e-3 and configs[0]["frozen"]["dropout"] == 0.3
+    assert configs[1]["lora"]["lr"] == 1e-5 and configs[1]["lora"]["rank"] == 8
+    assert configs[2]["adapter"]["bottleneck"] == 64
+    keys = [c["peftune"]["config_key"] for c in configs]
+    assert len(set(keys)) == len(keys)
+
+
+def test_published_defaults_of_every_shipped_space():
+    expected = {
+        "full": {"lr": 1e-5},
+        "frozen": {"lr": 1e-3},
+        "lora": {"lr": 1e-5, "rank": 8},
+        "adapter": {"lr": 1e-5, "bottleneck": 64},
+        "lora_adapter": {"lr": 1e-5, "rank": 8, "bottleneck": 64},
+        "hyperformer": {"lr": 1e-5, "bottleneck": 32, "projected_dim": 64},
+        "prompt": {"lr": 0.3, "prompt_length": 100},
+    }
+    for path in sorted(SPACES_DIR.glob("*.yaml")):
+        space = spaces.load_method_space(path)
+        assert space.default_source, f"{path.name}: a default without its source"
+        assert space.default["dropout"] == 0.3, path.name
+        for key, value in expected.get(space.method, {}).items():
+            assert space.default[key] == value, (path.name, key)
+
+
+def test_results_go_to_the_method_study_and_state_survives_a_restore(tmp_path):
+    searcher = make_searcher(tmp_path, ["frozen", "lora"], num_samples=6)
+    first = hand_out(searcher, 0, 3)
+    searcher.on_trial_complete("t0", {"score": 0.4})
+    searcher.on_trial_complete("t1", None, error=True)
+    checkpoint = tmp_path / "searcher.json"
+    searcher.save(str(checkpoint))
+
+    # what Tune does on a restore: a fresh (unpickled) searcher, then restore(); the studies come from the storage
+    again = make_searcher(tmp_path, ["frozen", "lora"], num_samples=6)
+    again.restore(str(checkpoint))
+    assert again.handed == {"frozen": 2, "lora": 1} and set(again.live) == {"t2"}
+    rest = hand_out(again, 3, 3)
+    assert again.suggest("t6") == Searcher.FINISHED
+    assert Counter(c["method"] for c in first + rest) == {"frozen": 3, "lora": 3}
+    assert not any(c["peftune"]["default"] for c in rest), "a default was enqueued twice"
+    again.on_trial_complete("t2", {"score": 0.5})
+    frozen = again.study("frozen").get_trials(deepcopy=False)
+    lora = again.study("lora").get_trials(deepcopy=False)
+    assert [t.value for t in frozen[:2]] == [0.4, 0.5] and lora[0].state.name == "FAIL"
+    assert len(frozen) == 3 and len(lora) == 3  # no trial asked twice
+
+
+def test_data_fidelity_rungs():
+    assert search.rung_fractions(3, 3) == pytest.approx([1 / 9, 1 / 3])
+    assert search.rung_fractions(1, 3) == []
+    definition = spaces.load_sweep(spaces.resolve_sweep_path("sst_tuning"))
+    scheduler = sweep.make_scheduler(definition)
+    assert scheduler.settings["time_attr"] == "progress" and scheduler.settings["max_t"] == 1.0
+    assert sweep.TrialSettings.from_definition(definition).train["report_fractions"] == search.rung_fractions(
+        definition.scheduler.rungs, definition.scheduler.reduction_factor
+    )
+
+
+def test_budget_split_is_equal_within_one():
+    for total in range(1, 40):
+        split = search.budget_split(total, ["a", "b", "c", "d", "e"])
+        assert sum(split.values()) == total and max(split.values()) - min(split.values()) <= 1
+
+
+# ----------------------------------------------------------------------------- the scheduler
+
+
+def trial(trial_id: str, method: str):
+    return SimpleNamespace(trial_id=trial_id, config={"method": method})  # what ASHA reads of a Ray trial
+
+
+def feed(scheduler, trials, score: float, epoch: int = 1, steps: int = 100) -> list[str]:
+    for t in trials:
+        scheduler.on_trial_add(None, t)
+    return [scheduler.on_trial_result(None, t, {"epoch": epoch, "score": score, "steps": steps}) for t in trials]
+
+
+def test_a_weak_method_is_never_stopped_by_a_strong_methods_scores():
+    strong = [trial(f"s{i}", "full") for i in range(4)]
+    weak = [trial(f"w{i}", "bitfit") for i in range(2)]
+    # a single ASHA over both methods stops the weak method's first trial at the first rung
+    shared = ASHAScheduler(metric="score", mode="max", time_attr="epoch", max_t=4, grace_period=1, reduction_factor=2)
+    feed(shared, strong, 0.9)
+    assert feed(shared, weak[:1], 0.1) == [TrialScheduler.STOP]
+    # one ASHA per method: the weak method's trials are compared with each other only
+    scheduler = search.PerMethodScheduler(["full", "bitfit"], max_t=4, grace_period=1, reduction_factor=2)
+    assert feed(scheduler, strong, 0.9) == [TrialScheduler.CONTINUE] * 4
+    assert feed(scheduler, weak[:1], 0.1) == [TrialScheduler.CONTINUE]
+    assert feed(scheduler, weak[1:], 0.05) == [TrialScheduler.STOP]  # worse than its own method's first
+
+
+def test_no_trial_is_judged_below_the_step_floor():
+    scheduler = search.PerMethodScheduler(["lora"], max_t=4, grace_period=1, reduction_factor=2, min_steps=50)
+    good, bad = trial("a", "lora"), trial("b", "lora")
+    assert feed(scheduler, [good], 0.9, steps=60) == [TrialScheduler.CONTINUE]
+    assert feed(scheduler, [good], 0.9, epoch=2, steps=120) == [TrialScheduler.CONTINUE]
+    assert feed(scheduler, [bad], 0.1, steps=25) == [TrialScheduler.CONTINUE]  # 25 < 50 steps: not judged
+    assert feed(scheduler, [bad], 0.1, epoch=2, steps=50) == [TrialScheduler.STOP]
+
+
+class Recorded:
+    def __init__(self, results):
+        self._results = results
+
+    def results(self):
+        return self._results
+
+
+def test_the_rungs_are_refilled_from_the_record_after_unpickling():
+    import pickle
+
+    history = Recorded({"old": ("lora", [{"epoch": 1, "score": 0.9, "steps": 100}])})
+    scheduler = search.PerMethodScheduler(["lora", "frozen"], max_t=4, grace_period=1, history=history)
+    restored = pickle.loads(pickle.dumps(scheduler))
+    assert feed(restored, [trial("new", "lora")], 0.2) == [TrialScheduler.STOP]  # judged against "old"
+    assert feed(restored, [trial("other", "frozen")], 0.2) == [TrialScheduler.CONTINUE]
+
+
+# ----------------------------------------------------------------------------- a real sweep
+
+FROZEN = """\
+    method: frozen
+    lr: {low: 1.0e-4, high: 1.0e-2, log: true}
+    dropout: {low: 0.0, high: 0.3}
+    weight_decay: 0.0
+    default: {lr: 1.0e-3, dropout: 0.3, source: "AdaptBert report"}
+"""
+TOP_K = """\
+    method: top_k
+    lr: {low: 2.0e-4, high: 1.0e-3, log: true}
+    dropout: 0.1
+    weight_decay: {low: 0.0, high: 0.1}
+    options:
+      k: {choices: [1, 2]}
+    default: {lr: 5.0e-4, weight_decay: 0.0, k: 1, source: "test"}
+"""
+SWEEP = """\
+    name: fair
+    tasks: [sst]
+    methods: [frozen, top_k]
+    seed: 3
+    search: {objective: single, sampler: tpe, n_startup_trials: 2, allocation: per_method}
+    scheduler: {type: asha, reduction_factor: 2, min_steps: 1, fidelity: data, rungs: 3}
+    resources: {cpus_per_trial: 1, max_concurrent_trials: 2}
+    max_failures: 0
+    checkpoints_per_method: 0
+    budget: tiny
+    budgets:
+      tiny: {num_samples: 5, epochs: 2, batch_size: 16, max_length: 32, max_train_examples: 32, max_dev_examples: 16}
+"""
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(address="local", num_cpus=2, include_dashboard=False)  # never a cluster already running here
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.slow
+def test_a_real_sweep_gives_each_method_an_equal_budget_and_a_default_trial(local_ray, tmp_path, tiny_data_dir):
+    (tmp_path / "methods").mkdir()
+    (tmp_path / "methods" / "frozen.yaml").write_text(textwrap.dedent(FROZEN))
+    (tmp_path / "methods" / "top_k.yaml").write_text(textwrap.dedent(TOP_K))
+    (tmp_path / "fair.yaml").write_text(textwrap.dedent(SWEEP))
+    definition = spaces.load_sweep(tmp_path / "fair.yaml")
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    result = sweep.run_sweep(definition, tiny_data_dir, uri, storage_path=tmp_path / "ray", reports_dir=tmp_path)
+    assert result.status == "completed"
+
+    mlflow.set_tracking_uri(uri)
+    runs = mlflow.search_runs(experiment_names=["fair"])
+    parent = runs[runs["tags.peftune.role"] == "sweep"].iloc[0]
+    children = runs[runs["tags.peftune.role"] == "trial"]
+    assert len(children) == 5 and children["tags.peftune.trial_id"].is_unique
+    assert sorted(Counter(children["tags.peftune.method"]).values()) == [2, 3]
+    assert (children["tags.peftune.phase"] == "search").all()
+    assert children["tags.peftune.config_key"].is_unique
+    defaults = children[children["tags.peftune.default"] == "true"]
+    assert sorted(defaults["tags.peftune.method"]) == ["frozen", "top_k"]
+    frozen = defaults[defaults["tags.peftune.method"] == "frozen"].iloc[0]
+    assert float(frozen["params.lr"]) == 1e-3 and float(frozen["params.dropout"]) == 0.3
+    top_k = defaults[defaults["tags.peftune.method"] == "top_k"].iloc[0]
+    assert float(top_k["params.lr"]) == 5e-4 and int(top_k["params.method.k"]) == 1
+    for method, count in Counter(children["tags.peftune.method"]).items():
+        assert parent[f"metrics.budget_trials.{method}"] == count
+        mine = children[children["tags.peftune.method"] == method]
+        assert parent[f"metrics.budget_steps.{method}"] == mine["metrics.steps"].sum() > 0
+        assert parent[f"metrics.budget_compute_s.{method}"] > 0
+    # data fidelity: rungs at 1/4 (within the first epoch), 1/2 and all of the run's examples
+    assert children["metrics.fidelity_score"].notna().all() and (children["metrics.fidelity_progress"] == 0.25).all()
+    # the studies are in the Optuna storage beside the MLflow store, one per method, each 2-3 trials told
+    import optuna
+
+    for method, count in Counter(children["tags.peftune.method"]).items():
+        study = optuna.load_study(study_name=f"fair.{method}", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+        assert len(study.get_trials(deepcopy=False)) == count
+
+
+def test_no_private_attributes_of_other_libraries_in_the_search_policy():
+    import re
+
+    for module in (search, sweep):
+        source = Path(module.__file__).read_text()
+        found = re.findall(r"\b(?:tuner|internal|study|searcher|scheduler|trial|asha)\._[a-z]\w*", source)
+        assert not found, (module.__name__, found)
+
+
+class Interrupt(tune.Callback):
+    """Stops the experiment as Ctrl+C does (Tune's SIGUSR1 handler) at the first checkpoint after ``after`` trials."""
+
+    def __init__(self, after: int):
+        self.after, self.finished, self.fired = after, 0, False
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self.finished += 1
+
+    def on_checkpoint(self, iteration, trials, trial, checkpoint, **info):
+        if not self.fired and self.finished >= self.after:
+            self.fired = True
+            os.kill(os.getpid(), signal.SIGUSR1)
+
+
+class Started(tune.Callback):
+    def __init__(self):
+        self.started: list[str] = []
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self.started.append(trial.trial_id)
+
+
+@pytest.mark.slow
+def test_a_resumed_per_method_sweep_keeps_the_budgets_and_loses_or_repeats_nothing(local_ray, tmp_path, tiny_data_dir):
+    (tmp_path / "methods").mkdir()
+    (tmp_path / "methods" / "frozen.yaml").write_text(textwrap.dedent(FROZEN))
+    (tmp_path / "methods" / "top_k.yaml").write_text(textwrap.dedent(TOP_K))
+    (tmp_path / "fair.yaml").write_text(textwrap.dedent(SWEEP).replace("num_samples: 5", "num_samples: 6"))
+    definition = spaces.load_sweep(tmp_path / "fair.yaml")
+    uri, storage = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "ray"
+    interrupter = Interrupt(after=2)
+    first = sweep.run_sweep(definition, tiny_data_dir, uri, storage_path=storage, callbacks=[interrupter])
+    assert first.status == "interrupted" and interrupter.fired
+    mlflow.set_tracking_uri(uri)
+    runs = mlflow.search_runs(experiment_names=["fair"])
+    finished = set(runs[runs["tags.peftune.status"].notna()]["tags.peftune.trial_id"].dropna())
+    assert 2 <= len(finished) < 6
+
+    started = Started()
+    second = sweep.run_sweep(definition, tiny_data_dir, uri, storage_path=storage, callbacks=[started])
+    assert second.status == "completed" and second.parent_run_id == first.parent_run_id
+    assert not finished & set(started.started), "a finished trial ran again"
+    assert interrupter.finished >= 2  # the first run's callback did not come back: it would have counted on
+
+    runs = mlflow.search_runs(experiment_names=["fair"])
+    parent = runs[runs["tags.peftune.role"] == "sweep"].iloc[0]
+    children = runs[runs["tags.peftune.role"] == "trial"]
+    assert len(children) == 6 and children["tags.peftune.trial_id"].is_unique, "a child run was lost or duplicated"
+    assert children["tags.peftune.status"].notna().all()
+    assert Counter(children["tags.peftune.method"]) == {"frozen": 3, "top_k": 3}
+    assert Counter(children[children["tags.peftune.default"] == "true"]["tags.peftune.method"]) == {
+        "frozen": 1,
+        "top_k": 1,
+    }
+    assert children["tags.peftune.config_key"].is_unique, "a configuration ran twice"
+    import optuna
+
+    for method in ("frozen", "top_k"):
+        assert parent[f"metrics.budget_trials.{method}"] == 3
+        study = optuna.load_study(study_name=f"fair.{method}", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+        assert len(study.get_trials(deepcopy=False)) == 3, "a study asked for more trials than ran"
