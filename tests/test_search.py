@@ -214,6 +214,7 @@ SWEEP = """\
     resources: {cpus_per_trial: 1, max_concurrent_trials: 2}
     max_failures: 0
     checkpoints_per_method: 0
+    confirm: {seeds: 0}       # the search alone: confirmation has its own tests
     budget: tiny
     budgets:
       tiny: {num_samples: 5, epochs: 2, batch_size: 16, max_length: 32, max_train_examples: 32, max_dev_examples: 16}
