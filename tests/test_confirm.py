@@ -108,7 +108,7 @@ def test_confirmation_trains_seeds_of_each_methods_best(local_ray, workdir, tiny
     assert set(best) == {"frozen", "top_k"}
     for method, trial in best.items():
         runs = [r for r in confirmed if r.data.params["method"] == method]
-        key = confirm.config_key(method, trial.data.params)
+        key = confirm.run_config_key(trial)  # the key recorded on the search trial it confirms
         assert {r.data.tags[confirm.CONFIG_KEY] for r in runs} == {key}
         assert {r.data.tags[confirm.CONFIRMS] for r in runs} == {trial.info.run_id}
         assert sorted(r.data.tags[confirm.SEED] for r in runs) == ["4", "5"]  # new seeds: the search used 3
