@@ -128,6 +128,25 @@ def test_data_fidelity_rungs():
     )
 
 
+def test_a_trial_handed_out_after_the_last_saved_state_is_handed_out_again_not_asked_anew(tmp_path):
+    searcher = make_searcher(tmp_path, ["frozen", "lora"], num_samples=6)
+    hand_out(searcher, 0, 3)
+    saved = tmp_path / "searcher.json"
+    searcher.save(str(saved))  # Tune's last saved state
+    lost = hand_out(searcher, 3, 1)[0]  # handed out, then the driver is killed before Tune saves again
+
+    again = make_searcher(tmp_path, ["frozen", "lora"], num_samples=6)
+    again.restore(str(saved))
+    repeated = again.suggest("new-id")
+    assert repeated == lost  # the same method, parameters, config key and default mark
+    assert again.live["new-id"] == searcher.live["t3"]  # the same Optuna trial
+    rest = hand_out(again, 10, 2)
+    assert again.suggest("t99") == Searcher.FINISHED
+    keys = [c["peftune"]["config_key"] for c in [*rest, repeated]]
+    assert len(set(keys)) == 3
+    assert sum(len(again.study(m).get_trials(deepcopy=False)) for m in ("frozen", "lora")) == 6
+
+
 def test_budget_split_is_equal_within_one():
     for total in range(1, 40):
         split = search.budget_split(total, ["a", "b", "c", "d", "e"])

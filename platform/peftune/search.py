@@ -92,7 +92,11 @@ def budget_split(num_samples: int, methods: list[str]) -> dict[str, int]:
 
 
 class PerMethodSearcher(Searcher):
-    """One seeded TPE study per method; round-robin over the methods that still have budget."""
+    """One seeded TPE study per method; round-robin over the methods that still have budget.
+
+    A fresh sweep seeds method ``i``'s sampler with ``seed + i``; a resumed one adds a multiple of
+    the trials its study already holds, so that the restarted sampler draws new configurations.
+    """
 
     def __init__(
         self,
@@ -125,12 +129,17 @@ class PerMethodSearcher(Searcher):
 
             warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning, module="optuna")
             index = list(self.spaces).index(method)
+            storage = optuna.storages.RDBStorage(self.storage_url)
+            try:  # a resumed study: its sampler must not replay the random draws of the first session
+                asked = len(optuna.load_study(study_name=study_name(self.sweep, method), storage=storage).trials)
+            except KeyError:
+                asked = 0
             sampler = optuna.samplers.TPESampler(
-                seed=self.seed + index, n_startup_trials=self.n_startup_trials, multivariate=True
+                seed=self.seed + index + 7919 * asked, n_startup_trials=self.n_startup_trials, multivariate=True
             )
             study = optuna.create_study(
                 study_name=study_name(self.sweep, method),
-                storage=optuna.storages.RDBStorage(self.storage_url),
+                storage=storage,
                 sampler=sampler,
                 direction="maximize",
                 load_if_exists=True,
