@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 import textwrap
 from collections import Counter
 from pathlib import Path
@@ -124,6 +126,25 @@ def test_data_fidelity_rungs():
     assert sweep.TrialSettings.from_definition(definition).train["report_fractions"] == search.rung_fractions(
         definition.scheduler.rungs, definition.scheduler.reduction_factor
     )
+
+
+def test_a_trial_handed_out_after_the_last_saved_state_is_handed_out_again_not_asked_anew(tmp_path):
+    searcher = make_searcher(tmp_path, ["frozen", "lora"], num_samples=6)
+    hand_out(searcher, 0, 3)
+    saved = tmp_path / "searcher.json"
+    searcher.save(str(saved))  # Tune's last saved state
+    lost = hand_out(searcher, 3, 1)[0]  # handed out, then the driver is killed before Tune saves again
+
+    again = make_searcher(tmp_path, ["frozen", "lora"], num_samples=6)
+    again.restore(str(saved))
+    repeated = again.suggest("new-id")
+    assert repeated == lost  # the same method, parameters, config key and default mark
+    assert again.live["new-id"] == searcher.live["t3"]  # the same Optuna trial
+    rest = hand_out(again, 10, 2)
+    assert again.suggest("t99") == Searcher.FINISHED
+    keys = [c["peftune"]["config_key"] for c in [*rest, repeated]]
+    assert len(set(keys)) == 3
+    assert sum(len(again.study(m).get_trials(deepcopy=False)) for m in ("frozen", "lora")) == 6
 
 
 def test_budget_split_is_equal_within_one():
@@ -339,3 +360,70 @@ def test_a_resumed_per_method_sweep_keeps_the_budgets_and_loses_or_repeats_nothi
         assert parent[f"metrics.budget_trials.{method}"] == 3
         study = optuna.load_study(study_name=f"fair.{method}", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
         assert len(study.get_trials(deepcopy=False)) == 3, "a study asked for more trials than ran"
+
+
+DRIVER = """
+import sys
+from peftune import spaces, sweep
+definition = spaces.load_sweep(sys.argv[1])
+result = sweep.run_sweep(definition, sys.argv[2], sys.argv[3], storage_path=sys.argv[4], reports_dir=sys.argv[4])
+print("SWEEP", result.status, flush=True)
+"""
+
+
+def run_driver(args: list[str], kill_after_starts: int | None) -> str:
+    """Run a sweep in its own process (and session); SIGKILL the whole session after that many trial starts."""
+    process = subprocess.Popen(
+        [sys.executable, "-c", DRIVER, *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,  # the driver and the local Ray it starts: killed together, as a crash does
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+    )
+    lines, starts = [], 0
+    try:
+        for line in process.stdout:
+            lines.append(line)
+            starts += "started with configuration" in line
+            if kill_after_starts is not None and starts >= kill_after_starts:
+                os.killpg(process.pid, signal.SIGKILL)
+                break
+        process.wait(timeout=600)
+    finally:
+        if process.poll() is None or kill_after_starts is not None:
+            try:
+                os.killpg(process.pid, signal.SIGKILL)  # whatever of this session is left
+            except ProcessLookupError:
+                pass
+    return "".join(lines)
+
+
+@pytest.mark.slow
+def test_a_driver_killed_right_after_a_trial_start_leaves_no_ghost_and_runs_no_configuration_twice(
+    tmp_path, tiny_data_dir
+):
+    (tmp_path / "methods").mkdir()
+    (tmp_path / "methods" / "frozen.yaml").write_text(textwrap.dedent(FROZEN))
+    (tmp_path / "methods" / "top_k.yaml").write_text(textwrap.dedent(TOP_K))
+    (tmp_path / "fair.yaml").write_text(textwrap.dedent(SWEEP).replace("num_samples: 5", "num_samples: 6"))
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    args = [str(tmp_path / "fair.yaml"), str(tiny_data_dir), uri, str(tmp_path / "ray")]
+    first = run_driver(args, kill_after_starts=3)
+    assert "SWEEP" not in first, first[-3000:]
+    second = run_driver(args, kill_after_starts=None)
+    assert "SWEEP completed" in second, second[-3000:]
+
+    mlflow.set_tracking_uri(uri)
+    runs = mlflow.search_runs(experiment_names=["fair"])
+    children = runs[runs["tags.peftune.role"] == "trial"]
+    assert len(children) == 6, "a trial was lost or recorded twice (a ghost)"
+    assert children["tags.peftune.trial_id"].is_unique and children["tags.peftune.config_key"].is_unique
+    assert children["tags.peftune.status"].notna().all() and (children["status"] != "RUNNING").all()
+    assert Counter(children["tags.peftune.method"]) == {"frozen": 3, "top_k": 3}
+    import optuna
+
+    for method in ("frozen", "top_k"):
+        study = optuna.load_study(study_name=f"fair.{method}", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
+        trials = study.get_trials(deepcopy=False)
+        assert len(trials) == 3 and all(t.state.is_finished() for t in trials), [t.state for t in trials]

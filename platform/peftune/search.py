@@ -92,7 +92,11 @@ def budget_split(num_samples: int, methods: list[str]) -> dict[str, int]:
 
 
 class PerMethodSearcher(Searcher):
-    """One seeded TPE study per method; round-robin over the methods that still have budget."""
+    """One seeded TPE study per method; round-robin over the methods that still have budget.
+
+    A fresh sweep seeds method ``i``'s sampler with ``seed + i``; a resumed one adds a multiple of
+    the trials its study already holds, so that the restarted sampler draws new configurations.
+    """
 
     def __init__(
         self,
@@ -125,12 +129,17 @@ class PerMethodSearcher(Searcher):
 
             warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning, module="optuna")
             index = list(self.spaces).index(method)
+            storage = optuna.storages.RDBStorage(self.storage_url)
+            try:  # a resumed study: its sampler must not replay the random draws of the first session
+                asked = len(optuna.load_study(study_name=study_name(self.sweep, method), storage=storage).trials)
+            except KeyError:
+                asked = 0
             sampler = optuna.samplers.TPESampler(
-                seed=self.seed + index, n_startup_trials=self.n_startup_trials, multivariate=True
+                seed=self.seed + index + 7919 * asked, n_startup_trials=self.n_startup_trials, multivariate=True
             )
             study = optuna.create_study(
                 study_name=study_name(self.sweep, method),
-                storage=optuna.storages.RDBStorage(self.storage_url),
+                storage=storage,
                 sampler=sampler,
                 direction="maximize",
                 load_if_exists=True,
@@ -150,15 +159,40 @@ class PerMethodSearcher(Searcher):
         method = self.next_method()
         if method is None:
             return Searcher.FINISHED
-        optuna_trial = self.study(method).ask()
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="Fixed parameter .* is out of range")  # a default outside
-            params = _suggest(optuna_trial, self.spaces[method])
+        orphan = self.orphan(method)
+        if orphan is not None:  # asked after Tune's last state save, then the driver died: the same trial again
+            known = {**orphan.params, **_fixed(self.spaces[method])}
+            params = {name: known[name] for name in self.spaces[method].params()}
+            number, is_default = orphan.number, bool(orphan.user_attrs.get(DEFAULT_ATTR))
+        else:
+            optuna_trial = self.study(method).ask()
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Fixed parameter .* is out of range")  # a default outside
+                params = _suggest(optuna_trial, self.spaces[method])
+            number, is_default = optuna_trial.number, bool(optuna_trial.user_attrs.get(DEFAULT_ATTR))
         self.handed[method] += 1
-        self.live[trial_id] = [method, optuna_trial.number]
-        is_default = bool(optuna_trial.user_attrs.get(DEFAULT_ATTR))
+        self.live[trial_id] = [method, number]
         marks = {"phase": SEARCH_PHASE, "default": is_default, "config_key": config_key(method, params)}
         return {"method": method, method: params, "peftune": marks}
+
+    def orphan(self, method: str):
+        """An Optuna trial of ``method`` asked but neither told nor held by a live Ray trial, if any.
+
+        That is a trial handed out after Tune's last saved state, by a driver that was then killed:
+        handing it out again (same parameters, same Optuna trial) runs no configuration twice.
+        """
+        import optuna
+
+        held = {number for m, number in self.live.values() if m == method}
+        searched = set(self.spaces[method].params()) - set(_fixed(self.spaces[method]))
+        study = self.study(method)
+        for trial in study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)):
+            if trial.number in held:
+                continue
+            if set(trial.params) >= searched:
+                return trial
+            study.tell(trial.number, state=optuna.trial.TrialState.FAIL)  # killed before its parameters were drawn
+        return None
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
         import optuna
@@ -188,6 +222,10 @@ class PerMethodSearcher(Searcher):
     def restore(self, checkpoint_path: str) -> None:
         with open(checkpoint_path) as file:
             self.set_state(json.load(file))
+
+
+def _fixed(space: MethodSpace) -> dict[str, Any]:
+    return {name: param.value for name, param in space.params().items() if isinstance(param, spaces.Fixed)}
 
 
 def _suggest(optuna_trial, space: MethodSpace) -> dict[str, Any]:

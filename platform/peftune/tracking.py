@@ -483,6 +483,7 @@ class TrialLogger(tune.Callback):
         self._last_epoch: dict[str, int] = {}  # trial id -> last epoch logged
         self._counted: set[str] = set()  # trial ids whose parameter counts are logged
         self._partials: dict[str, set[int]] = {}  # trial id -> examples_seen of the rungs logged within epochs
+        self._unfinished: dict[str, tuple[str, str]] = {}  # config key -> (trial id, run id) of unfinished runs
 
     def __getstate__(self):  # Ray pickles callbacks with the experiment; the client is rebuilt in setup()
         return {"record": self.record, "settings": self.settings, "task_metrics": self.task_metrics}
@@ -509,6 +510,8 @@ class TrialLogger(tune.Callback):
                 self._finished.add(trial_id)
             if run.data.tags.get(STATUS) == FAILED:
                 self._failed.add(trial_id)
+            if not run.data.tags.get(STATUS) and run.data.tags.get("peftune.config_key"):
+                self._unfinished[run.data.tags["peftune.config_key"]] = (trial_id, run.info.run_id)
             if "trainable_params_per_task" in run.data.metrics:
                 self._counted.add(trial_id)
             if "score" in run.data.metrics:
@@ -579,7 +582,31 @@ class TrialLogger(tune.Callback):
         params.update({f"method.{key}": value for key, value in options.items()})
         return params
 
+    def _adopt(self, trial, known: set[str]) -> None:
+        """Continue the child run of the same configuration whose Ray trial Tune no longer knows.
+
+        A driver killed after a trial started but before Tune saved its state leaves that trial's
+        child run behind; the searcher hands the same configuration out again under a new Ray trial
+        id, and its record continues that run (retagged) instead of a second one.
+        """
+        method, sampled = self.settings.split(trial.config)
+        key = search_tags(trial.config, method, sampled)["peftune.config_key"]
+        old_id, run_id = self._unfinished.get(key, (None, None))
+        if run_id is None or old_id in known or old_id == trial.trial_id:
+            return
+        del self._unfinished[key]
+        self.client.set_tag(run_id, TRIAL_ID, trial.trial_id)
+        self._runs[trial.trial_id] = self._runs.pop(old_id, run_id)
+        for logged in (self._last_epoch, self._partials):
+            if old_id in logged:
+                logged[trial.trial_id] = logged.pop(old_id)
+        if old_id in self._counted:
+            self._counted.add(trial.trial_id)
+        log.info("trial %s continues the child run of trial %s (the same configuration)", trial.trial_id, old_id)
+
     def on_trial_start(self, iteration, trials, trial, **info):
+        if trial.trial_id not in self._runs:
+            self._adopt(trial, {t.trial_id for t in trials})
         existed = trial.trial_id in self._runs
         run_id = self._run_for(trial)
         if trial.trial_id in self._failed:  # Tuner.restore(resume_errored=True) gives it another chance
