@@ -6,8 +6,10 @@ naming it. On a fresh machine it first writes Ray's authentication token (``~/.r
 which ``ray start`` needs when token authentication is on (Ray 2.60's default).
 
 What binds where (measured with Ray 2.60): the dashboard / Jobs API and MLflow listen on
-127.0.0.1 only. Ray's GCS and raylet gRPC servers listen on every interface whatever
-``--node-ip-address`` says (Ray has no option for it); token authentication guards them.
+127.0.0.1 only. Ray's GCS, raylet and dashboard-agent servers listen on every interface or on
+the node's network address, and the client server on both, whatever ``--node-ip-address`` says
+(Ray resolves 127.0.0.1 to the network address and has no bind option); token authentication
+guards them.
 
 ``down`` stops what ``up`` started, found by port: the Ray processes of the head on the given GCS
 port (never another Ray on this machine) and the MLflow server on the given port.
@@ -29,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 LOOPBACK = "127.0.0.1"
-READY_TIMEOUT_S = 120.0
+READY_TIMEOUT_S = 300.0  # a loaded 2-core machine needs minutes for a fresh MLflow store
 
 
 @dataclass(frozen=True)
@@ -243,21 +245,29 @@ def start_mlflow(port: int, backend_store_uri: str, log_file: Path) -> str:
                backend_store_uri]  # fmt: skip
     with open(log_file, "ab") as log:
         # a session of its own: it outlives this command, and `down` stops it with its workers
-        subprocess.Popen(
+        server = subprocess.Popen(
             command, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
         )
-    _wait_http(f"{url}/health", "the MLflow server", str(log_file))
+    try:
+        _wait_http(f"{url}/health", "the MLflow server", str(log_file))
+    except ServiceError:
+        os.killpg(server.pid, signal.SIGKILL)  # never leave a server behind that `down` cannot find by its port
+        server.wait()
+        raise
     return "started"
 
 
-def up(ports: Ports, num_cpus: int | None, backend_store_uri: str, log_file: Path) -> list[str]:
+def up(ports: Ports, num_cpus: int | None, backend_store_uri: str | None, log_file: Path) -> list[str]:
+    """Start (or reuse) the Ray head and, unless ``backend_store_uri`` is None, the MLflow server."""
     ray_state = start_ray_head(ports, num_cpus)
-    mlflow_state = start_mlflow(ports.mlflow, backend_store_uri, log_file)
-    return [
-        f"Ray head {ray_state}: GCS {ports.ray}, dashboard and Jobs API http://{LOOPBACK}:{ports.dashboard}",
-        f"MLflow server {mlflow_state}: http://{LOOPBACK}:{ports.mlflow}"
-        + (f" (store {backend_store_uri}, log {log_file})" if mlflow_state == "started" else ""),
-    ]
+    lines = [f"Ray head {ray_state}: GCS {ports.ray}, dashboard and Jobs API http://{LOOPBACK}:{ports.dashboard}"]
+    if backend_store_uri is not None:
+        mlflow_state = start_mlflow(ports.mlflow, backend_store_uri, log_file)
+        lines.append(
+            f"MLflow server {mlflow_state}: http://{LOOPBACK}:{ports.mlflow}"
+            + (f" (store {backend_store_uri}, log {log_file})" if mlflow_state == "started" else "")
+        )
+    return lines
 
 
 def down(ports: Ports) -> list[str]:
@@ -285,6 +295,7 @@ def add_arguments(parser: argparse.ArgumentParser, starting: bool) -> None:
     )
     if starting:
         parser.add_argument("--num-cpus", type=int, help="CPUs the Ray head offers (default: all)")
+        parser.add_argument("--ray-only", action="store_true", help="no MLflow server (one runs elsewhere)")
         parser.add_argument(
             "--backend-store-uri",
             help="MLflow's store (default: sqlite:///<working directory>/mlflow.db; "
@@ -306,7 +317,7 @@ def ports_from_args(args) -> Ports:
 
 def cmd_up(args) -> int:
     ports = ports_from_args(args)
-    store = args.backend_store_uri or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
+    store = None if args.ray_only else args.backend_store_uri or f"sqlite:///{Path.cwd() / 'mlflow.db'}"
     try:
         lines = up(ports, args.num_cpus, store, Path.cwd() / "mlflow-server.log")
     except (ServiceError, subprocess.CalledProcessError) as error:
