@@ -79,3 +79,44 @@ def test_local_storage_path_is_refused_on_two_nodes(two_nodes, tiny_data_dir, tm
     assert len(error) == 1 and "--storage-path" in error[0] and "2-node Ray cluster" in error[0], done.stderr[-3000:]
     assert "--shared-storage" in error[0] and "Traceback" not in done.stderr
     assert sorted(p.name for p in work.iterdir()) == []  # nothing written: no MLflow store, no Tune state
+
+
+def test_a_sweep_runs_trials_on_both_nodes(two_nodes, tiny_data_dir, tmp_path):
+    """--shared-storage: on one machine the storage path is shared by construction."""
+    import json
+    from collections import Counter
+
+    import mlflow
+
+    from peftune import tracking
+    from test_sweep import definition
+
+    env, ports = two_nodes
+    definition(tmp_path / "definitions", "two_nodes", num_samples=2, concurrency=2)
+    work = tmp_path / "work"
+    work.mkdir()
+    uri = f"sqlite:///{work / 'mlflow.db'}"
+    argv = [sys.executable, "-m", "peftune.cli", "sweep", str(tmp_path / "definitions" / "two_nodes.yaml"),
+            "--data-dir", str(tiny_data_dir), "--ray-address", f"127.0.0.1:{ports.ray}", "--tracking-uri", uri,
+            "--storage-path", str(work / "ray_results"), "--reports-dir", str(work / "reports"),
+            "--shared-storage"]  # fmt: skip
+    done = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True)
+    assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
+    assert "sweep two_nodes: completed; 2 trials" in done.stdout
+
+    code = (
+        "import json, ray\nfrom ray.util.state import list_actors\n"
+        f"ray.init(address='127.0.0.1:{ports.ray}', logging_level='ERROR')\n"
+        "print(json.dumps([[a.class_name, a.node_id] for a in list_actors(limit=10000)]))"
+    )
+    listed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+    assert listed.returncode == 0, listed.stderr[-3000:]
+    actors = json.loads(listed.stdout.strip().splitlines()[-1])
+    trial_nodes = {node for name, node in actors if "ImplicitFunc" in name or "trainable" in name}
+    print("actors (class, node):", Counter(map(tuple, actors)))
+    assert len(trial_nodes) == 2, actors  # the trials' actors ran on the head and on the worker node
+
+    client = mlflow.MlflowClient(uri)
+    experiment = client.get_experiment_by_name("two_nodes")
+    trials = [r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get(tracking.ROLE) == "trial"]
+    assert sorted(Counter(r.data.tags[tracking.TRIAL_ID] for r in trials).values()) == [1, 1]  # once each
