@@ -49,6 +49,7 @@ def two_nodes(tmp_path):
             env=env, capture_output=True, text=True,
         )  # fmt: skip
         assert join.returncode == 0, join.stderr[-3000:]
+        env["PEFTUNE_TEST_WORKER_AGENT_PORT"] = str(worker_agent_port)  # tells the worker node's processes apart
         yield env, ports
     finally:
         subprocess.run([*peftune, "down", *flags], cwd=tmp_path, env=env, capture_output=True, text=True)
@@ -120,3 +121,73 @@ def test_a_sweep_runs_trials_on_both_nodes(two_nodes, tiny_data_dir, tmp_path):
     experiment = client.get_experiment_by_name("two_nodes")
     trials = [r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get(tracking.ROLE) == "trial"]
     assert sorted(Counter(r.data.tags[tracking.TRIAL_ID] for r in trials).values()) == [1, 1]  # once each
+
+
+KILL_SWEEP = """\
+name: node_kill
+tasks: [sst]
+methods: [frozen]
+seed: 0
+search: {objective: single, sampler: tpe, n_startup_trials: 10}
+scheduler: {type: none}
+resources: {cpus_per_trial: 1, max_concurrent_trials: 2}
+max_failures: 2
+checkpoints_per_method: 1
+budget: tiny
+budgets:
+  tiny: {num_samples: 4, epochs: 6, batch_size: 16, max_length: 32, max_train_examples: 96, max_dev_examples: 32}
+"""
+# waits until a trial runs on the worker node, then kills that node's raylet (the node dies with it)
+KILLER = """\
+import sys, time, psutil, ray
+from ray.util.state import list_actors
+ray.init(address=sys.argv[1], logging_level="ERROR")
+head = ray.get_runtime_context().get_node_id()  # this driver runs on the head node
+while True:
+    running = [a for a in list_actors(filters=[("state", "=", "ALIVE")], limit=10000) if a.class_name == "ImplicitFunc"]
+    if any(a.node_id != head for a in running):
+        break
+    time.sleep(0.5)
+raylet = next(p for p in psutil.process_iter() if p.name() == "raylet" and sys.argv[2] in " ".join(p.cmdline()))
+raylet.kill()
+print("killed the worker node's raylet", raylet.pid, flush=True)
+"""
+
+
+def test_killing_the_worker_node_mid_sweep_loses_and_duplicates_nothing(two_nodes, tiny_data_dir, tmp_path):
+    from collections import Counter
+
+    import mlflow
+
+    from peftune import tracking
+
+    env, ports = two_nodes
+    (tmp_path / "methods").mkdir()
+    (tmp_path / "methods" / "frozen.yaml").write_text(
+        "method: frozen\nlr: 1.0e-3\ndropout: {low: 0.0, high: 0.2}\nweight_decay: 0.0\n"
+    )
+    (tmp_path / "node_kill.yaml").write_text(KILL_SWEEP)
+    work = tmp_path / "work"
+    work.mkdir()
+    uri = f"sqlite:///{work / 'mlflow.db'}"
+    argv = [sys.executable, "-m", "peftune.cli", "sweep", str(tmp_path / "node_kill.yaml"), "--data-dir",
+            str(tiny_data_dir), "--ray-address", f"127.0.0.1:{ports.ray}", "--tracking-uri", uri, "--storage-path",
+            str(work / "ray_results"), "--reports-dir", str(work / "reports"), "--shared-storage"]  # fmt: skip
+    raylets = [p for p in services.ray_processes(ports.ray) if p.name() == "raylet"]
+    assert len(raylets) == 2  # head and worker node
+    marker = f"--listen-port={env['PEFTUNE_TEST_WORKER_AGENT_PORT']}"  # the raylet starts its agent with it
+    sweep_run = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    killer = subprocess.run([sys.executable, "-c", KILLER, f"127.0.0.1:{ports.ray}", marker], env=env,
+                            capture_output=True, text=True, timeout=900)  # fmt: skip
+    output = sweep_run.communicate(timeout=1800)[0]
+    assert killer.returncode == 0 and "killed" in killer.stdout, killer.stderr[-3000:]
+    assert sweep_run.returncode == 0, output[-3000:]
+    assert "sweep node_kill: completed; 4 trials (4 completed)" in output, output[-3000:]
+
+    client = mlflow.MlflowClient(uri)
+    experiment = client.get_experiment_by_name("node_kill")
+    trials = [r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get(tracking.ROLE) == "trial"]
+    assert sorted(Counter(r.data.tags[tracking.TRIAL_ID] for r in trials).values()) == [1, 1, 1, 1]
+    assert {r.data.tags.get(tracking.STATUS) for r in trials} == {"completed"}
+    assert all(r.data.metrics.get("epoch") == 6 or "best_score" in r.data.metrics for r in trials)
+    print(killer.stdout.strip(), "| sweep:", [line for line in output.splitlines() if "node_kill:" in line])
