@@ -241,8 +241,10 @@ def start_mlflow(port: int, backend_store_uri: str, log_file: Path) -> str:
         if _http_ok(f"{url}/health"):
             return "running"
         raise ServiceError(f"port {port} (--mlflow-port) is in use by {holder.name()} (pid {holder.pid})")
-    command = [_tool("mlflow"), "server", "--host", LOOPBACK, "--port", str(port), "--backend-store-uri",
-               backend_store_uri]  # fmt: skip
+    # one web worker: with several, uvicorn's supervisor restarts workers that miss its 5 s health check
+    # while they import (seen on a loaded 2-core machine: the server never answered)
+    command = [_tool("mlflow"), "server", "--host", LOOPBACK, "--port", str(port), "--workers", "1",
+               "--backend-store-uri", backend_store_uri]  # fmt: skip
     with open(log_file, "ab") as log:
         # a session of its own: it outlives this command, and `down` stops it with its workers
         server = subprocess.Popen(
