@@ -78,6 +78,11 @@ def copy_repository(target: Path) -> None:
             shutil.copy2(source, target / name)
 
 
+def run(command: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
+    # a bound: `ray job submit` was seen waiting on after its job had failed
+    return subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
+
+
 def listening(processes) -> list[tuple[str, str, int]]:
     import psutil
 
@@ -138,7 +143,7 @@ def test_readme_first_command_on_a_fresh_machine(tmp_path):
     down = [sys.executable, "-m", "peftune.cli", "down", "--ray-port", str(ports.ray), "--mlflow-port",
             str(ports.mlflow)]  # fmt: skip
     try:
-        first = subprocess.run(["bash", "-c", command], cwd=repo, env=env, capture_output=True, text=True)
+        first = run(command, repo, env)
         output = first.stdout + first.stderr
         assert first.returncode == 0, output[-4000:]
         assert (home / ".ray" / "auth_token").exists()  # generated: there was none
@@ -159,7 +164,7 @@ def test_readme_first_command_on_a_fresh_machine(tmp_path):
         print("listening sockets of the started services:", sorted(set(sockets)))
 
         # again, as on a machine where it already ran: services reused, the finished sweep reported again
-        second = subprocess.run(["bash", "-c", command], cwd=repo, env=env, capture_output=True, text=True)
+        second = run(command, repo, env)
         output = second.stdout + second.stderr
         assert second.returncode == 0, output[-4000:]
         assert "Ray head running" in output and "MLflow server running" in output

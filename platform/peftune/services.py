@@ -24,6 +24,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 import urllib.error
 import urllib.request
@@ -194,6 +195,10 @@ def ray_env() -> dict[str, str]:
     return {**os.environ, "RAY_AUTH_MODE": os.environ.get("RAY_AUTH_MODE", "token")}
 
 
+def ray_temp_dir(gcs_port: int) -> Path:
+    return Path(tempfile.gettempdir()) / f"peftune-ray-{gcs_port}"
+
+
 def start_ray_head(ports: Ports, num_cpus: int | None) -> str:
     """Start the Ray head, or reuse the one on ``ports.ray``; returns 'started' or 'running'."""
     holder = _listener(ports.ray)
@@ -221,6 +226,9 @@ def start_ray_head(ports: Ports, num_cpus: int | None) -> str:
         "--ray-client-server-port", str(ports.client),
         "--dashboard-agent-listen-port", str(ports.agent),
         "--disable-usage-stats",
+        # a temp dir of this head's own: a job's driver finds its cluster through <temp dir>/ray_current_cluster,
+        # which any other Ray started on this machine overwrites in the shared default (/tmp/ray)
+        "--temp-dir", str(ray_temp_dir(ports.ray)),
     ]  # fmt: skip
     if num_cpus is not None:
         command += ["--num-cpus", str(num_cpus)]
