@@ -347,6 +347,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--repeats", type=int, default=2, help="alternating rounds; the best of each is kept")
     p.set_defaults(func=cmd_bench)
+
+    from peftune import services
+
+    p = sub.add_parser("up", help="start (or reuse) a local Ray head and MLflow server, both on 127.0.0.1")
+    services.add_arguments(p, starting=True)
+    p.set_defaults(func=services.cmd_up)
+    p = sub.add_parser("down", help="stop the Ray head and MLflow server that `peftune up` started on these ports")
+    services.add_arguments(p, starting=False)
+    p.set_defaults(func=services.cmd_down)
     return parser
 
 

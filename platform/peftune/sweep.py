@@ -206,6 +206,24 @@ def init_ray(address: str | None = None) -> None:
         ray.init(address="local", include_dashboard=False, dashboard_host="127.0.0.1")
 
 
+def check_storage(storage: str, shared: bool) -> None:
+    """Refuse a local storage path on a multi-node cluster: worker nodes write trial checkpoints there.
+
+    Ray fails every trial placed on another node at its first checkpoint ("A local path on the head
+    node is not accessible by worker nodes") while the sweep ends "completed". A URI (s3://, gs://,
+    file:// on a shared mount) or ``shared`` (the path is a mount every node has) is accepted.
+    """
+    import ray
+
+    nodes = [node for node in ray.nodes() if node.get("Alive")]
+    if len(nodes) > 1 and "://" not in storage and not shared:
+        raise ValueError(
+            f"--storage-path {storage}: a local path on a {len(nodes)}-node Ray cluster; worker nodes write "
+            f"trial checkpoints there, so use s3://... / gs://..., or a file system every node mounts "
+            f"at this path and say so with --shared-storage"
+        )
+
+
 def trial_resources(resources: spaces.Resources) -> dict[str, float]:
     """A GPU fraction per trial where the cluster has GPUs (several PEFT trials share one), CPUs otherwise."""
     import ray
@@ -299,6 +317,7 @@ def run_sweep(
     storage_path: str | Path = DEFAULT_STORAGE_PATH,
     resume: bool | None = None,
     ray_address: str | None = None,
+    shared_storage: bool = False,
     callbacks: Sequence = (),
     on_finished: Callable[[SweepResult], None] | None = None,
     reports_dir: str | Path = REPORTS_DIR,
@@ -309,6 +328,7 @@ def run_sweep(
 
     ``resume``: None (default) resumes when Tune has state for this sweep name under
     ``storage_path`` and starts it otherwise; True requires that state; False refuses it.
+    ``shared_storage``: ``storage_path`` is a directory every node of the cluster shares (NFS).
     ``callbacks``: extra ``tune.Callback`` objects (this run only). ``on_finished(result)``
     runs when every trial has finished: the hook for the report. ``optuna_storage``: the database
     URL of the per-method Optuna studies (default: ``peftune.search.default_storage_url``).
@@ -332,6 +352,9 @@ def run_sweep(
             f"sweep {definition.name!r} already has Ray Tune state at {experiment_path}: resume it "
             f"(run it again without --fresh) or pick another name"
         )
+
+    init_ray(ray_address)
+    check_storage(storage, shared_storage)
 
     budget = definition.budget
     log.info("reading and tokenizing %s from %s (model %s)", ",".join(definition.tasks), data_dir, definition.model)
@@ -538,6 +561,12 @@ def add_arguments(parser, definition_default: str | None = None) -> None:
     parser.add_argument(
         "--ray-address", help="Ray cluster to join (default: $RAY_ADDRESS, as `ray job submit` sets; else a local Ray)"
     )
+    parser.add_argument(
+        "--shared-storage",
+        action="store_true",
+        help="--storage-path is a directory every node of the cluster mounts (NFS); needed for a local "
+        "path on a multi-node cluster",
+    )
 
 
 def definition_from_args(args) -> SweepDefinition:
@@ -562,6 +591,7 @@ def main_from_args(args, on_finished: Callable[[SweepResult], None] | None = Non
         storage_path=args.storage_path,
         resume=True if args.resume else (False if args.fresh else None),
         ray_address=args.ray_address,
+        shared_storage=args.shared_storage,
         reports_dir=args.reports_dir,
         on_finished=on_finished,
         optuna_storage=getattr(args, "optuna_storage", None),

@@ -67,6 +67,7 @@ import logging
 import math
 import subprocess
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -99,6 +100,8 @@ EPOCH_METRICS = (
 PARTIAL_METRICS = ("score", "steps", "progress")
 CHECKPOINT_ARTIFACTS = ("trainable.safetensors", "peftune.json")  # the optimizer state stays with Ray
 MAX_TAG_CHARS = 5000
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"  # the UI's training view
+SUMMARY_STATUSES = ("completed", "early_stopped", "failed", "unfinished")
 
 
 def ui_hint(uri: str, experiment_id: str | None = None) -> tuple[str, str | None]:
@@ -247,6 +250,8 @@ def open_sweep(
         )
     if experiment_id is None:
         experiment_id = client.create_experiment(name, artifact_location=_artifact_location(tracking_uri, name))
+    # MLflow 3's UI opens an experiment without this tag in its GenAI view (traces; runs collapsed)
+    client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
     run = client.create_run(
         experiment_id,
         run_name=name,
@@ -299,8 +304,13 @@ def fingerprint_hashes(hashes: dict[str, str]) -> str:
 
 
 def close_sweep(record: SweepRecord, status: str) -> None:
-    """``status``: completed (FINISHED) | interrupted (KILLED) | failed (FAILED)."""
+    """``status``: completed (FINISHED) | interrupted (KILLED) | failed (FAILED).
+
+    Also logs the summary metrics the runs table shows on the parent run before any click:
+    ``sweep_best_score`` and ``sweep_trials_<status>`` (``unfinished`` for trials without a status).
+    """
     client = _client(record.tracking_uri)
+    log_sweep_summary(client, record)
     client.set_tag(record.parent_run_id, STATUS, status)
     mlflow_status = {"completed": "FINISHED", "interrupted": "KILLED", "failed": "FAILED"}[status]
     client.set_terminated(record.parent_run_id, status=mlflow_status)
@@ -386,6 +396,20 @@ def log_method_budgets(record: SweepRecord) -> dict[str, dict[str, float]]:
         ],
     )
     return budgets
+
+
+def log_sweep_summary(client, record: SweepRecord) -> None:
+    from mlflow.entities import Metric
+
+    trials = trial_records(record)
+    counts = Counter(trial.status or "unfinished" for trial in trials)
+    values = {f"sweep_trials_{status}": float(counts.get(status, 0)) for status in SUMMARY_STATUSES}
+    values["sweep_trials"] = float(len(trials))
+    scores = [t.best_score for t in trials if t.best_score is not None]
+    if scores:
+        values["sweep_best_score"] = max(scores)
+    now = int(time.time() * 1000)
+    client.log_batch(record.parent_run_id, metrics=[Metric(k, v, now, 0) for k, v in sorted(values.items())])
 
 
 @dataclass
