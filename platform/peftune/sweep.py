@@ -289,13 +289,22 @@ def run_sweep(
         max_train_examples=budget.max_train_examples,
         max_dev_examples=budget.max_dev_examples,
         seed=definition.seed,
+        invalid_rows=definition.invalid_rows,
     )
+    skipped = skipped_rows(prepared)
+    if skipped:
+        log.warning(
+            "skipped %d invalid data row(s) (invalid_rows: skip); each is listed in the sweep's parent run "
+            "(skipped_rows.json)",
+            len(skipped),
+        )
     record = tracking.open_sweep(
         tracking_uri,
         definition,
         data_hashes=prepared.file_hashes,
         ray_experiment_path=experiment_path,
         expect_existing=exists,
+        skipped_rows=skipped,
     )
     settings = TrialSettings.from_definition(definition)
     trial_logger = tracking.TrialLogger(record, settings, _task_metric_names(definition.tasks))
@@ -368,6 +377,17 @@ def run_sweep(
     if complete and on_finished is not None:
         on_finished(result)  # the report goes here
     return result
+
+
+def skipped_rows(prepared) -> list[dict[str, Any]]:
+    """Every data row dropped under ``invalid_rows: skip``: {file, line, reason}, by file then line."""
+    rows = [
+        {"file": Path(split.source).name, "line": line, "reason": reason}
+        for task in prepared.tasks.values()
+        for split in (task.train, task.dev)
+        for line, reason in split.skipped
+    ]
+    return sorted(rows, key=lambda row: (row["file"], row["line"]))
 
 
 def trial_name(trial) -> str:
@@ -485,6 +505,12 @@ def add_arguments(parser, definition_default: str | None = None) -> None:
     )
     group.add_argument("--fresh", action="store_true", help="refuse to resume: an error if the sweep exists")
     parser.add_argument(
+        "--invalid-rows",
+        choices=["raise", "skip"],
+        help="a malformed data row stops the sweep (raise) or is dropped and recorded in the parent run (skip); "
+        "default: the definition's invalid_rows",
+    )
+    parser.add_argument(
         "--ray-address", help="Ray cluster to join (default: $RAY_ADDRESS, as `ray job submit` sets; else a local Ray)"
     )
 
@@ -496,7 +522,11 @@ def definition_from_args(args) -> SweepDefinition:
     definition = spaces.load_sweep(spaces.resolve_sweep_path(args.definition), budget=budget)
     overrides = {"num_samples": args.num_samples} if args.num_samples is not None else {}
     return definition.with_overrides(
-        name=args.name, model=args.model, multi_objective=True if args.multi_objective else None, **overrides
+        name=args.name,
+        model=args.model,
+        multi_objective=True if args.multi_objective else None,
+        invalid_rows=getattr(args, "invalid_rows", None),
+        **overrides,
     )
 
 
