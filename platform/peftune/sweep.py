@@ -532,7 +532,10 @@ def definition_from_args(args) -> SweepDefinition:
 
 def main_from_args(args, on_finished: Callable[[SweepResult], None] | None = None) -> int:
     """Run the sweep the flags describe; ``on_finished`` is ``run_sweep``'s report hook."""
+    from peftune import record
+
     definition = definition_from_args(args)  # validated before anything starts
+    record.check_tracking_uri(record.resolve_tracking_uri(args.tracking_uri))
     _warn_relative_paths_in_job(args)
     result = run_sweep(
         definition,
@@ -561,6 +564,8 @@ def job_main(
     import argparse
     import sys
 
+    from peftune import cli
+
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser, definition_default=definition)
     args = parser.parse_args(argv)
@@ -569,9 +574,8 @@ def job_main(
     )
     try:
         return main_from_args(args, on_finished=on_finished)
-    except (ValueError, KeyError, FileNotFoundError) as error:
-        message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"{parser.prog}: error: {message}", file=sys.stderr)
+    except cli.user_errors() as error:
+        print(f"{parser.prog}: error: {cli.one_line(error)}", file=sys.stderr)
         return 2
 
 
