@@ -89,3 +89,18 @@ def test_multitask_job_smoke_test_on_the_real_data(tmp_path):
     for column in ("SST", "Quora", "STS", "Average", "Params updated per task %", "Additional params stored %"):
         assert column in table, table[:2000]
     assert (report / "report.html").is_file()
+
+
+def test_invalid_rows_flag_overrides_the_definition():
+    import argparse
+
+    from peftune import sweep
+
+    parser = argparse.ArgumentParser()
+    sweep.add_arguments(parser, definition_default="multitask_tuning")
+    default = sweep.definition_from_args(parser.parse_args(["--data-dir", "d", "--smoke-test"]))
+    strict = sweep.definition_from_args(
+        parser.parse_args(["--data-dir", "d", "--smoke-test", "--invalid-rows", "raise"])
+    )
+    assert default.invalid_rows == "skip" and strict.invalid_rows == "raise"
+    assert default.fingerprint() != strict.fingerprint()  # resuming under another policy is refused
