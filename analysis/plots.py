@@ -28,7 +28,7 @@ import pandas as pd
 from analysis import pareto
 from analysis.runs import EARLY_STOPPED, task_metric_names
 
-TASK_NAMES = {"sst": "SST", "para": "Para", "sts": "STS", "cfimdb": "CFIMDB"}
+TASK_NAMES = {"sst": "SST", "para": "Quora", "sts": "STS", "cfimdb": "CFIMDB"}
 METHOD_COLORS = {
     "frozen": "#7f7f7f",
     "full": "#8c564b",
@@ -55,7 +55,7 @@ def method_color(method: str) -> str:
 
 
 def metric_label(objective: str, tasks: Sequence[str] = ()) -> str:
-    """Axis label: ``dev score (mean of SST acc., Para acc., STS Pearson r)``, ``dev SST accuracy``..."""
+    """Axis label: ``dev score (mean of SST acc., Quora acc., STS Pearson r)``, ``dev SST accuracy``..."""
     if objective == "score":
         parts = [_short_metric(t) for t in tasks]
         if len(parts) == 1:

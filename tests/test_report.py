@@ -145,7 +145,7 @@ def test_report_end_to_end(store, tmp_path):
         "Method",
         "Size",
         "SST",
-        "Para",
+        "Quora",
         "STS",
         "Average",
         "Params updated per task %",

@@ -194,7 +194,7 @@ def test_sweep_definition_resolves_budget_and_spaces(sweep_dir):
         ("max_concurrent_trials: 2", "max_concurrent_trials: 0", "resources.max_concurrent_trials", ">= 1"),
         ("warmup_ratio: 0.1", "lr: 0.1", "train.lr", "set by the search space"),
         ("warmup_ratio: 0.1", "warmup: 0.1", "train.warmup", "unknown training setting"),
-        ("warmup_ratio: 0.1", "sampling: shuffled", "train", "sampling"),
+        ("warmup_ratio: 0.1", "sampling: shuffled", "train.sampling", "sampling"),
         ("budget: small", "budget: huge", "budget", "no budget preset 'huge'"),
         ("epochs: 1,", "epochs: 0,", "budgets.small.epochs", ">= 1"),
         ("epochs: 1,", "", "budgets.small.epochs", "missing"),

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import sys
 import time
 from dataclasses import fields
@@ -26,6 +27,17 @@ SIZE_FLAGS = {
 }
 
 
+def finite_float(text: str) -> float:
+    """argparse type: a finite number (``nan`` and ``inf`` parse as floats but no setting takes them)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text[:80]!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"expected a finite number, got {text[:80]!r}")
+    return value
+
+
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
@@ -39,7 +51,7 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
 
     parser.add_argument("--method", default="lora", help=f"one of: {', '.join(methods.method_names())}")
     parser.add_argument("--rank", type=int, help="LoRA rank r (lora, lora_adapter)")
-    parser.add_argument("--alpha", type=float, help="LoRA alpha (scale alpha/r)")
+    parser.add_argument("--alpha", type=finite_float, help="LoRA alpha (scale alpha/r)")
     parser.add_argument("--bottleneck", type=int, help="adapter bottleneck size (adapter, lora_adapter, hyperformer)")
     parser.add_argument("--prefix-length", type=int, help="prefix length (prefix)")
     parser.add_argument("--prompt-length", type=int, help="prompt length (prompt)")
@@ -82,7 +94,10 @@ def _parse_value(raw: str):
     import yaml
 
     # YAML scalars only (numbers, booleans, strings): never objects or code
-    value = yaml.safe_load(raw)
+    try:
+        value = yaml.safe_load(raw)
+    except yaml.YAMLError:
+        raise ValueError(f"--option value {raw[:80]!r}: not a valid value (a number, a word, or [a, b])") from None
     return value if isinstance(value, (int, float, bool, str, list)) else raw
 
 
@@ -105,8 +120,17 @@ def cmd_train(args) -> int:
         device=args.device,
     )
     output = Path(args.output or f"runs/{config.method}-{time.strftime('%Y%m%d-%H%M%S')}")
+    # everything a user can get wrong is checked before the data is read and the model trained
+    if output.exists() and not output.is_dir():
+        raise ValueError(f"--output {output}: is an existing file; expected a checkpoint directory")
     if (output / checkpoint.META).exists() and not args.overwrite:
         raise ValueError(f"{output} already holds a checkpoint; pass --overwrite or another --output")
+    if args.export_peft and config.method != "lora":
+        raise ValueError(f"--export-peft needs --method lora (got --method {config.method})")
+    try:
+        train.select_device(config.device)
+    except RuntimeError as error:
+        raise ValueError(f"--device: {error}") from None
     logging.info("reading and tokenizing %s from %s", ",".join(config.tasks), args.data_dir)
     prepared = train.prepare(
         args.data_dir,
@@ -136,8 +160,6 @@ def cmd_train(args) -> int:
     )
     print(f"checkpoint (best epoch): {output}")
     if args.export_peft:
-        if config.method != "lora":
-            raise ValueError("--export-peft needs --method lora")
         model = checkpoint.load_checkpoint(output, backbone=prepared.backbone.build())
         path = checkpoint.export_lora(model, output / "peft", base_model_name_or_path=args.model)
         print(f"peft LoRA adapter: {path}")
@@ -204,6 +226,11 @@ def cmd_sweep(args) -> int:
 
 def cmd_report(args) -> int:
     from analysis.report import report_sweep
+    from peftune import record
+
+    args.tracking_uri = record.existing_store_uri(args.tracking_uri)
+    if args.output and Path(args.output).exists() and not Path(args.output).is_dir():
+        raise ValueError(f"--output {args.output}: is an existing file; expected a report directory")
 
     report = report_sweep(
         args.sweep, args.tracking_uri, args.output, reference=args.reference, log_artifacts=args.log_artifacts
@@ -217,6 +244,11 @@ def cmd_report(args) -> int:
 
 def cmd_evaluate(args) -> int:
     from analysis.evaluate import evaluate_sweep, mean_std_table
+    from peftune import record
+
+    args.tracking_uri = record.existing_store_uri(args.tracking_uri)
+    if args.output and Path(args.output).exists() and not Path(args.output).is_dir():
+        raise ValueError(f"--output {args.output}: is an existing file; expected a directory")
 
     evaluation = evaluate_sweep(
         args.sweep,
@@ -256,11 +288,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tasks", default="sst,para,sts", help="comma-separated task names (default sst,para,sts)")
     p.add_argument("--data-dir", required=True, help="directory holding the task files")
     p.add_argument("--epochs", type=int, default=3)
-    p.add_argument("--lr", type=float, default=1e-4)
-    p.add_argument("--dropout", type=float, default=0.1, help="dropout of the heads and the method's modules")
-    p.add_argument("--weight-decay", type=float, default=0.01)
+    p.add_argument("--lr", type=finite_float, default=1e-4)
+    p.add_argument("--dropout", type=finite_float, default=0.1, help="dropout of the heads and the method's modules")
+    p.add_argument("--weight-decay", type=finite_float, default=0.01)
     p.add_argument("--batch-size", type=int, default=32)
-    p.add_argument("--warmup-ratio", type=float, default=0.1)
+    p.add_argument("--warmup-ratio", type=finite_float, default=0.1)
     p.add_argument("--sampling", default="proportional", choices=["round_robin", "proportional", "temperature"])
     p.add_argument(
         "--pooling",
@@ -368,12 +400,25 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         return args.func(args)
-    except (ValueError, KeyError, FileNotFoundError, TypeError) as error:
+    except user_errors() as error:
         if args.verbose:
             raise
-        message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"peftune {args.command}: error: {message}", file=sys.stderr)
+        print(f"peftune {args.command}: error: {one_line(error)}", file=sys.stderr)
         return 2
+
+
+def user_errors() -> tuple[type[BaseException], ...]:
+    """What a user's input raises (a bad file, flag, value or store), as opposed to a bug: one line, exit 2."""
+    from safetensors import SafetensorError
+
+    return (ValueError, KeyError, TypeError, OSError, SafetensorError)
+
+
+def one_line(error: BaseException, limit: int = 500) -> str:
+    """The error's message on one line, at most ``limit`` characters (a KeyError's without its quotes)."""
+    message = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
+    message = " ".join(message.split()) or type(error).__name__
+    return message if len(message) <= limit else message[: limit - 3] + "..."
 
 
 if __name__ == "__main__":

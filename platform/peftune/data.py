@@ -43,6 +43,9 @@ logger = logging.getLogger(__name__)
 INVALID_ROW_POLICIES = ("raise", "skip")
 SCHEDULES = ("round_robin", "proportional", "temperature")
 DEFAULT_MAX_LENGTH = 128
+# longest text accepted (characters): the longest in the shipped files is ~2,200 (a CFIMDB review);
+# anything far longer is a broken file (e.g. an unbalanced quote), and is cut to max_length anyway
+MAX_TEXT_CHARS = 20_000
 
 
 class DataError(ValueError):
@@ -215,6 +218,14 @@ def _parse(
     reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t")
     try:
         header = [name.strip() for name in next(reader)]
+        repeated = sorted({name for name in header if name and header.count(name) > 1})
+        if repeated:
+            raise DataError(
+                path,
+                f"column(s) {', '.join(repeated)} appear twice in the header",
+                line=1,
+                expected=header_expected + ", each once",
+            )
         missing = [name for name in required if name not in header]
         if missing:
             raise DataError(
@@ -226,12 +237,24 @@ def _parse(
         text_at = [header.index(name) for name in spec.text_columns]
         label_at = header.index(spec.label_column)
         examples, lines, skipped = [], [], []
+        id_at = header.index("id") if "id" in header else None
+        seen_ids: dict[str, tuple[int, Example]] = {}  # id -> (line, example): an id names one example
         end_of_previous = reader.line_num
         for row in reader:
             line, end_of_previous = end_of_previous + 1, reader.line_num
             if not row:  # a blank line is not a row (as in pandas)
                 continue
             checked = _check_row(row, len(header), text_at, label_at, spec, header, spans=reader.line_num - line + 1)
+            if isinstance(checked, Example) and id_at is not None:
+                first = seen_ids.setdefault(row[id_at].strip(), (line, checked))
+                if first[1] != checked:
+                    raise DataError(
+                        path,
+                        f"id {row[id_at].strip()[:80]!r} is repeated with another text or label "
+                        f"(first at line {first[0]})",
+                        line=line,
+                        expected="one example per id",
+                    )
             if isinstance(checked, Example):
                 examples.append(checked)
                 lines.append(line)
@@ -241,6 +264,13 @@ def _parse(
                 reason, expected = checked
                 raise DataError(path, reason, line=line, expected=f"{expected} (or pass invalid_rows='skip')")
     except csv.Error as error:
+        if "field larger than field limit" in str(error):
+            raise DataError(
+                path,
+                f"a field longer than {csv.field_size_limit():,} characters",
+                line=reader.line_num,
+                expected=f"texts of at most {MAX_TEXT_CHARS:,} characters",
+            ) from None
         raise DataError(path, f"unreadable CSV ({error})", line=reader.line_num, expected="tab-separated CSV") from None
     if not examples:
         raise DataError(path, "no data rows", line=end_of_previous + 1, expected="examples after the header row")
@@ -257,10 +287,20 @@ def _check_row(row, num_fields, text_at, label_at, spec, header, spans) -> Examp
     if len(row) != num_fields:
         hint = f" (the row spans {spans} lines: is a double quote unbalanced?)" if spans > 1 else ""
         return f"{len(row)} fields{hint}", f"{num_fields} tab-separated fields, as in the header"
+    broken = [header[i] for i, value in enumerate(row) if "\n" in value or "\r" in value]
+    if broken:  # only a quoted field holds these: a quote left open swallowed the following line(s)
+        return (
+            f"column {broken[0]!r} holds a line break (the row spans {spans} line(s): is a double quote unbalanced?)",
+            "one line per row; quotes in a field doubled and the field quoted",
+        )
     texts = tuple(row[i].strip() for i in text_at)
     for i, value in zip(text_at, texts, strict=True):
         if not value:
             return f"empty text in column {header[i]!r}", "a non-empty sentence"
+        if len(value) > MAX_TEXT_CHARS:
+            return f"text of {len(value):,} characters in column {header[i]!r}", f"at most {MAX_TEXT_CHARS:,}"
+        if not any(char.isprintable() and not char.isspace() for char in value):
+            return f"text in column {header[i]!r} has no printable character", "a sentence of words"
     raw = row[label_at].strip()
     try:
         label = float(raw)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from urllib.parse import urlparse
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
@@ -52,4 +53,34 @@ def resolve_tracking_uri(uri: str | None = None) -> str:
     path = sqlite_path(uri)
     if path is not None and not path.is_absolute():
         uri = "sqlite:///" + str(Path.cwd() / path)
+    return uri
+
+
+# the store schemes MLflow's tracking client takes ("" and file: a local directory of mlruns)
+TRACKING_SCHEMES = ("", "file", "sqlite", "postgresql", "mysql", "mssql", "http", "https", "databricks")
+
+
+def check_tracking_uri(uri: str) -> str:
+    """Refuse a URI MLflow cannot open (``garbage://x``) before anything starts."""
+    scheme = urlparse(uri).scheme.split("+")[0]  # postgresql+psycopg://...
+    if scheme not in TRACKING_SCHEMES:
+        raise ValueError(
+            f"tracking URI {uri[:80]!r}: unsupported scheme {scheme[:20]!r}; expected one of "
+            f"sqlite:///path, file:///path, http(s)://host, postgresql://..., mysql://..."
+        )
+    return uri
+
+
+def existing_store_uri(uri: str | None = None) -> str:
+    """:func:`resolve_tracking_uri` for commands that only read: a local store must already exist.
+
+    MLflow creates a missing SQLite database (and its directory) on first use, so a mistyped path
+    would otherwise be read as an empty store, and leave a stray file behind.
+    """
+    uri = check_tracking_uri(resolve_tracking_uri(uri))
+    path = sqlite_path(uri)
+    if path is None and urlparse(uri).scheme in ("", "file"):
+        path = Path(urlparse(uri).path if "://" in uri else uri)
+    if path is not None and not path.exists():
+        raise FileNotFoundError(f"tracking store {uri[:200]} does not exist; check --tracking-uri")
     return uri

@@ -39,12 +39,14 @@ import hashlib
 import json
 import math
 import re
+import reprlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+MAX_SEED = 2**32 - 1  # numpy's seed range; torch takes it too
 SEARCH_SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 METHODS_SUBDIR = "methods"
 OBJECTIVES = ("single", "multi")
@@ -74,17 +76,59 @@ class SpaceError(ValueError):
 
     def __init__(self, path: str | Path, key: str | None, problem: str):
         self.path, self.key, self.problem = str(path), key, problem
+        # bounded and on one line whatever the input: keys and problems may quote a user's file
+        key, problem = _one_line(key, MAX_SHOWN) if key else key, _one_line(problem, 4 * MAX_SHOWN)
         super().__init__(f"{path}: {key}: {problem}" if key else f"{path}: {problem}")
 
     def __reduce__(self):
         return SpaceError, (self.path, self.key, self.problem)
 
 
+MAX_SHOWN = 80  # characters of a user's value echoed in an error message
+
+
+_REPR = reprlib.Repr()  # walks at most a few levels and items: cheap even on a huge nested value
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, MAX_SHOWN, MAX_SHOWN
+
+
+def _show(value) -> str:
+    """``repr(value)`` cut to MAX_SHOWN characters: an error message never echoes an unbounded value."""
+    return _one_line(_REPR.repr(value), MAX_SHOWN)
+
+
+def _one_line(text: str, limit: int) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
 # ----------------------------------------------------------------------------- YAML
 
 
 class _Loader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that also reads ``1e-4`` as a float (YAML 1.1 wants ``1.0e-4``)."""
+    """``yaml.SafeLoader`` that also reads ``1e-4`` as a float (YAML 1.1 wants ``1.0e-4``), refuses
+    duplicate keys (YAML says they are an error; PyYAML keeps the last) and refuses aliases (``*name``):
+    a few nested aliases expand to gigabytes, and nothing in a space or sweep file needs them."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"aliases are not allowed (*{_one_line(event.anchor, MAX_SHOWN)})", event.start_mark
+            )
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: the base class names it
+                continue
+            if duplicate:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {_show(key)}", key_node.start_mark)
+        return super().construct_mapping(node, deep)
 
 
 _Loader.add_implicit_resolver(
@@ -100,8 +144,12 @@ def read_yaml(path: str | Path) -> dict:
         raise SpaceError(path, None, "file not found")
     try:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # a SafeLoader: no Python objects
-    except yaml.YAMLError as error:
-        raise SpaceError(path, None, f"not valid YAML: {error}") from None
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise SpaceError(path, None, f"not valid YAML: {where}{error.problem or error.context}") from None
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as error:
+        raise SpaceError(path, None, f"not valid YAML: {type(error).__name__}: {error}") from None
     if not isinstance(data, dict):
         raise SpaceError(path, None, f"expected a mapping at the top level, got {type(data).__name__}")
     return data
@@ -178,16 +226,18 @@ def _is_number(value) -> bool:
 
 def _check_scalar(path, key, value, kind: type | None):
     """A plain value of the expected kind (int, float, bool, str) or any scalar when kind is None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise SpaceError(path, key, f"expected a finite number, got {_show(value)}")
     if kind is float:
         if not _is_number(value):
-            raise SpaceError(path, key, f"expected a number, got {value!r}")
+            raise SpaceError(path, key, f"expected a number, got {_show(value)}")
         return float(value)
     if kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise SpaceError(path, key, f"expected an integer, got {value!r}")
+            raise SpaceError(path, key, f"expected an integer, got {_show(value)}")
         return value
     if kind is not None and not isinstance(value, kind):
-        raise SpaceError(path, key, f"expected a {kind.__name__}, got {value!r}")
+        raise SpaceError(path, key, f"expected a {kind.__name__}, got {_show(value)}")
     return value
 
 
@@ -196,22 +246,22 @@ def parse_param(path, key: str, raw, kind: type | None) -> Param:
     if not isinstance(raw, dict):
         if isinstance(raw, list) and kind is not None:
             raise SpaceError(path, key, "a list is not a parameter; write {choices: [...]} to search over values")
-        return Fixed(raw if kind is None else _check_scalar(path, key, raw, kind))
+        return Fixed(_check_scalar(path, key, raw, kind))
     if "choices" in raw:
-        extra = sorted(set(raw) - {"choices"})
+        extra = sorted(set(raw) - {"choices"}, key=str)
         if extra:
             raise SpaceError(path, f"{key}.{extra[0]}", "unknown key next to 'choices' (choices take no other key)")
         choices = raw["choices"]
         if not isinstance(choices, list) or not choices:
-            raise SpaceError(path, f"{key}.choices", f"expected a non-empty list, got {choices!r}")
+            raise SpaceError(path, f"{key}.choices", f"expected a non-empty list, got {_show(choices)}")
         values = [_check_scalar(path, f"{key}.choices[{i}]", c, kind) for i, c in enumerate(choices)]
         if any(isinstance(v, (dict, list)) or v is None for v in values):
             raise SpaceError(path, f"{key}.choices", "choices must be plain numbers, strings or booleans")
         if len(set(values)) != len(values):
-            raise SpaceError(path, f"{key}.choices", f"a value is listed twice in {values}")
+            raise SpaceError(path, f"{key}.choices", f"a value is listed twice in {_show(values)}")
         return Choice(tuple(values))
     allowed = {"low", "high", "log", "step"}
-    unknown = sorted(set(raw) - allowed)
+    unknown = sorted(set(raw) - allowed, key=str)
     if unknown:
         raise SpaceError(path, f"{key}.{unknown[0]}", "unknown key; expected low, high, log, step or choices")
     for bound in ("low", "high"):
@@ -219,7 +269,7 @@ def parse_param(path, key: str, raw, kind: type | None) -> Param:
             raise SpaceError(path, f"{key}.{bound}", "missing (a range needs low and high)")
     log = raw.get("log", False)
     if not isinstance(log, bool):
-        raise SpaceError(path, f"{key}.log", f"expected true or false, got {log!r}")
+        raise SpaceError(path, f"{key}.log", f"expected true or false, got {_show(log)}")
     integer = kind is int or (
         kind is None and all(isinstance(raw[b], int) and not isinstance(raw[b], bool) for b in ("low", "high"))
     )
@@ -240,7 +290,7 @@ def parse_param(path, key: str, raw, kind: type | None) -> Param:
         return FloatRange(low, high, log)
     step = raw.get("step", 1)
     if isinstance(step, bool) or not isinstance(step, int) or step < 1:
-        raise SpaceError(path, f"{key}.step", f"expected a positive integer, got {step!r}")
+        raise SpaceError(path, f"{key}.step", f"expected a positive integer, got {_show(step)}")
     if step != 1 and log:
         raise SpaceError(path, f"{key}.step", "an integer range takes either log: true or a step, not both")
     if (high - low) % step:
@@ -298,18 +348,20 @@ def load_method_space(path: str | Path) -> MethodSpace:
     path = Path(path)
     data = read_yaml(path)
     allowed = {"method", "lr", "dropout", "weight_decay", "options", "description", "default"}
-    unknown = sorted(set(data) - allowed)
+    unknown = sorted(set(data) - allowed, key=str)
     if unknown:
         raise SpaceError(path, unknown[0], f"unknown key; expected {', '.join(sorted(allowed))}")
     if not isinstance(data.get("description", ""), str):
         raise SpaceError(path, "description", "expected text")
     name = data.get("method")
     if not isinstance(name, str):
-        raise SpaceError(path, "method", f"expected the method's name, got {name!r}")
+        raise SpaceError(path, "method", f"expected the method's name, got {_show(name)}")
     if name not in methods.method_names():
-        raise SpaceError(path, "method", f"unknown method {name!r}; valid methods: {', '.join(methods.method_names())}")
+        raise SpaceError(
+            path, "method", f"unknown method {_show(name)}; valid methods: {', '.join(methods.method_names())}"
+        )
     if path.stem != name:
-        raise SpaceError(path, "method", f"{name!r} does not match the file name {path.name!r}")
+        raise SpaceError(path, "method", f"{_show(name)} does not match the file name {path.name!r}")
     spec = methods.get_method(name)
 
     common = {}
@@ -321,12 +373,12 @@ def load_method_space(path: str | Path) -> MethodSpace:
             too_low = value < low if low_inclusive else value <= low
             if too_low or (high is not None and value >= high):
                 interval = ("[" if low_inclusive else "(") + f"{low}, " + ("inf)" if high is None else f"{high})")
-                raise SpaceError(path, key, f"{value!r} is out of range; expected values in {interval}")
+                raise SpaceError(path, key, f"{_show(value)} is out of range; expected values in {interval}")
         common[key] = param
 
-    raw_options = data.get("options") or {}
+    raw_options = {} if data.get("options") is None else data["options"]
     if not isinstance(raw_options, dict):
-        raise SpaceError(path, "options", f"expected a mapping of {name}'s config fields, got {raw_options!r}")
+        raise SpaceError(path, "options", f"expected a mapping of {name}'s config fields, got {_show(raw_options)}")
     valid = [f.name for f in dataclasses.fields(spec.config_cls) if f.name != "dropout"]
     options = {}
     for key, raw in raw_options.items():
@@ -334,14 +386,14 @@ def load_method_space(path: str | Path) -> MethodSpace:
             raise SpaceError(path, "options.dropout", "the method's dropout is the top-level `dropout`")
         if key not in valid:
             raise SpaceError(
-                path, f"options.{key}", f"method {name!r} has no option {key!r}; valid: {', '.join(valid)}"
+                path, f"options.{key}", f"method {_show(name)} has no option {key!r}; valid: {', '.join(valid)}"
             )
         options[key] = parse_param(path, f"options.{key}", raw, _option_kind(spec.config_cls, key))
     if spec.size_field and spec.size_field not in options:
         raise SpaceError(
             path,
             f"options.{spec.size_field}",
-            f"missing: the size of {name!r} ({spec.size_field}) must be searched or fixed",
+            f"missing: the size of {_show(name)} ({spec.size_field}) must be searched or fixed",
         )
     # every value the space can propose must make a valid config
     for key, param in options.items():
@@ -349,7 +401,9 @@ def load_method_space(path: str | Path) -> MethodSpace:
             try:
                 methods.make_method_config(name, {key: value})
             except (ValueError, TypeError) as error:
-                raise SpaceError(path, f"options.{key}", f"{value!r} is refused by {name!r}: {error}") from None
+                raise SpaceError(
+                    path, f"options.{key}", f"{_show(value)} is refused by {_show(name)}: {error}"
+                ) from None
     params = {**common, **options}
     default, default_source = parse_default(path, name, data.get("default"), params)
     return MethodSpace(
@@ -369,7 +423,7 @@ def parse_default(path, method: str, raw, params: dict[str, Param]) -> tuple[dic
     if raw is None:
         return {}, ""
     if not isinstance(raw, dict) or not raw:
-        raise SpaceError(path, "default", f"expected a mapping of parameters and a source, got {raw!r}")
+        raise SpaceError(path, "default", f"expected a mapping of parameters and a source, got {_show(raw)}")
     source = raw.get("source")
     if not isinstance(source, str) or not source.strip():
         raise SpaceError(path, "default.source", "missing: say where the default setting comes from")
@@ -472,6 +526,7 @@ class SweepDefinition:
     description: str = ""
     confirm: ConfirmSettings = field(default_factory=ConfirmSettings)  # for the chosen budget
     source: str = ""
+    invalid_rows: str = "raise"  # a malformed data row stops the sweep (raise) or is dropped and recorded (skip)
 
     @property
     def methods(self) -> list[str]:
@@ -499,6 +554,7 @@ class SweepDefinition:
             "checkpoints_per_method": self.checkpoints_per_method,
             "train": dict(self.train),
             "confirm": dataclasses.asdict(self.confirm),
+            "invalid_rows": self.invalid_rows,
             "spaces": {name: space.to_yaml() for name, space in self.spaces.items()},
         }
 
@@ -511,10 +567,18 @@ class SweepDefinition:
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def with_overrides(
-        self, *, name: str | None = None, model: str | None = None, multi_objective: bool | None = None, **budget
+        self,
+        *,
+        name: str | None = None,
+        model: str | None = None,
+        multi_objective: bool | None = None,
+        invalid_rows: str | None = None,
+        **budget,
     ) -> SweepDefinition:
-        """A copy with another name/model, the multi-objective search (without a scheduler), or budget fields."""
+        """A copy with another name/model/data policy, the multi-objective search (no scheduler), or budget fields."""
         changes: dict[str, Any] = {}
+        if invalid_rows is not None:
+            changes["invalid_rows"] = _check_invalid_rows(self.source, "invalid_rows", invalid_rows)
         if name is not None:
             _check_name(self.source, "name", name)
             changes["name"] = name
@@ -526,7 +590,7 @@ class SweepDefinition:
         elif multi_objective is False and self.multi_objective:
             changes["search"] = dataclasses.replace(self.search, objective="single")
         if budget:
-            unknown = sorted(set(budget) - {f.name for f in dataclasses.fields(Budget)})
+            unknown = sorted(set(budget) - {f.name for f in dataclasses.fields(Budget)}, key=str)
             if unknown:
                 raise ValueError(f"unknown budget field {unknown[0]!r}")
             changes["budget"] = _check_budget(self.source, "budget", dataclasses.replace(self.budget, **budget))
@@ -549,14 +613,23 @@ _SWEEP_KEYS = {
     "budget",
     "budgets",
     "confirm",
+    "invalid_rows",
 }
+
+
+def _check_invalid_rows(path, key: str, value) -> str:
+    from peftune.data import INVALID_ROW_POLICIES
+
+    if value not in INVALID_ROW_POLICIES:
+        raise SpaceError(path, key, f"expected one of {', '.join(INVALID_ROW_POLICIES)}, got {_show(value)}")
+    return value
 
 
 def _section(path, raw, key: str, cls):
     """A nested mapping -> dataclass; unknown keys and wrong types named as `key.field`."""
-    raw = raw or {}
+    raw = {} if raw is None else raw  # `search: false` is a mistake, not the defaults
     if not isinstance(raw, dict):
-        raise SpaceError(path, key, f"expected a mapping, got {raw!r}")
+        raise SpaceError(path, key, f"expected a mapping, got {_show(raw)}")
     kinds = {f.name: f for f in dataclasses.fields(cls)}
     values = {}
     for name, value in raw.items():
@@ -570,12 +643,14 @@ def _section(path, raw, key: str, cls):
         kind = type(default) if default not in (None, dataclasses.MISSING) else int
         if kind is float and _is_number(value):
             value = float(value)
+            if not math.isfinite(value):
+                raise SpaceError(path, f"{key}.{name}", f"expected a finite number, got {_show(value)}")
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             raise SpaceError(
                 path,
                 f"{key}.{name}",
                 f"expected {'a' if kind is not int else 'an'} "
-                f"{kind.__name__}{' or null' if nullable else ''}, got {value!r}",
+                f"{kind.__name__}{' or null' if nullable else ''}, got {_show(value)}",
             )
         values[name] = value
     for name, spec in kinds.items():
@@ -599,7 +674,7 @@ def _check_allocation(path, search: SearchSettings) -> None:
 
 def _check_name(path, key: str, name) -> str:
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", name):
-        raise SpaceError(path, key, f"expected a name of letters, digits, '_', '-', '.', got {name!r}")
+        raise SpaceError(path, key, f"expected a name of letters, digits, '_', '-', '.', got {_show(name)}")
     return name
 
 
@@ -608,7 +683,7 @@ def _positive_int(path, key: str, value, *, allow_none: bool = False, minimum: i
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise SpaceError(
-            path, key, f"expected an integer >= {minimum}{' or null' if allow_none else ''}, got {value!r}"
+            path, key, f"expected an integer >= {minimum}{' or null' if allow_none else ''}, got {_show(value)}"
         )
     return value
 
@@ -629,7 +704,7 @@ def load_sweep(path: str | Path, budget: str | None = None, spaces_dir: str | Pa
 
     path = Path(path)
     data = read_yaml(path)
-    unknown = sorted(set(data) - _SWEEP_KEYS)
+    unknown = sorted(set(data) - _SWEEP_KEYS, key=str)
     if unknown:
         raise SpaceError(path, unknown[0], f"unknown key; expected one of {', '.join(sorted(_SWEEP_KEYS))}")
     name = _check_name(path, "name", data.get("name"))
@@ -639,38 +714,45 @@ def load_sweep(path: str | Path, budget: str | None = None, spaces_dir: str | Pa
 
     raw_tasks = data.get("tasks")
     if not isinstance(raw_tasks, list) or not raw_tasks:
-        raise SpaceError(path, "tasks", f"expected a non-empty list of task names, got {raw_tasks!r}")
+        raise SpaceError(path, "tasks", f"expected a non-empty list of task names, got {_show(raw_tasks)}")
     from peftune.tasks import task_names
 
     for i, task in enumerate(raw_tasks):
         if task not in task_names():
-            raise SpaceError(path, f"tasks[{i}]", f"unknown task {task!r}; valid tasks: {', '.join(task_names())}")
+            raise SpaceError(path, f"tasks[{i}]", f"unknown task {_show(task)}; valid tasks: {', '.join(task_names())}")
     if len(set(raw_tasks)) != len(raw_tasks):
-        raise SpaceError(path, "tasks", f"a task is listed twice in {raw_tasks}")
+        raise SpaceError(path, "tasks", f"a task is listed twice in {_show(raw_tasks)}")
 
     raw_methods = data.get("methods")
     if not isinstance(raw_methods, list) or not raw_methods:
-        raise SpaceError(path, "methods", f"expected a non-empty list of method names, got {raw_methods!r}")
+        raise SpaceError(path, "methods", f"expected a non-empty list of method names, got {_show(raw_methods)}")
     if len(set(map(str, raw_methods))) != len(raw_methods):
-        raise SpaceError(path, "methods", f"a method is listed twice in {raw_methods}")
+        raise SpaceError(path, "methods", f"a method is listed twice in {_show(raw_methods)}")
     spaces_dir = Path(spaces_dir) if spaces_dir is not None else path.parent / METHODS_SUBDIR
     spaces = {}
     for i, method in enumerate(raw_methods):
         if method not in methods.method_names():
             raise SpaceError(
-                path, f"methods[{i}]", f"unknown method {method!r}; valid methods: {', '.join(methods.method_names())}"
+                path,
+                f"methods[{i}]",
+                f"unknown method {_show(method)}; valid methods: {', '.join(methods.method_names())}",
             )
         space_file = spaces_dir / f"{method}.yaml"
         if not space_file.is_file():
-            raise SpaceError(path, f"methods[{i}]", f"no search space for {method!r}: {space_file} not found")
+            raise SpaceError(path, f"methods[{i}]", f"no search space for {_show(method)}: {space_file} not found")
         spaces[method] = load_method_space(space_file)
 
     model = data.get("model", "all-minilm-l6-v2")
     if not isinstance(model, str) or not model:
-        raise SpaceError(path, "model", f"expected a model name or directory, got {model!r}")
+        raise SpaceError(path, "model", f"expected a model name or directory, got {_show(model)}")
     seed = _positive_int(path, "seed", data.get("seed", 0), minimum=0)
+    if seed > MAX_SEED:
+        raise SpaceError(
+            path, "seed", f"expected an integer in [0, {MAX_SEED}] (numpy's and torch's range), got {seed}"
+        )
     max_failures = _positive_int(path, "max_failures", data.get("max_failures", 1), minimum=0)
     top_n = _positive_int(path, "checkpoints_per_method", data.get("checkpoints_per_method", 1), minimum=0)
+    invalid_rows = _check_invalid_rows(path, "invalid_rows", data.get("invalid_rows", "raise"))
 
     search = _section(path, data.get("search"), "search", SearchSettings)
     if search.objective not in OBJECTIVES:
@@ -691,7 +773,7 @@ def load_sweep(path: str | Path, budget: str | None = None, spaces_dir: str | Pa
     _positive_int(path, "scheduler.min_steps", scheduler.min_steps, minimum=0)
     _check_fidelity(path, scheduler)
     resources = _section(path, data.get("resources"), "resources", Resources)
-    if resources.cpus_per_trial <= 0:
+    if not resources.cpus_per_trial > 0:
         raise SpaceError(path, "resources.cpus_per_trial", f"expected > 0, got {resources.cpus_per_trial}")
     if not 0 < resources.gpus_per_trial <= 8:
         raise SpaceError(
@@ -699,25 +781,27 @@ def load_sweep(path: str | Path, budget: str | None = None, spaces_dir: str | Pa
         )
     _positive_int(path, "resources.max_concurrent_trials", resources.max_concurrent_trials, allow_none=True)
 
-    train = data.get("train") or {}
+    train = {} if data.get("train") is None else data["train"]
     if not isinstance(train, dict):
-        raise SpaceError(path, "train", f"expected a mapping of training settings, got {train!r}")
+        raise SpaceError(path, "train", f"expected a mapping of training settings, got {_show(train)}")
     train_fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     for key, value in train.items():
         if key in _TRAIN_FIELDS_SET_ELSEWHERE:
             raise SpaceError(path, f"train.{key}", "set by the search space, the budget or the top level, not here")
         if key not in train_fields:
-            settable = sorted(set(train_fields) - _TRAIN_FIELDS_SET_ELSEWHERE)
+            settable = sorted(set(train_fields) - _TRAIN_FIELDS_SET_ELSEWHERE, key=str)
             raise SpaceError(path, f"train.{key}", f"unknown training setting; expected one of {', '.join(settable)}")
         kind = type(train_fields[key].default)
         if not (isinstance(value, kind) or (kind is float and _is_number(value))) or isinstance(value, bool) != (
             kind is bool
         ):
-            raise SpaceError(path, f"train.{key}", f"expected a {kind.__name__}, got {value!r}")
+            raise SpaceError(path, f"train.{key}", f"expected a {kind.__name__}, got {_show(value)}")
     try:  # the fixed settings must make a valid TrainConfig
         TrainConfig(method=raw_methods[0], tasks=list(raw_tasks), **train)
     except (ValueError, TypeError) as error:
-        raise SpaceError(path, "train", str(error)) from None
+        field_name = re.match(r"TrainConfig\.(\w+)", str(error))  # name the key: train.<field>
+        key = f"train.{field_name.group(1)}" if field_name and field_name.group(1) in train else "train"
+        raise SpaceError(path, key, str(error)) from None
 
     budgets = data.get("budgets")
     if not isinstance(budgets, dict) or not budgets:
@@ -753,6 +837,7 @@ def load_sweep(path: str | Path, budget: str | None = None, spaces_dir: str | Pa
         description=description,
         source=str(path),
         confirm=confirm,
+        invalid_rows=invalid_rows,
     )
 
 

@@ -366,13 +366,22 @@ def run_sweep(
         max_train_examples=budget.max_train_examples,
         max_dev_examples=budget.max_dev_examples,
         seed=definition.seed,
+        invalid_rows=definition.invalid_rows,
     )
+    skipped = skipped_rows(prepared)
+    if skipped:
+        log.warning(
+            "skipped %d invalid data row(s) (invalid_rows: skip); each is listed in the sweep's parent run "
+            "(skipped_rows.json)",
+            len(skipped),
+        )
     record = tracking.open_sweep(
         tracking_uri,
         definition,
         data_hashes=prepared.file_hashes,
         ray_experiment_path=experiment_path,
         expect_existing=exists,
+        skipped_rows=skipped,
     )
     confirm.log_dev_sizes(record, prepared)  # the report's noise rule for single runs needs them
     settings = TrialSettings.from_definition(definition)
@@ -467,6 +476,17 @@ def run_sweep(
     return result
 
 
+def skipped_rows(prepared) -> list[dict[str, Any]]:
+    """Every data row dropped under ``invalid_rows: skip``: {file, line, reason}, by file then line."""
+    rows = [
+        {"file": Path(split.source).name, "line": line, "reason": reason}
+        for task in prepared.tasks.values()
+        for split in (task.train, task.dev)
+        for line, reason in split.skipped
+    ]
+    return sorted(rows, key=lambda row: (row["file"], row["line"]))
+
+
 def trial_name(trial) -> str:
     """``lora_3f2a1c0d``: the method and Ray's trial id (Ray's default name lists every parameter)."""
     return f"{trial.config.get('method', 'trial')}_{trial.trial_id}"
@@ -559,6 +579,12 @@ def add_arguments(parser, definition_default: str | None = None) -> None:
     )
     group.add_argument("--fresh", action="store_true", help="refuse to resume: an error if the sweep exists")
     parser.add_argument(
+        "--invalid-rows",
+        choices=["raise", "skip"],
+        help="a malformed data row stops the sweep (raise) or is dropped and recorded in the parent run (skip); "
+        "default: the definition's invalid_rows",
+    )
+    parser.add_argument(
         "--ray-address", help="Ray cluster to join (default: $RAY_ADDRESS, as `ray job submit` sets; else a local Ray)"
     )
     parser.add_argument(
@@ -576,13 +602,20 @@ def definition_from_args(args) -> SweepDefinition:
     definition = spaces.load_sweep(spaces.resolve_sweep_path(args.definition), budget=budget)
     overrides = {"num_samples": args.num_samples} if args.num_samples is not None else {}
     return definition.with_overrides(
-        name=args.name, model=args.model, multi_objective=True if args.multi_objective else None, **overrides
+        name=args.name,
+        model=args.model,
+        multi_objective=True if args.multi_objective else None,
+        invalid_rows=getattr(args, "invalid_rows", None),
+        **overrides,
     )
 
 
 def main_from_args(args, on_finished: Callable[[SweepResult], None] | None = None) -> int:
     """Run the sweep the flags describe; ``on_finished`` is ``run_sweep``'s report hook."""
+    from peftune import record
+
     definition = definition_from_args(args)  # validated before anything starts
+    record.check_tracking_uri(record.resolve_tracking_uri(args.tracking_uri))
     _warn_relative_paths_in_job(args)
     result = run_sweep(
         definition,
@@ -613,6 +646,8 @@ def job_main(
     import argparse
     import sys
 
+    from peftune import cli
+
     parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
     add_arguments(parser, definition_default=definition)
     args = parser.parse_args(argv)
@@ -621,9 +656,8 @@ def job_main(
     )
     try:
         return main_from_args(args, on_finished=on_finished)
-    except (ValueError, KeyError, FileNotFoundError) as error:
-        message = error.args[0] if isinstance(error, KeyError) and error.args else error
-        print(f"{parser.prog}: error: {message}", file=sys.stderr)
+    except cli.user_errors() as error:
+        print(f"{parser.prog}: error: {cli.one_line(error)}", file=sys.stderr)
         return 2
 
 

@@ -205,20 +205,28 @@ class SweepRecord:
 
 
 def open_sweep(
-    tracking_uri: str, definition, *, data_hashes: dict[str, str], ray_experiment_path: str, expect_existing: bool
+    tracking_uri: str,
+    definition,
+    *,
+    data_hashes: dict[str, str],
+    ray_experiment_path: str,
+    expect_existing: bool,
+    skipped_rows: list[dict] | None = None,
 ) -> SweepRecord:
     """Create the sweep's parent run, or find it again when the sweep resumes (and check it matches).
 
     ``expect_existing``: Tune has state for this sweep (it resumes). A parent run without Tune state is
     an error (the trials' state is gone; another name is needed); Tune state without a parent run
     (the store is new, or the first run stopped before it was created) gets a new parent run.
+    ``skipped_rows``: the data rows dropped under ``invalid_rows: skip`` ({file, line, reason}); a new
+    parent run records their count (param ``skipped_rows``) and the list (``skipped_rows.json``).
     """
     client = _client(tracking_uri)
     name = definition.name
     experiment_id = find_experiment_id(client, name)
     parent = find_parent_run(client, experiment_id, name) if experiment_id else None
     definition_fp = definition.fingerprint()
-    data_fp = fingerprint_hashes(data_hashes)
+    data_fp = fingerprint_hashes(data_hashes, getattr(definition, "invalid_rows", "raise"))
     if parent is not None:
         if not expect_existing:
             raise ValueError(
@@ -283,12 +291,16 @@ def open_sweep(
         "max_length": budget.max_length,
         "max_train_examples": budget.max_train_examples,
         "max_dev_examples": budget.max_dev_examples,
+        "invalid_rows": getattr(definition, "invalid_rows", "raise"),
+        "skipped_rows": len(skipped_rows or []),
     }
     from mlflow.entities import Param
 
     client.log_batch(run_id, params=[Param(k, _param_value(v)) for k, v in params.items()])
     client.log_text(run_id, definition.to_yaml(), "sweep.yaml")
     client.log_dict(run_id, dict(sorted(data_hashes.items())), "data_hashes.json")
+    if skipped_rows:
+        client.log_dict(run_id, list(skipped_rows), "skipped_rows.json")
     return SweepRecord(tracking_uri, experiment_id, run_id, resumed=False)
 
 
@@ -297,10 +309,12 @@ def _artifact_location(uri: str, name: str) -> str | None:
     return (path.parent / "mlruns" / name).as_uri() if path is not None else None
 
 
-def fingerprint_hashes(hashes: dict[str, str]) -> str:
+def fingerprint_hashes(hashes: dict[str, str], invalid_rows: str = "raise") -> str:
+    """The data files' hashes, and the row policy when it drops rows (so a resume cannot change it)."""
     import hashlib
 
-    return hashlib.sha256(json.dumps(sorted(hashes.items())).encode()).hexdigest()[:16]
+    items = sorted(hashes.items()) + ([["invalid_rows", invalid_rows]] if invalid_rows != "raise" else [])
+    return hashlib.sha256(json.dumps(items).encode()).hexdigest()[:16]
 
 
 def close_sweep(record: SweepRecord, status: str) -> None:

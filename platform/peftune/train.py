@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -66,13 +67,14 @@ class TrainConfig:
     pooling: str = "auto"
     seed: int = 0
     device: str = "auto"
-    log_every: int = 50  # steps between progress lines
+    log_every: int = 50  # steps between progress lines; 0: none
     # data-fidelity rungs: also evaluate and report (without a checkpoint) once this fraction of the
     # run's training examples is seen, e.g. [1/9, 1/3]; epoch ends report anyway
     report_fractions: list[float] = field(default_factory=list)
 
     def __post_init__(self):
         self.tasks = [t.name for t in parse_tasks(self.tasks)]
+        self._check_types()
         methods.make_method_config(self.method, self.method_options_with_dropout())  # validates
         positive = {
             "lr": self.lr,
@@ -94,6 +96,34 @@ class TrainConfig:
             raise ValueError(f"TrainConfig.report_fractions must lie in (0, 1), got {self.report_fractions!r}")
         if self.pooling not in ("auto", *POOLINGS):
             raise ValueError(f"TrainConfig.pooling {self.pooling!r}, expected one of {('auto', *POOLINGS)}")
+        if self.log_every < 0:
+            raise ValueError(f"TrainConfig.log_every must be >= 0 (0: no progress lines), got {self.log_every!r}")
+        if not 0 <= self.seed <= MAX_SEED:
+            raise ValueError(
+                f"TrainConfig.seed must be in [0, {MAX_SEED}] (what numpy and torch accept), got {self.seed}"
+            )
+        try:
+            check_device_name(self.device)
+        except ValueError as error:
+            raise ValueError(f"TrainConfig.{error}") from None
+
+    def _check_types(self) -> None:
+        """Numbers are numbers (not bools) and finite: NaN and inf pass every `<` check."""
+        for spec in dataclasses.fields(self):
+            value, kind = getattr(self, spec.name), type(spec.default)
+            if kind not in (int, float):
+                continue
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or (kind is int and isinstance(value, float))
+            ):
+                raise ValueError(
+                    f"TrainConfig.{spec.name} must be {'an integer' if kind is int else 'a number'}, "
+                    f"got {str(value)[:80]!r}"
+                )
+            if not math.isfinite(value):
+                raise ValueError(f"TrainConfig.{spec.name} must be a finite number, got {value!r}")
 
     def method_options_with_dropout(self) -> dict:
         return {**self.method_options, "dropout": self.dropout}
@@ -169,6 +199,21 @@ def prepare(
 
 
 # ----------------------------------------------------------------------------- device
+
+
+MAX_SEED = 2**32 - 1  # numpy's seed range; torch takes it too
+
+
+def check_device_name(name) -> None:
+    """``auto`` or a torch device string (cpu, cuda, cuda:1, mps...); CUDA's presence is checked where it runs."""
+    if name == "auto":
+        return
+    try:
+        torch.device(name)
+    except (RuntimeError, TypeError):
+        raise ValueError(
+            f"device {str(name)[:80]!r}: expected auto, cpu, cuda, cuda:N or another torch device"
+        ) from None
 
 
 def select_device(name: str = "auto") -> torch.device:

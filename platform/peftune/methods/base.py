@@ -19,6 +19,7 @@ switching and checkpoints work without knowing the method:
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
@@ -61,6 +62,10 @@ class MethodConfig:
     dropout: float = 0.1
 
     def __post_init__(self):
+        for spec in fields(self):  # NaN and inf slip through every range check: refuse them first
+            value = getattr(self, spec.name)
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{type(self).__name__}.{spec.name} must be a finite number, got {value!r}")
         check_range(self, "dropout", 0.0, 1.0, high_inclusive=False)
 
 
@@ -69,6 +74,8 @@ def check_range(config, key: str, low: float, high: float | None = None, *, high
     kind = type(config).__name__
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{kind}.{key} must be a number, got {value!r}")
+    if not math.isfinite(value):
+        raise ValueError(f"{kind}.{key} must be a finite number, got {value!r}")
     too_high = high is not None and (value > high if high_inclusive else value >= high)
     if value < low or too_high:
         bracket = "]" if high_inclusive else ")"

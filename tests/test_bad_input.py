@@ -1,0 +1,150 @@
+"""Issue 9, bad input: NaN/inf, out-of-range sweep fields, duplicate keys, aliases, wrong section types.
+
+Every case is refused while loading, naming the file and the key (or line), in a bounded one-line message.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from peftune import methods, spaces, train
+from peftune.spaces import SpaceError
+
+LORA = """\
+method: lora
+lr: {low: 1e-4, high: 5e-3, log: true}
+dropout: {low: 0.0, high: 0.3}
+weight_decay: 0.01
+options:
+  rank: {choices: [2, 4, 8]}
+  alpha: 16
+"""
+
+SWEEP = """\
+name: tiny
+tasks: [sst]
+methods: [lora]
+seed: 0
+resources: {cpus_per_trial: 1}
+train: {warmup_ratio: 0.1}
+budget: small
+budgets:
+  small: {num_samples: 2, epochs: 1}
+"""
+
+
+def write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+@pytest.mark.parametrize(
+    "old, new, key",
+    [
+        ("lr: {low: 1e-4, high: 5e-3, log: true}", "lr: {low: 1e-4, high: .inf, log: true}", "lr.high"),
+        ("lr: {low: 1e-4, high: 5e-3, log: true}", "lr: .nan", "lr"),
+        ("lr: {low: 1e-4, high: 5e-3, log: true}", "lr: {choices: [1.0e-4, .nan]}", "lr.choices[1]"),
+        ("weight_decay: 0.01", "weight_decay: -.inf", "weight_decay"),
+        ("alpha: 16", "alpha: .nan", "options.alpha"),
+        ("alpha: 16", "alpha: {choices: [8.0, .inf]}", "options.alpha.choices[1]"),
+    ],
+)
+def test_method_space_refuses_nan_and_inf(tmp_path, old, new, key):
+    assert old in LORA
+    with pytest.raises(SpaceError, match="finite") as caught:
+        spaces.load_method_space(write(tmp_path / "lora.yaml", LORA.replace(old, new)))
+    assert caught.value.key == key and "lora.yaml" in str(caught.value)
+
+
+def test_adapter_init_std_nan_is_refused(tmp_path):
+    text = "method: adapter\nlr: 1e-3\ndropout: 0.1\nweight_decay: 0.0\noptions:\n  bottleneck: 8\n  init_std: .nan\n"
+    with pytest.raises(SpaceError, match="finite") as caught:
+        spaces.load_method_space(write(tmp_path / "adapter.yaml", text))
+    assert caught.value.key == "options.init_std"
+
+
+@pytest.fixture
+def sweep_dir(tmp_path) -> Path:
+    write(tmp_path / "methods" / "lora.yaml", LORA)
+    return tmp_path
+
+
+@pytest.mark.parametrize(
+    "old, new, key, message",
+    [
+        ("cpus_per_trial: 1", "cpus_per_trial: .nan", "resources.cpus_per_trial", "finite"),
+        ("cpus_per_trial: 1", "gpus_per_trial: .inf", "resources.gpus_per_trial", "finite"),
+        ("seed: 0", "seed: 4294967296", "seed", "[0, 4294967295]"),
+        ("warmup_ratio: 0.1", "device: tpu", "train.device", "'tpu'"),
+        ("warmup_ratio: 0.1", "max_grad_norm: .nan", "train.max_grad_norm", "finite"),
+        ("warmup_ratio: 0.1", "log_every: -5", "train.log_every", ">= 0"),
+        ("warmup_ratio: 0.1", "temperature: .inf", "train.temperature", "finite"),
+        ("resources: {cpus_per_trial: 1}", "resources: {cpus_per_trial: 1}\nsearch: false", "search", "mapping"),
+        ("train: {warmup_ratio: 0.1}", "train: []", "train", "mapping"),
+        ("seed: 0", "seed: 0\ninvalid_rows: maybe", "invalid_rows", "raise, skip"),
+    ],
+)  # fmt: skip
+def test_sweep_fields_refused_while_loading(sweep_dir, old, new, key, message):
+    assert old in SWEEP
+    with pytest.raises(SpaceError) as caught:
+        spaces.load_sweep(write(sweep_dir / "tiny.yaml", SWEEP.replace(old, new)))
+    assert caught.value.key == key and message in str(caught.value) and "tiny.yaml" in str(caught.value)
+
+
+def test_duplicate_keys_are_an_error_naming_the_line(sweep_dir):
+    text = SWEEP.replace("budgets:\n  small: {num_samples: 2, epochs: 1}", "budgets:\n  small: {epochs: 2, epochs: 50}")
+    with pytest.raises(SpaceError, match=r"tiny\.yaml: not valid YAML: line 9, column \d+: duplicate key 'epochs'"):
+        spaces.load_sweep(write(sweep_dir / "tiny.yaml", text))
+    nested = SWEEP + "seed: 1\n"
+    with pytest.raises(SpaceError, match=r"line 10, column 1: duplicate key 'seed'"):
+        spaces.load_sweep(write(sweep_dir / "tiny.yaml", nested))
+
+
+def test_aliases_are_refused_and_messages_stay_bounded(tmp_path):
+    # ten levels of nine aliases each: 9**10 leaves if expanded (the "billion laughs")
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 9)}]" for i in range(1, 11)]
+    path = write(tmp_path / "bomb.yaml", "\n".join(lines) + "\nname: *a10\n")
+    with pytest.raises(SpaceError) as caught:
+        spaces.load_sweep(path)
+    assert "line 2" in str(caught.value) and "aliases are not allowed" in str(caught.value)
+    # a huge value in a wrong place is echoed cut short, on one line
+    huge = write(tmp_path / "huge.yaml", SWEEP.replace("name: tiny", "name: [" + ", ".join(["x" * 50] * 5000) + "]"))
+    with pytest.raises(SpaceError) as caught:
+        spaces.load_sweep(huge)
+    assert caught.value.key == "name" and len(str(caught.value)) < 500 and "\n" not in str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "field, value",
+    [("lr", float("inf")), ("weight_decay", float("nan")), ("dropout", float("nan")), ("max_grad_norm", float("nan")),
+     ("warmup_ratio", float("nan")), ("temperature", float("inf"))],
+)  # fmt: skip
+def test_train_config_refuses_non_finite_numbers(field, value):
+    with pytest.raises(ValueError, match=f"TrainConfig.{field} must be a finite number"):
+        train.TrainConfig(method="lora", tasks=["sst"], **{field: value})
+
+
+@pytest.mark.parametrize(
+    "values, message",
+    [({"seed": 2**32}, "seed must be in"), ({"seed": -1}, "seed must be in"), ({"device": "tpu"}, "device 'tpu'"),
+     ({"log_every": -5}, "log_every must be >= 0"), ({"epochs": 2.5}, "epochs must be an integer"),
+     ({"method_options": {"alpha": float("nan")}}, "LoraConfig.alpha must be a finite number")],
+)  # fmt: skip
+def test_train_config_refuses_out_of_range_settings(values, message):
+    with pytest.raises(ValueError, match=message):
+        train.TrainConfig(method="lora", tasks=["sst"], **values)
+
+
+@pytest.mark.parametrize(
+    "method, options",
+    [("lora", {"alpha": float("nan")}), ("adapter", {"init_std": float("nan")}),
+     ("hyperformer", {"init_std": float("inf")}), ("lora", {"dropout": float("nan")})],
+)  # fmt: skip
+def test_method_configs_refuse_non_finite_options(method, options):
+    with pytest.raises(ValueError, match="must be a finite number"):
+        methods.make_method_config(method, options)

@@ -1,0 +1,110 @@
+"""Issue 9: every user error on the command line ends in one line on stderr and exit 2, never a traceback.
+
+Table-driven: each row is a command with one mistake, run in-process through ``peftune.cli.main``.
+Every mistake is caught before any training, sweep or store work starts.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from peftune import cli
+
+CASES = {
+    "lr inf": ["train", "--lr", "inf"],
+    "weight decay nan": ["train", "--weight-decay", "nan"],
+    "alpha nan": ["train", "--alpha", "nan"],
+    "dropout nan": ["train", "--dropout", "nan"],
+    "warmup -inf": ["train", "--warmup-ratio", "-inf"],
+    "lr word": ["train", "--lr", "fast"],
+    "lr negative": ["train", "--lr", "-1"],
+    "dropout above 1": ["train", "--dropout", "1.5"],
+    "device tpu": ["train", "--device", "tpu"],
+    "option unbalanced list": ["train", "--option", "rank=[1"],
+    "option without value": ["train", "--option", "rank"],
+    "option unknown": ["train", "--option", "ranks=4"],
+    "rank zero": ["train", "--rank", "0"],
+    "rank for bitfit": ["train", "--method", "bitfit", "--rank", "4"],
+    "unknown method": ["train", "--method", "lorra"],
+    "unknown task": ["train", "--tasks", "sst,imdb"],
+    "no tasks": ["train", "--tasks", ""],
+    "epochs zero": ["train", "--epochs", "0"],
+    "batch size negative": ["train", "--batch-size", "-1"],
+    "seed negative": ["train", "--seed", "-1"],
+    "seed too large": ["train", "--seed", "4294967296"],
+    "export-peft with adapter": ["train", "--method", "adapter", "--export-peft"],
+    "output is a file": ["train", "--output", "{file}"],
+    "missing model": ["train", "--model", "{missing}"],
+    "corrupt config.json": ["train", "--model", "{bad_config}"],
+    "corrupt safetensors": ["train", "--model", "{bad_weights}"],
+    "methods missing model": ["methods", "--model", "{missing}"],
+    "methods unknown task": ["methods", "--tasks", "sst,imdb"],
+    "methods corrupt config": ["methods", "--model", "{bad_config}"],
+    "report garbage uri": ["report", "--sweep", "s", "--tracking-uri", "garbage://x"],
+    "report missing sqlite": ["report", "--sweep", "s", "--tracking-uri", "sqlite:///{missing}/mlflow.db"],
+    "report output is a file": ["report", "--sweep", "s", "--tracking-uri", "sqlite:///{db}", "--output", "{file}"],
+    "report unknown sweep": ["report", "--sweep", "nosuchsweep", "--tracking-uri", "sqlite:///{db}"],
+    "evaluate garbage uri": ["evaluate", "--sweep", "s", "--tracking-uri", "garbage://x", "--data-dir", "{data}",
+                             "--test-dir", "{data}"],
+    "sweep missing definition": ["sweep", "{missing}.yaml", "--data-dir", "{data}"],
+    "sweep unknown budget": ["sweep", "smoke", "--budget", "huge", "--data-dir", "{data}"],
+    "sweep smoke with budget": ["sweep", "smoke", "--smoke-test", "--budget", "cpu", "--data-dir", "{data}"],
+    "sweep garbage uri": ["sweep", "smoke", "--data-dir", "{data}", "--tracking-uri", "garbage://x"],
+    "sweep bad invalid-rows": ["sweep", "smoke", "--data-dir", "{data}", "--invalid-rows", "ignore"],
+    "sweep zero samples": ["sweep", "smoke", "--data-dir", "{data}", "--num-samples", "0"],
+    "sweep bad name": ["sweep", "smoke", "--data-dir", "{data}", "--name", "a b/c"],
+}  # fmt: skip
+if torch.cuda.is_available():
+    del CASES["device tpu"]
+else:
+    CASES["device cuda without CUDA"] = ["train", "--device", "cuda"]
+
+
+@pytest.fixture
+def places(tmp_path, tiny_data_dir):
+    import mlflow
+
+    file = tmp_path / "a-file"
+    file.write_text("not a directory")
+    bad_config = tmp_path / "bad_config"
+    bad_config.mkdir()
+    (bad_config / "config.json").write_text('{"model_type": "bert", "hidden_size": ')
+    bad_weights = tmp_path / "bad_weights"
+    bad_weights.mkdir()
+    (bad_weights / "config.json").write_text(
+        '{"model_type": "bert", "vocab_size": 120, "hidden_size": 16, "num_hidden_layers": 1, '
+        '"num_attention_heads": 2, "intermediate_size": 32}'
+    )
+    (bad_weights / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00garbage")
+    (bad_weights / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\n")
+    db = tmp_path / "mlflow.db"
+    mlflow.MlflowClient(f"sqlite:///{db}").search_experiments()  # an existing, empty store
+    return {
+        "file": str(file),
+        "missing": str(tmp_path / "missing"),
+        "bad_config": str(bad_config),
+        "bad_weights": str(bad_weights),
+        "db": str(db),
+        "data": str(tiny_data_dir),
+    }
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_user_error_is_one_line_and_exit_2(name, places, capsys, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # nothing a failed command might write lands in the repository
+    argv = [arg.format(**places) for arg in CASES[name]]
+    if argv[0] == "train" and "--data-dir" not in argv:
+        argv += ["--data-dir", places["data"], "--epochs" if "--epochs" not in argv else "--seed", "1"]
+        argv += ["--max-train-examples", "8", "--max-dev-examples", "8"]
+    try:
+        code = cli.main(argv)
+    except SystemExit as exit_:  # argparse's own errors (wrong type, bad choice)
+        code = exit_.code
+    _, err = capsys.readouterr()
+    assert code == 2, err
+    assert "Traceback" not in err
+    errors = [line for line in err.splitlines() if ": error: " in line]
+    assert len(errors) == 1 and len(errors[0]) <= 600, err
+    assert not (tmp_path / "missing").exists(), "a reading command created the store it was asked to read"
+    assert not list(tmp_path.glob("runs/*")), "a refused train command wrote a checkpoint"
