@@ -57,7 +57,8 @@ def test_reports_every_epoch_with_metrics_and_counts(tiny_prepared):
 
 
 def test_learns_the_toy_tasks(tiny_prepared):
-    run = config(method="full", method_options={}, epochs=5, lr=1e-3, pooling="mean")
+    # the heads draw their initialisation first now (the backbone is built on the meta device): lr 3e-3
+    run = config(method="full", method_options={}, epochs=5, lr=3e-3, pooling="mean")
     history = train.run_trial(run, tiny_prepared).history
     assert history[-1]["train_loss"] < 0.8 * history[0]["train_loss"]
     assert history[-1]["sst_accuracy"] > 0.8  # two well-separated classes in the toy file
@@ -116,7 +117,7 @@ def test_checkpoint_for_another_backbone_or_method_is_refused(tiny_prepared, tmp
 
 
 def test_divergence_stops_the_trial(tiny_prepared):
-    with pytest.raises(train.TrainingDiverged, match="loss is (nan|inf)"):
+    with pytest.raises(train.TrainingDiverged, match="loss is (nan|inf)|grew past 10x"):
         train.run_trial(config(method="full", method_options={}, lr=1e12, max_grad_norm=1e12), tiny_prepared)
 
 
