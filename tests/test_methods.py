@@ -83,6 +83,8 @@ def test_forward_backward_and_trainable_set(method):
     for name, parameter in model.named_parameters():
         if parameter.requires_grad and task_of(name) in (None, "para") and not name.startswith("heads.sst"):
             assert parameter.grad is not None, f"{name} got no gradient"
+        if not parameter.requires_grad:  # frozen weights: autograd must not compute their gradients
+            assert parameter.grad is None, f"frozen {name} got a gradient"
 
 
 @pytest.mark.parametrize("method", ALL_METHODS)

@@ -103,6 +103,7 @@ def cmd_train(args) -> int:
         pooling=args.pooling,
         seed=args.seed,
         device=args.device,
+        precision=args.precision,
     )
     output = Path(args.output or f"runs/{config.method}-{time.strftime('%Y%m%d-%H%M%S')}")
     if (output / checkpoint.META).exists() and not args.overwrite:
@@ -279,6 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", help="auto (CUDA if present, else CPU), cpu, cuda, cuda:1...")
+    p.add_argument(
+        "--precision",
+        default="auto",
+        choices=["auto", "bf16", "fp32"],
+        help="auto: bf16 autocast on CPUs with AVX512-BF16/AMX and GPUs of compute capability >= 8.0, else fp32",
+    )
     p.add_argument("--output", help="checkpoint directory (default runs/<method>-<time>)")
     p.add_argument("--overwrite", action="store_true", help="replace a checkpoint already in --output")
     p.add_argument("--export-peft", action="store_true", help="also export a LoRA adapter in peft's format")
