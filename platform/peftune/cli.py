@@ -347,7 +347,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto (CUDA if present, else CPU), cpu, cuda, cuda:1...")
     p.set_defaults(func=cmd_evaluate)
 
-    p = sub.add_parser("bench", help="training throughput: the core versus a plain transformers loop")
+    p = sub.add_parser("bench", help="training throughput: the core versus the HF Trainer (fp32, bf16, peft LoRA)")
     add_model_args(p)
     p.add_argument("--data-dir", required=True)
     p.add_argument("--examples", type=int, default=1024, help="SST train examples per measured epoch")
