@@ -8,7 +8,7 @@ parameters to their own task, and round-trip its checkpoint.
 import pytest
 import torch
 
-from conftest import TINY, tiny_backbone
+from conftest import TINY, random_batch, tiny_backbone
 from peftune import methods
 from peftune.checkpoint import load_trainable, save_checkpoint
 from peftune.model import MultitaskModel
@@ -83,6 +83,8 @@ def test_forward_backward_and_trainable_set(method):
     for name, parameter in model.named_parameters():
         if parameter.requires_grad and task_of(name) in (None, "para") and not name.startswith("heads.sst"):
             assert parameter.grad is not None, f"{name} got no gradient"
+        if not parameter.requires_grad:  # frozen weights: autograd must not compute their gradients
+            assert parameter.grad is None, f"frozen {name} got a gradient"
 
 
 @pytest.mark.parametrize("method", ALL_METHODS)
@@ -150,3 +152,37 @@ def test_checkpoint_round_trip(method, tmp_path):
     for task in ("sst", "para"):
         torch.testing.assert_close(fresh(task, ids, mask, types), model(task, ids, mask, types), rtol=0, atol=0)
     assert {p.name for p in tmp_path.iterdir()} == {"trainable.safetensors", "peftune.json"}
+
+
+@pytest.mark.parametrize("targets", [["query", "key", "value"], ["value", "intermediate.dense"]])
+def test_lora_equals_peft_on_the_same_weights(targets):
+    """The LoRA written here (fused q/k/v when all three are adapted) computes peft's outputs and gradients."""
+    import peft
+
+    from peftune.methods.lora import peft_lora_config
+
+    config = methods.make_method_config("lora", {"rank": 4, "alpha": 8.0, "targets": targets, "dropout": 0.0})
+    ours = tiny_backbone(seed=3)
+    theirs = tiny_backbone(seed=3)
+    methods.get_method("lora").apply(ours, config, None)
+    peft.inject_adapter_in_model(peft_lora_config(config), theirs)
+    assert {n for n, _ in ours.named_parameters()} == {n for n, _ in theirs.named_parameters()}  # same keys
+    torch.manual_seed(5)
+    with torch.no_grad():  # B non-zero, so the adapter changes the output
+        for name, parameter in ours.named_parameters():
+            if "lora_B" in name:
+                parameter.normal_(std=0.1)
+    theirs.load_state_dict(ours.state_dict())
+    batch = random_batch()
+    results = []
+    for model in (ours, theirs):
+        model.eval()  # no dropout draws: the two models see the same computation
+        for name, parameter in model.named_parameters():
+            parameter.requires_grad_("lora_" in name)
+        output = model(*batch)[0]
+        output.pow(2).sum().backward()
+        results.append((output, {n: p.grad for n, p in model.named_parameters() if p.requires_grad}))
+    torch.testing.assert_close(results[0][0], results[1][0], rtol=1e-5, atol=1e-5)
+    assert results[0][1].keys() == results[1][1].keys() and results[0][1]
+    for name in results[0][1]:
+        torch.testing.assert_close(results[0][1][name], results[1][1][name], rtol=1e-4, atol=1e-5, msg=name)

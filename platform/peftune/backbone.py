@@ -119,6 +119,8 @@ class BertSelfAttention(nn.Module):
         self.value = nn.Linear(H, H)
         self.dropout_p = config.attention_probs_dropout_prob
         self.kv_prefix: nn.Module | None = None  # prefix-tuning hook
+        # fused q/k/v hook: a function (attention, x) -> (q, k, v), each (B, T, H) (LoRA installs one)
+        self.qkv_projection = None
 
     def _split_heads(self, x):  # (B, T, H) -> (B, nh, T, hd)
         B, T, _ = x.shape
@@ -126,9 +128,12 @@ class BertSelfAttention(nn.Module):
 
     def forward(self, x, attention_bias):
         # x: (B, T, H); attention_bias: (B, 1, 1, T) additive, 0 or -inf-like
-        q = self._split_heads(self.query(x))
-        k = self._split_heads(self.key(x))
-        v = self._split_heads(self.value(x))
+        if self.qkv_projection is not None:
+            q, k, v = map(self._split_heads, self.qkv_projection(self, x))
+        else:
+            q = self._split_heads(self.query(x))
+            k = self._split_heads(self.key(x))
+            v = self._split_heads(self.value(x))
         if self.kv_prefix is not None:
             k_prefix, v_prefix = self.kv_prefix(x.shape[0])  # (B, nh, P, hd) each
             k = torch.cat([k_prefix.to(k.dtype), k], dim=2)  # (B, nh, P + T, hd)

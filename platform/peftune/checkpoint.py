@@ -181,8 +181,6 @@ def _atomic_write(path: Path, write) -> None:
 
 def export_lora(model: MultitaskModel, directory: str | Path, base_model_name_or_path: str | None = None) -> Path:
     """Write a LoRA model's adapter in peft's format (loadable with ``PeftModel.from_pretrained`` on HF BERT)."""
-    from peft import get_peft_model_state_dict
-
     from peftune.methods.lora import LoraConfig, peft_lora_config
 
     if not isinstance(model.method_config, LoraConfig):
@@ -192,8 +190,11 @@ def export_lora(model: MultitaskModel, directory: str | Path, base_model_name_or
     peft_config = peft_lora_config(model.method_config)
     peft_config.base_model_name_or_path = base_model_name_or_path
     peft_config.save_pretrained(os.fspath(directory))
-    state = get_peft_model_state_dict(model.backbone, adapter_name="default")
-    # PeftModel wraps the HF model as base_model.model
-    state = {f"base_model.model.{k}": v.detach().cpu().contiguous() for k, v in state.items()}
+    # peft's file keys: the parameter names without the adapter name, under PeftModel's "base_model.model."
+    state = {
+        "base_model.model." + name.replace(".default.", "."): p.detach().cpu().contiguous()
+        for name, p in model.backbone.named_parameters()
+        if "lora_" in name
+    }
     save_file(state, os.fspath(directory / "adapter_model.safetensors"))
     return directory

@@ -118,6 +118,7 @@ def cmd_train(args) -> int:
         pooling=args.pooling,
         seed=args.seed,
         device=args.device,
+        precision=args.precision,
     )
     output = Path(args.output or f"runs/{config.method}-{time.strftime('%Y%m%d-%H%M%S')}")
     # everything a user can get wrong is checked before the data is read and the model trained
@@ -311,6 +312,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--device", default="auto", help="auto (CUDA if present, else CPU), cpu, cuda, cuda:1...")
+    p.add_argument(
+        "--precision",
+        default="auto",
+        choices=["auto", "bf16", "fp32"],
+        help="auto: bf16 autocast on CPUs with AVX512-BF16/AMX and GPUs of compute capability >= 8.0, else fp32",
+    )
     p.add_argument("--output", help="checkpoint directory (default runs/<method>-<time>)")
     p.add_argument("--overwrite", action="store_true", help="replace a checkpoint already in --output")
     p.add_argument("--export-peft", action="store_true", help="also export a LoRA adapter in peft's format")
@@ -372,7 +379,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto (CUDA if present, else CPU), cpu, cuda, cuda:1...")
     p.set_defaults(func=cmd_evaluate)
 
-    p = sub.add_parser("bench", help="training throughput: the core versus a plain transformers loop")
+    p = sub.add_parser("bench", help="training throughput: the core versus the HF Trainer (fp32, bf16, peft LoRA)")
     add_model_args(p)
     p.add_argument("--data-dir", required=True)
     p.add_argument("--examples", type=int, default=1024, help="SST train examples per measured epoch")

@@ -1,0 +1,49 @@
+"""The benchmark compares like with like: every contender trains on the same examples, tokens and steps."""
+
+import pytest
+import torch
+
+from peftune import bench
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory, tiny_prepared):
+    """A tiny random BERT in HF format (safetensors + tokenizer), with the weights of ``tiny_prepared``."""
+    import transformers
+
+    from peftune.backbone import DEFAULT_MODEL, load_tokenizer, resolve_model_dir
+
+    directory = tmp_path_factory.mktemp("tiny-bert")
+    config = tiny_prepared.backbone.config
+    hf_config = transformers.BertConfig(**{k: v for k, v in config.to_dict().items()})
+    model = transformers.BertModel(hf_config)
+    model.load_state_dict(tiny_prepared.backbone.state_dict, strict=False)
+    model.save_pretrained(str(directory))
+    load_tokenizer(resolve_model_dir(DEFAULT_MODEL)).save_pretrained(str(directory))
+    return directory
+
+
+@pytest.mark.slow
+def test_contenders_see_the_same_examples_and_steps(tiny_prepared, tiny_model_dir, tmp_path):
+    lines = []
+    best = bench.run(
+        tiny_prepared, tiny_model_dir, batch_size=16, repeats=1, output_dir=str(tmp_path), echo=lines.append
+    )
+    split = tiny_prepared.tasks["sst"].train
+    assert len(best) == 7 and len(lines) == 7
+    expected_steps = -(-len(split) // 16)
+    for name, result in best.items():
+        assert sorted(result.examples) == list(range(len(split))), name  # each example exactly once
+        assert result.steps == expected_steps, name
+        assert result.tokens == split.num_tokens(), name
+        assert result.seconds > 0
+
+
+def test_flops_and_peak_are_plausible():
+    from peftune.backbone import BertConfig
+
+    minilm = BertConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
+    full = bench.flops_per_token(minilm, 25.0, lora=False)
+    assert 60e6 < full < 70e6  # ~64 MFLOP of training per token (6 N, N = 10.6 M)
+    assert bench.flops_per_token(minilm, 25.0, lora=True) < full
+    assert bench.matmul_peak(torch.float32, size=256, repeats=2) > 0
