@@ -298,6 +298,7 @@ def build_parser() -> argparse.ArgumentParser:
     from peftune import sweep
 
     sweep.add_arguments(p)
+    p.epilog = sweep.EXIT_CODES_HELP
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("report", help="a sweep's Pareto report (tables, plots, HTML), logged to its MLflow parent run")
@@ -365,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         print(f"peftune {args.command}: error: {message}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # a second Ctrl-C during a sweep: its records are closed (interrupted)
+        print(f"peftune {args.command}: interrupted", file=sys.stderr)
+        return 3
 
 
 if __name__ == "__main__":

@@ -24,8 +24,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import math
 import os
 import tempfile
 from collections import Counter
@@ -34,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from peftune import record as record_names
 from peftune import spaces
 from peftune.spaces import SweepDefinition
 
@@ -41,6 +44,17 @@ log = logging.getLogger("peftune.sweep")
 
 DEFAULT_STORAGE_PATH = "ray_results"
 REPORTS_DIR = "reports"
+DIVERGED_FLAG = "diverged"  # set in a diverged trial's final result
+
+# a sweep's statuses (SweepResult.status, the parent run's peftune.status) and the jobs' exit codes
+COMPLETED, COMPLETED_WITH_FAILURES, INTERRUPTED = "completed", "completed_with_failures", "interrupted"
+FAILED = record_names.FAILED
+EXIT_OK, EXIT_USER_ERROR, EXIT_INTERRUPTED, EXIT_FAILURES = 0, 2, 3, 4
+EXIT_CODES_HELP = (
+    "exit status: 0 completed (or completed_with_failures with --allow-failures); 2 bad input, nothing started; "
+    "3 interrupted (run the same command again to resume); 4 some trials failed (completed_with_failures) "
+    "or all did (failed)"
+)
 
 
 # ----------------------------------------------------------------------------- what a trial trains
@@ -105,7 +119,7 @@ def trainable(config: dict, prepared, settings: TrialSettings) -> None:
     import torch
     from ray import tune
 
-    from peftune.train import run_trial
+    from peftune.train import TrainingDiverged, run_trial
 
     cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
     torch.set_num_threads(max(1, int(cpus)))
@@ -117,13 +131,24 @@ def trainable(config: dict, prepared, settings: TrialSettings) -> None:
             save(Path(directory))
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
 
-    checkpoint = tune.get_checkpoint()
-    if checkpoint is None:
-        run_trial(train_config, prepared, report)
-        return
-    with tempfile.TemporaryDirectory(prefix="peftune-resume-") as directory:
-        checkpoint.to_directory(directory)  # a local copy: Tune may prune the original while we train
-        run_trial(train_config, prepared, report, resume_from=directory)
+    try:
+        checkpoint = tune.get_checkpoint()
+        if checkpoint is None:
+            run_trial(train_config, prepared, report)
+            return
+        with tempfile.TemporaryDirectory(prefix="peftune-resume-") as directory:
+            checkpoint.to_directory(directory)  # a local copy: Tune may prune the original while we train
+            run_trial(train_config, prepared, report, resume_from=directory)
+    except TrainingDiverged as error:
+        # a result, not a failure: returning normally ends the trial TERMINATED, so FailureConfig does not
+        # retry it and a re-run of the sweep does not run it again; no `epoch`, so ASHA ignores it, and
+        # Optuna records a NaN objective as a failed trial of its study (no value to model)
+        tune.report(diverged_result(str(error)))
+
+
+def diverged_result(reason: str) -> dict[str, Any]:
+    """The final result of a diverged trial: NaN for the searcher's metrics (Tune requires them), and the reason."""
+    return {"score": math.nan, "trainable_params_per_task": math.nan, DIVERGED_FLAG: True, "divergence": reason}
 
 
 # ----------------------------------------------------------------------------- the sweep
@@ -132,7 +157,7 @@ def trainable(config: dict, prepared, settings: TrialSettings) -> None:
 @dataclass
 class SweepResult:
     name: str
-    status: str  # completed | interrupted
+    status: str  # completed | completed_with_failures | failed (every trial) | interrupted
     tracking_uri: str
     experiment_id: str
     parent_run_id: str
@@ -163,8 +188,11 @@ class SweepResult:
             lines.append(
                 f"best trial: {self.best['method']} ({self.best['trial_id']}) dev score {self.best['best_score']:.4f}"
             )
-        if self.status == "interrupted":
+        if self.status == INTERRUPTED:
             lines.append("run the same command again to resume it")
+        failed = self.statuses.get(FAILED, 0)
+        if failed:
+            lines.append(f"{failed} trial(s) failed: their errors are the peftune.error tags of their runs")
         lines.append(f"MLflow parent run id: {self.parent_run_id}")
         lines.append(f"MLflow UI: {self.ui_address}")
         if self.ui_command:
@@ -278,6 +306,8 @@ def run_sweep(
             f"sweep {definition.name!r} already has Ray Tune state at {experiment_path}: resume it "
             f"(run it again without --fresh) or pick another name"
         )
+    if exists and not tracking.has_parent_run(tracking_uri, definition.name):
+        raise ValueError(tracking.missing_record_error(definition.name, tracking_uri, experiment_path))
 
     budget = definition.budget
     log.info("reading and tokenizing %s from %s (model %s)", ",".join(definition.tasks), data_dir, definition.model)
@@ -337,23 +367,26 @@ def run_sweep(
                 ),
             )
         grid = tuner.fit()
-    except BaseException:
-        tracking.close_sweep(record, "failed")
+        trials = tracking.trial_records(record)
+        finished = [t for t in trials if t.status]
+        complete = len(grid) >= budget.num_samples and len(finished) >= len(grid)
+        status = sweep_status(trials) if complete else INTERRUPTED
+        logged = []
+        if complete:
+            logged = tracking.log_best_checkpoints(record, _best_checkpoints(grid), definition.checkpoints_per_method)
+        tracking.close_sweep(record, status)
+    except BaseException as error:
+        # a second Ctrl-C (Tune handles only the first) lands here too: the records are closed all the same
+        with _sigint_ignored():
+            trial_logger.close_open_runs()
+            tracking.close_sweep(record, INTERRUPTED if isinstance(error, KeyboardInterrupt) else FAILED)
         raise
-
-    trials = tracking.trial_records(record)
-    finished = [t for t in trials if t.status]
-    complete = len(grid) >= budget.num_samples and len(finished) >= len(grid)
-    logged = []
-    if complete:
-        logged = tracking.log_best_checkpoints(record, _best_checkpoints(grid), definition.checkpoints_per_method)
-    tracking.close_sweep(record, "completed" if complete else "interrupted")
     statuses = dict(Counter(trial.status for trial in trials))
     scored = [t for t in trials if t.best_score is not None]
     best = max(scored, key=lambda t: t.best_score) if scored else None
     result = SweepResult(
         name=definition.name,
-        status="completed" if complete else "interrupted",
+        status=status,
         tracking_uri=tracking_uri,
         experiment_id=record.experiment_id,
         parent_run_id=record.parent_run_id,
@@ -368,6 +401,30 @@ def run_sweep(
     if complete and on_finished is not None:
         on_finished(result)  # the report goes here
     return result
+
+
+def sweep_status(trials: Sequence) -> str:
+    """A finished sweep's status: ``failed`` when every trial failed, ``completed_with_failures`` when some did."""
+    failed = sum(trial.status == FAILED for trial in trials)
+    if trials and failed == len(trials):
+        return FAILED
+    return COMPLETED_WITH_FAILURES if failed else COMPLETED
+
+
+@contextlib.contextmanager
+def _sigint_ignored():
+    """Ctrl-C is ignored while the records are closed (only the main thread may set signal handlers)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def trial_name(trial) -> str:
@@ -487,6 +544,11 @@ def add_arguments(parser, definition_default: str | None = None) -> None:
     parser.add_argument(
         "--ray-address", help="Ray cluster to join (default: $RAY_ADDRESS, as `ray job submit` sets; else a local Ray)"
     )
+    parser.add_argument(
+        "--allow-failures",
+        action="store_true",
+        help="exit 0 when some (not all) trials failed; without it such a sweep exits 4",
+    )
 
 
 def definition_from_args(args) -> SweepDefinition:
@@ -515,7 +577,14 @@ def main_from_args(args, on_finished: Callable[[SweepResult], None] | None = Non
         on_finished=on_finished,
     )
     print("\n" + result.summary(), flush=True)
-    return 0 if result.status == "completed" else 3
+    return exit_code(result.status, allow_failures=getattr(args, "allow_failures", False))
+
+
+def exit_code(status: str, allow_failures: bool = False) -> int:
+    """See :data:`EXIT_CODES_HELP`; ``allow_failures`` forgives some failed trials, never all."""
+    if status == COMPLETED or (status == COMPLETED_WITH_FAILURES and allow_failures):
+        return EXIT_OK
+    return EXIT_INTERRUPTED if status == INTERRUPTED else EXIT_FAILURES
 
 
 def job_main(
@@ -531,7 +600,9 @@ def job_main(
     import argparse
     import sys
 
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=description, epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_arguments(parser, definition_default=definition)
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -542,7 +613,10 @@ def job_main(
     except (ValueError, KeyError, FileNotFoundError) as error:
         message = error.args[0] if isinstance(error, KeyError) and error.args else error
         print(f"{parser.prog}: error: {message}", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:  # a second Ctrl-C: run_sweep has closed the records
+        print(f"{parser.prog}: interrupted; run the same command again to resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def _warn_relative_paths_in_job(args) -> None:

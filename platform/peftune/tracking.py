@@ -16,7 +16,8 @@ Parent run (run name ``<sweep>``):
 
 - tags: ``peftune.role=sweep``, ``peftune.sweep=<name>``, ``peftune.backbone=<model>``,
   ``peftune.code_version=<git sha, "-dirty" if the tree has changes; else "peftune <version>">``,
-  ``peftune.status`` = ``running`` | ``completed`` | ``interrupted`` | ``failed``,
+  ``peftune.status`` = ``running`` | ``completed`` | ``completed_with_failures`` (some trials failed) |
+  ``interrupted`` | ``failed`` (every trial failed, or the driver failed),
   ``peftune.definition_fingerprint`` and ``peftune.data_fingerprint`` (a resumed sweep must match both),
   ``peftune.ray_experiment_path`` (where Tune keeps the trials' state and checkpoints);
 - params: ``tasks``, ``methods`` (comma-separated), ``num_samples``, ``scheduler`` (``asha`` | ``none``),
@@ -30,9 +31,11 @@ Child run per trial (run name ``<method>-<ray trial id>``):
 
 - tags: ``mlflow.parentRunId=<parent run id>``, ``peftune.role=trial``, ``peftune.sweep=<name>``,
   ``peftune.trial_id=<ray trial id>``, ``peftune.method=<method>``,
-  ``peftune.status`` = ``completed`` (all epochs) | ``early_stopped`` (stopped by ASHA) | ``failed``;
-  ``peftune.error`` (failed only: the exception line, then the end of the traceback);
-  ``peftune.retries`` (when Ray retried the trial); ``peftune.checkpoint=checkpoint/`` on the trials whose
+  ``peftune.status`` = ``completed`` (all epochs) | ``early_stopped`` (stopped by ASHA) | ``failed`` |
+  ``diverged`` (non-finite or exploding training loss: a result, never retried);
+  ``peftune.error`` (failed: the exception line, then the end of the traceback; diverged: the reason);
+  ``peftune.retries`` (when Ray retried the trial: its retries, Ray's ``num_failures`` less a final failure);
+  ``peftune.checkpoint=checkpoint/`` on the trials whose
   checkpoint is logged. No ``peftune.status`` yet: the trial is running,
   or the sweep was interrupted (MLflow status KILLED) and resuming it continues this run;
 - params: ``method``, ``lr``, ``dropout``, ``weight_decay``, ``epochs``, ``batch_size``, ``tasks``,
@@ -74,6 +77,7 @@ from peftune.record import (  # noqa: F401  (re-exported: the record's names)
     COMPLETED,
     COUNT_METRICS,
     DEFAULT_TRACKING_URI,
+    DIVERGED,
     EARLY_STOPPED,
     ERROR,
     FAILED,
@@ -165,6 +169,25 @@ def find_parent_run(client, experiment_id: str, sweep: str):
     return runs[0] if runs else None
 
 
+def has_parent_run(tracking_uri: str, sweep: str) -> bool:
+    """Whether the store records sweep ``sweep``; a SQLite file that does not exist is not created."""
+    path = sqlite_path(tracking_uri)
+    if path is not None and not path.is_file():
+        return False
+    client = _client(tracking_uri)
+    experiment = client.get_experiment_by_name(sweep)
+    return experiment is not None and find_parent_run(client, experiment.experiment_id, sweep) is not None
+
+
+def missing_record_error(sweep: str, tracking_uri: str, ray_experiment_path: str) -> str:
+    """Tune state without its MLflow record: the one-line refusal, naming both places and the ways out."""
+    return (
+        f"sweep {sweep!r} has Ray Tune state at {ray_experiment_path} but no record in {tracking_uri}: "
+        f"resume it with the --tracking-uri it started with, or start a new sweep with another --name "
+        f"or --storage-path"
+    )
+
+
 def child_runs(client, experiment_id: str, parent_run_id: str) -> list:
     runs, token = [], None
     while True:
@@ -199,8 +222,9 @@ def open_sweep(
     """Create the sweep's parent run, or find it again when the sweep resumes (and check it matches).
 
     ``expect_existing``: Tune has state for this sweep (it resumes). A parent run without Tune state is
-    an error (the trials' state is gone; another name is needed); Tune state without a parent run
-    (the store is new, or the first run stopped before it was created) gets a new parent run.
+    an error (the trials' state is gone; another name is needed); so is Tune state without a parent run
+    (another store: the trials already run would be missing from it; Tune state is only written after
+    the parent run is created).
     """
     client = _client(tracking_uri)
     name = definition.name
@@ -231,12 +255,7 @@ def open_sweep(
         return SweepRecord(tracking_uri, experiment_id, parent.info.run_id, resumed=True)
 
     if expect_existing:
-        log.warning(
-            "sweep %r resumes in Ray but has no parent run in %s: creating one; trials that finished "
-            "before are not recorded there",
-            name,
-            tracking_uri,
-        )
+        raise ValueError(missing_record_error(name, tracking_uri, ray_experiment_path))
     if experiment_id is None:
         experiment_id = client.create_experiment(name, artifact_location=_artifact_location(tracking_uri, name))
     run = client.create_run(
@@ -291,10 +310,15 @@ def fingerprint_hashes(hashes: dict[str, str]) -> str:
 
 
 def close_sweep(record: SweepRecord, status: str) -> None:
-    """``status``: completed (FINISHED) | interrupted (KILLED) | failed (FAILED)."""
+    """``status``: completed, completed_with_failures (FINISHED) | interrupted (KILLED) | failed (FAILED)."""
     client = _client(record.tracking_uri)
     client.set_tag(record.parent_run_id, STATUS, status)
-    mlflow_status = {"completed": "FINISHED", "interrupted": "KILLED", "failed": "FAILED"}[status]
+    mlflow_status = {
+        "completed": "FINISHED",
+        "completed_with_failures": "FINISHED",
+        "interrupted": "KILLED",
+        "failed": "FAILED",
+    }[status]
     client.set_terminated(record.parent_run_id, status=mlflow_status)
 
 
@@ -508,6 +532,8 @@ class TrialLogger(tune.Callback):
         from mlflow.entities import Metric
 
         run_id = self._run_for(trial)
+        if result.get("diverged"):
+            return  # the final result of a diverged trial carries no epoch's metrics; on_trial_complete records it
         epoch = int(result["epoch"])
         if epoch <= self._last_epoch.get(trial.trial_id, 0):
             return  # logged before the sweep was interrupted; the resumed trial re-ran this epoch
@@ -533,12 +559,15 @@ class TrialLogger(tune.Callback):
 
     def on_trial_recover(self, iteration, trials, trial, **info):
         run_id = self._run_for(trial)
-        self.client.set_tag(run_id, "peftune.retries", str(trial.num_failures))
+        self.client.set_tag(run_id, "peftune.retries", str(trial.num_failures))  # retries so far; final in _finish
         log.warning("trial %s failed and is retried (%d failure(s) so far)", trial.trial_id, trial.num_failures)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        last_epoch = int((trial.last_result or {}).get("epoch", 0))
-        status = COMPLETED if last_epoch >= self.settings.epochs else EARLY_STOPPED
+        last = trial.last_result or {}
+        if last.get("diverged"):
+            self._finish(trial, DIVERGED, error=str(last.get("divergence", "diverged"))[:MAX_TAG_CHARS])
+            return
+        status = COMPLETED if int(last.get("epoch", 0)) >= self.settings.epochs else EARLY_STOPPED
         self._finish(trial, status)
 
     def on_trial_error(self, iteration, trials, trial, **info):
@@ -552,7 +581,11 @@ class TrialLogger(tune.Callback):
         self.client.set_tag(run_id, STATUS, status)
         if error is not None:
             self.client.set_tag(run_id, ERROR, error)
-            log.warning("trial %s failed: %s", trial.trial_id, error.splitlines()[0])
+            log.warning("trial %s %s: %s", trial.trial_id, status, error.splitlines()[0])
+        # the retries Ray made: every failure but a final one (Ray's num_failures counts that too)
+        retries = trial.num_failures - (1 if status == FAILED else 0)
+        if retries > 0:
+            self.client.set_tag(run_id, "peftune.retries", str(retries))
         self.client.set_terminated(run_id, status="FAILED" if status == FAILED else "FINISHED")
         self._finished.add(trial.trial_id)
 
@@ -573,6 +606,9 @@ class TrialLogger(tune.Callback):
         self.client.log_batch(run_id, metrics=metrics)
 
     def on_experiment_end(self, trials, **info):
+        self.close_open_runs()
+
+    def close_open_runs(self) -> None:
         """Trials still open when the experiment ends were interrupted: KILLED until the sweep resumes."""
         for trial_id, run_id in self._runs.items():
             if trial_id not in self._finished:

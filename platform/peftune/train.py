@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -41,8 +42,24 @@ log = logging.getLogger("peftune.train")
 SAMPLING = ("round_robin", "proportional", "temperature")
 
 
+# a task's batch loss above this multiple of its first batch loss (at least 1.0) is divergence
+DIVERGENCE_GROWTH = 100.0
+
+
 class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite: the trial stops instead of reporting a garbage score."""
+    """The loss became NaN or infinite, or grew past a bound: the trial stops instead of reporting a garbage score."""
+
+
+def check_divergence(loss: float, first_loss: float | None, growth: float = DIVERGENCE_GROWTH) -> str | None:
+    """Why ``loss`` means divergence (non-finite, or above ``growth`` x the task's first loss), else None.
+
+    The floor of 1.0 on the first loss keeps a task that starts near zero from tripping on ordinary noise.
+    """
+    if not math.isfinite(loss):
+        return f"loss is {loss}"
+    if first_loss is not None and loss > growth * max(first_loss, 1.0):
+        return f"loss {loss:.4g} grew past {growth:g} x its first value {first_loss:.4g}"
+    return None
 
 
 @dataclass
@@ -285,6 +302,7 @@ def run_trial(
 
     trainable = [p for p in model.parameters() if p.requires_grad]
     train_time = sum(m["epoch_time_s"] for m in history)
+    first_loss: dict[str, float] = {}  # task -> its first batch loss in this run: the divergence bound's base
     for epoch in range(start_epoch, config.epochs):
         model.train()
         started = time.perf_counter()
@@ -297,9 +315,10 @@ def run_trial(
             with autocast_for(device):
                 outputs = model(batch.task, batch.input_ids, batch.attention_mask, batch.token_type_ids)
             loss = model.tasks[batch.task].loss(outputs, batch.labels)
-            if not torch.isfinite(loss):
+            reason = check_divergence(loss.item(), first_loss.setdefault(batch.task, loss.item()))
+            if reason is not None:
                 raise TrainingDiverged(
-                    f"loss is {loss.item()} at epoch {epoch + 1}, step {step + 1} (task {batch.task}); "
+                    f"{reason} at epoch {epoch + 1}, step {step + 1} (task {batch.task}); "
                     f"lr {config.lr:g} may be too high for method {config.method!r}"
                 )
             optimizer.zero_grad(set_to_none=True)

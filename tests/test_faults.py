@@ -1,0 +1,247 @@
+"""Faults on real sweeps (real Ray, real MLflow, the embedded MiniLM on a sliver of data).
+
+A diverging method is a result (``diverged``), never retried; a sweep with failed trials says so in
+its status and exit code; Tune state without its MLflow record is refused up front; a double Ctrl-C
+still closes every run. Each asserts the MLflow record against Ray's view: every trial exactly once,
+every run with a final status.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+from pathlib import Path
+
+import mlflow
+import pytest
+import ray
+from ray import tune
+
+from peftune import spaces, sweep
+from peftune.train import DIVERGENCE_GROWTH, check_divergence
+
+# lr 1e30 blows the heads up on the second step: a deterministic divergence; top_k with k = 8 > the
+# 6 layers of MiniLM fails when the trial builds its model (a failure, retried once by max_failures: 1)
+DIVERGING = """\
+    method: frozen
+    lr: 1.0e+30
+    dropout: 0.0
+    weight_decay: 0.0
+"""
+FAILING = """\
+    method: top_k
+    lr: 1.0e-3
+    dropout: 0.1
+    weight_decay: 0.0
+    options:
+      k: 8
+"""
+HEALTHY = """\
+    method: bitfit
+    lr: 1.0e-3
+    dropout: 0.1
+    weight_decay: 0.0
+"""
+SWEEP = """\
+    name: {name}
+    tasks: [sst]
+    methods: [{methods}]
+    seed: {seed}
+    search: {{objective: single, sampler: tpe, n_startup_trials: 10}}
+    scheduler: {{type: none}}
+    resources: {{cpus_per_trial: 1, max_concurrent_trials: 1}}
+    max_failures: 1
+    checkpoints_per_method: 1
+    budget: tiny
+    budgets:
+      tiny: {{num_samples: {num_samples}, epochs: {epochs}, batch_size: 16, max_length: 32, max_train_examples: 64,
+              max_dev_examples: 32}}
+"""
+
+
+def write_definition(directory: Path, name: str, methods: list[str], num_samples: int, epochs: int = 2, seed=0):
+    (directory / "methods").mkdir(parents=True, exist_ok=True)
+    for text in (DIVERGING, FAILING, HEALTHY):
+        method = text.split()[1]
+        (directory / "methods" / f"{method}.yaml").write_text(textwrap.dedent(text))
+    path = directory / f"{name}.yaml"
+    text = SWEEP.format(name=name, methods=", ".join(methods), seed=seed, num_samples=num_samples, epochs=epochs)
+    path.write_text(textwrap.dedent(text))
+    return path
+
+
+def runs_of(uri: str, name: str):
+    mlflow.set_tracking_uri(uri)
+    runs = mlflow.search_runs(experiment_names=[name])
+    return runs[runs["tags.peftune.role"] == "sweep"], runs[runs["tags.peftune.role"] == "trial"]
+
+
+class RayView(tune.Callback):
+    """What Ray itself says of each trial: starts, final state and its number of failures."""
+
+    def __init__(self):
+        self.started, self.failures, self.ended = [], {}, {}
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        self.started.append(trial.trial_id)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self.failures[trial.trial_id], self.ended[trial.trial_id] = trial.num_failures, "complete"
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self.failures[trial.trial_id], self.ended[trial.trial_id] = trial.num_failures, "error"
+
+
+# ----------------------------------------------------------------------------- fast: the rules themselves
+
+
+def test_divergence_is_a_non_finite_loss_or_one_grown_past_the_bound():
+    assert check_divergence(2.3, 2.3) is None and check_divergence(150.0, 2.0) is None  # 150 < 100 x 2
+    assert "nan" in check_divergence(math.nan, 2.0) and "inf" in check_divergence(math.inf, None)
+    assert "grew past" in check_divergence(201.0, 2.0)
+    assert check_divergence(DIVERGENCE_GROWTH * 0.5, 0.01) is None  # a near-zero start is floored at 1.0
+    assert check_divergence(DIVERGENCE_GROWTH + 1, 0.01) is not None
+
+
+@pytest.mark.parametrize(
+    ("statuses", "status"),
+    [
+        (["completed", "early_stopped", "diverged"], "completed"),
+        (["completed", "failed"], "completed_with_failures"),
+        (["failed", "failed"], "failed"),
+        ([], "completed"),
+    ],
+)
+def test_sweep_status_tells_failures_apart(statuses, status):
+    trials = [type("T", (), {"status": s})() for s in statuses]
+    assert sweep.sweep_status(trials) == status
+
+
+def test_exit_codes():
+    assert sweep.exit_code("completed") == 0 and sweep.exit_code("interrupted") == 3
+    assert sweep.exit_code("completed_with_failures") == 4
+    assert sweep.exit_code("completed_with_failures", allow_failures=True) == 0
+    assert sweep.exit_code("failed", allow_failures=True) == 4  # never all
+
+
+# ----------------------------------------------------------------------------- real sweeps
+
+
+@pytest.fixture(scope="module")
+def local_ray():
+    ray.init(address="local", num_cpus=2, include_dashboard=False)  # never a cluster already running here
+    yield
+    ray.shutdown()
+
+
+@pytest.mark.slow
+def test_diverged_trials_are_results_failed_ones_make_the_sweep_fail(local_ray, tmp_path, tiny_data_dir, capsys):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    storage = tmp_path / "ray_results"
+    # seed 1 proposes top_k, frozen, bitfit (Optuna samples at random before its 10 startup trials)
+    path = write_definition(tmp_path / "defs", "faulty", ["frozen", "top_k", "bitfit"], num_samples=3, epochs=1, seed=1)
+    spec = spaces.load_sweep(path)
+    view = RayView()
+    result = sweep.run_sweep(spec, tiny_data_dir, uri, storage_path=storage, callbacks=[view])
+
+    parents, children = runs_of(uri, "faulty")
+    assert len(parents) == 1 and len(children) == 3 and children["tags.peftune.trial_id"].is_unique
+    assert set(children["tags.peftune.trial_id"]) == set(view.ended)  # every Ray trial exactly once
+    by_method = children.groupby("params.method")["tags.peftune.status"].agg(set).to_dict()
+    assert by_method == {"frozen": {"diverged"}, "top_k": {"failed"}, "bitfit": {"completed"}}, by_method
+    assert children["status"].isin(["FINISHED", "FAILED"]).all()  # every run closed
+    for _, run in children.iterrows():
+        trial_id, status = run["tags.peftune.trial_id"], run["tags.peftune.status"]
+        if status == "diverged":  # a result: never retried, its reason recorded
+            assert view.ended[trial_id] == "complete" and view.failures[trial_id] == 0
+            assert view.started.count(trial_id) == 1
+            assert "lr 1e+30" in run["tags.peftune.error"] and run["status"] == "FINISHED"
+            assert pd_missing(run.get("tags.peftune.retries"))
+        if status == "failed":  # retried once by max_failures: 1; the tag agrees with Ray
+            assert view.ended[trial_id] == "error" and view.failures[trial_id] == 2
+            assert run["tags.peftune.retries"] == "1"
+
+    # some trials failed: the sweep says so, on the result, the parent run and in its exit code
+    assert result.status == "completed_with_failures"
+    assert parents.iloc[0]["tags.peftune.status"] == "completed_with_failures"
+    assert parents.iloc[0]["status"] == "FINISHED"
+    assert "trial(s) failed" in result.summary()
+    assert sweep.exit_code(result.status) == 4
+
+    # a re-run does not run the diverged trials again (Ray retries the failed ones: resume_errored)
+    again_view = RayView()
+    again = sweep.run_sweep(spec, tiny_data_dir, uri, storage_path=storage, callbacks=[again_view])
+    diverged = set(children[children["tags.peftune.status"] == "diverged"]["tags.peftune.trial_id"])
+    assert diverged and not diverged & set(again_view.started)
+    assert again.status == "completed_with_failures" and again.num_trials == 3
+
+    # the same Tune state with another tracking store: refused up front, naming both places, nothing created
+    other = tmp_path / "other" / "mlflow.db"
+    with pytest.raises(ValueError, match="no record in") as refused:
+        sweep.run_sweep(spec, tiny_data_dir, f"sqlite:///{other}", storage_path=storage)
+    assert str(storage / "faulty") in str(refused.value) and str(other) in str(refused.value)
+    assert "--tracking-uri" in str(refused.value) and "--name" in str(refused.value)
+    assert not other.exists()
+    argv = [
+        "--data-dir",
+        str(tiny_data_dir),
+        "--tracking-uri",
+        f"sqlite:///{other}",
+        "--storage-path",
+        str(storage),
+    ]
+    capsys.readouterr()
+    assert sweep.job_main(str(path), "a test job", argv=argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no record in" in err[0] and not other.exists()
+
+
+def pd_missing(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+@pytest.mark.slow
+def test_a_double_ctrl_c_still_closes_every_run(tmp_path, tiny_data_dir):
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    path = write_definition(tmp_path / "defs", "twice", ["bitfit"], num_samples=4, epochs=3)
+    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
+    env.pop("RAY_ADDRESS", None)
+    command = [sys.executable, "-m", "peftune.cli", "sweep", str(path), "--data-dir", str(tiny_data_dir)]
+    command += ["--tracking-uri", uri, "--storage-path", str(tmp_path / "ray_results")]
+    command += ["--reports-dir", str(tmp_path / "reports")]
+    process = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
+    started, output = threading.Event(), []
+
+    def read():
+        for line in process.stdout:
+            output.append(line)
+            if "epoch 1/3" in line and "peftune.tracking" in line:  # a trial is mid-way through its training
+                started.set()
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        assert started.wait(600), "".join(output[-40:])
+        process.send_signal(signal.SIGINT)
+        threading.Event().wait(1.0)  # Tune is winding down the experiment: the second Ctrl-C lands there
+        process.send_signal(signal.SIGINT)
+        code = process.wait(300)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    reader.join(10)
+    log = "".join(output)
+    assert code == 3, log[-3000:]
+
+    parents, children = runs_of(uri, "twice")
+    assert len(parents) == 1 and parents.iloc[0]["tags.peftune.status"] == "interrupted", log[-3000:]
+    assert parents.iloc[0]["status"] == "KILLED"
+    assert len(children) >= 1 and children["tags.peftune.trial_id"].is_unique
+    assert not (children["status"] == "RUNNING").any(), children[["tags.peftune.trial_id", "status"]]
