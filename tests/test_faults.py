@@ -245,3 +245,190 @@ def test_a_double_ctrl_c_still_closes_every_run(tmp_path, tiny_data_dir):
     assert parents.iloc[0]["status"] == "KILLED"
     assert len(children) >= 1 and children["tags.peftune.trial_id"].is_unique
     assert not (children["status"] == "RUNNING").any(), children[["tags.peftune.trial_id", "status"]]
+
+
+# ----------------------------------------------------------------------------- a tracking-server outage
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class MlflowServer:
+    """A real ``mlflow server`` on 127.0.0.1 with a SQLite store: killed (SIGKILL) and started again at will."""
+
+    def __init__(self, directory: Path):
+        self.directory, self.port = directory, free_port()
+        self.uri = f"http://127.0.0.1:{self.port}"
+        self.process = None
+        self.starts = 0
+
+    def __getstate__(self):  # Tune pickles the callbacks with its state: the process stays here
+        return {k: v for k, v in self.__dict__.items() if k != "process"}
+
+    def start(self) -> None:
+        command = [str(Path(sys.executable).with_name("mlflow")), "server", "--host", "127.0.0.1"]
+        command += ["--port", str(self.port), "--workers", "1"]
+        command += ["--backend-store-uri", f"sqlite:///{self.directory / 'server.db'}"]
+        command += ["--artifacts-destination", str(self.directory / "artifacts")]
+        log = (self.directory / f"server-{self.starts}.log").open("w")
+        self.process = subprocess.Popen(
+            command, cwd=self.directory, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.starts += 1
+
+    def wait_up(self, timeout: float = 180) -> None:
+        import http.client
+        import urllib.request
+
+        pause = threading.Event()
+        for _ in range(int(timeout * 2)):
+            if self.process.poll() is not None:  # it could not serve (e.g. another process took the port)
+                break
+            try:
+                with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as response:
+                    if response.status == 200:
+                        return
+            except (OSError, http.client.HTTPException):
+                pause.wait(0.5)
+        log = (self.directory / f"server-{self.starts - 1}.log").read_text()[-2000:]
+        raise RuntimeError(f"mlflow server did not start on port {self.port}: {log}")
+
+    def first_start(self, attempts: int = 3) -> None:
+        """Start on a free port; another on a new port if the first was taken meanwhile (nothing depends on it yet)."""
+        for attempt in range(attempts):
+            self.start()
+            try:
+                return self.wait_up()
+            except RuntimeError:
+                self.kill()
+                if attempt == attempts - 1:
+                    raise
+                self.port = free_port()
+                self.uri = f"http://127.0.0.1:{self.port}"
+                self.starts = 0
+
+    def kill(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGKILL)  # the server and its workers, as a crash would
+            self.process.wait(30)
+
+
+class Outage(tune.Callback):
+    """Kills the tracking server at the first trial result and starts it again ``down_for`` results later."""
+
+    def __init__(self, server: MlflowServer, down_for: int):
+        self.server, self.down_for = server, down_for
+        self.results, self.while_down = 0, 0
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        self.results += 1
+        if self.results == 1:
+            self.server.kill()
+        elif self.server.starts == 1:
+            self.while_down += 1  # Ray's trials go on reporting while MLflow is down
+            if self.while_down == self.down_for:
+                self.server.start()  # no waiting: the trials go on while it comes up
+
+
+@pytest.mark.slow
+def test_a_tracking_server_outage_stops_no_trial_and_loses_or_duplicates_nothing(
+    local_ray, tmp_path, tiny_data_dir, monkeypatch
+):
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # fail fast: the write buffer does the retrying
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_TIMEOUT", "10")
+    server = MlflowServer(tmp_path)
+    try:
+        server.first_start()
+        path = write_definition(tmp_path / "defs", "outage", ["bitfit"], num_samples=3, epochs=2)
+        storage = tmp_path / "ray_results"
+        view, outage = RayView(), Outage(server, down_for=3)
+        result = sweep.run_sweep(
+            spaces.load_sweep(path), tiny_data_dir, server.uri, storage_path=storage, callbacks=[view, outage]
+        )
+        assert server.starts == 2 and outage.while_down >= 3  # the trials reported on through the outage
+        assert result.status == "completed", result.summary()
+        assert not (storage / "outage.tracking-pending.jsonl").exists()  # every write reached the server
+
+        parents, children = runs_of(server.uri, "outage")
+        assert len(parents) == 1 and parents.iloc[0]["tags.peftune.status"] == "completed"
+        assert len(children) == 3 and children["tags.peftune.trial_id"].is_unique
+        assert set(children["tags.peftune.trial_id"]) == set(view.ended)  # every Ray trial exactly once
+        assert (children["tags.peftune.status"] == "completed").all() and (children["status"] == "FINISHED").all()
+        client = mlflow.MlflowClient(server.uri)
+        for run_id in children["run_id"]:
+            for key in ("score", "train_loss", "sst_accuracy"):  # every epoch once: none lost, none twice
+                assert sorted(m.step for m in client.get_metric_history(run_id, key)) == [1, 2], key
+            assert len(client.get_metric_history(run_id, "trainable_params_per_task")) == 1
+            assert len(client.get_metric_history(run_id, "best_score")) == 1
+    finally:
+        server.kill()
+
+
+@pytest.mark.slow
+def test_writes_pending_at_the_end_stay_on_disk_and_are_replayed_exactly_once(tmp_path, monkeypatch):
+    from peftune.tracking import SweepRecord
+    from peftune.tracking_buffer import WriteBuffer
+
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
+    server = MlflowServer(tmp_path)
+    try:
+        server.first_start()
+        client = mlflow.MlflowClient(server.uri)
+        experiment_id = client.create_experiment("pending")
+        parent = client.create_run(experiment_id, tags={"peftune.role": "sweep", "peftune.sweep": "pending"})
+        record = SweepRecord(server.uri, experiment_id, parent.info.run_id, resumed=False)
+        server.kill()
+
+        path = tmp_path / "state" / "pending.tracking-pending.jsonl"
+        buffer = WriteBuffer(record, path)
+        buffer.put(
+            "trial_run", trial_id="t1", run_name="bitfit-t1", method="bitfit", sweep="pending", params={"lr": "1"}
+        )
+        for epoch in (1, 2):
+            buffer.put("metrics", trial_id="t1", metrics=[("score", 0.1 * epoch, 1000 + epoch, epoch)])
+        buffer.put("finish", trial_id="t1", status="completed", error=None, retries=0, task_metrics=[])
+        assert not buffer.flush(2.0) and buffer.pending() == 4 and buffer.failures >= 1  # the server is down
+        buffer.stop()
+        assert len(path.read_text().splitlines()) == 4  # kept on disk for the next run
+
+        server.start()
+        server.wait_up()
+        assert WriteBuffer(record, path).flush(120) and not path.exists()  # replayed in order, then forgotten
+
+        # replayed again (as if the driver died before noting them applied): still exactly once
+        lines = [
+            '{"seq": 1, "op": "trial_run", "trial_id": "t1", "run_name": "bitfit-t1", "method": "bitfit", '
+            '"sweep": "pending", "params": {"lr": "1"}}',
+            '{"seq": 2, "op": "metrics", "trial_id": "t1", "metrics": [["score", 0.1, 1001, 1]]}',
+            '{"seq": 3, "op": "finish", "trial_id": "t1", "status": "completed", "error": null, "retries": 0, '
+            '"task_metrics": []}',
+            '{"seq": 4, "op": "metrics", "trial_id": "t1", "metr',  # a line the driver did not finish writing
+        ]
+        path.write_text("\n".join(lines))
+        assert WriteBuffer(record, path).flush(120)
+
+        runs = client.search_runs([experiment_id], filter_string="tags.`peftune.trial_id` = 't1'")
+        assert len(runs) == 1 and runs[0].data.tags["peftune.status"] == "completed"
+        assert runs[0].data.tags["mlflow.parentRunId"] == parent.info.run_id
+        run_id = runs[0].info.run_id
+        assert sorted(m.step for m in client.get_metric_history(run_id, "score")) == [1, 2]
+        assert len(client.get_metric_history(run_id, "best_score")) == 1 and runs[0].info.status == "FINISHED"
+    finally:
+        server.kill()
+
+
+def test_pending_writes_of_a_sweep_whose_ray_state_is_gone_are_set_aside_not_replayed(tmp_path):
+    from peftune.tracking_buffer import pending_path, set_aside_stale
+
+    path = pending_path(str(tmp_path), "gone")
+    path.write_text('{"seq": 1, "op": "tags", "trial_id": "t1", "tags": {}}\n')
+    path.with_name(path.name + ".applied").write_text("0")
+    set_aside_stale(path)
+    assert not path.exists() and not path.with_name(path.name + ".applied").exists()
+    (aside,) = tmp_path.glob("gone.tracking-pending.jsonl.stale-*")
+    assert "trial_id" in aside.read_text()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import time
 from dataclasses import fields
@@ -367,6 +368,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"peftune {args.command}: error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:  # a second Ctrl-C during a sweep: its records are closed (interrupted)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ray shuts down at exit; a third must not break that
         print(f"peftune {args.command}: interrupted", file=sys.stderr)
         return 3
 

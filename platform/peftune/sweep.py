@@ -37,7 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from peftune import record as record_names
-from peftune import spaces
+from peftune import spaces, tracking_buffer
 from peftune.spaces import SweepDefinition
 
 log = logging.getLogger("peftune.sweep")
@@ -45,6 +45,7 @@ log = logging.getLogger("peftune.sweep")
 DEFAULT_STORAGE_PATH = "ray_results"
 REPORTS_DIR = "reports"
 DIVERGED_FLAG = "diverged"  # set in a diverged trial's final result
+TRACKING_WAIT_S = 600.0  # the end of a sweep waits this long for buffered MLflow writes
 
 # a sweep's statuses (SweepResult.status, the parent run's peftune.status) and the jobs' exit codes
 COMPLETED, COMPLETED_WITH_FAILURES, INTERRUPTED = "completed", "completed_with_failures", "interrupted"
@@ -280,13 +281,16 @@ def run_sweep(
     on_finished: Callable[[SweepResult], None] | None = None,
     reports_dir: str | Path = REPORTS_DIR,
     verbose: int = 1,
+    tracking_wait_s: float = TRACKING_WAIT_S,
 ) -> SweepResult:
     """Run (or resume) ``definition`` as one Ray Tune experiment logged to MLflow.
 
     ``resume``: None (default) resumes when Tune has state for this sweep name under
     ``storage_path`` and starts it otherwise; True requires that state; False refuses it.
     ``callbacks``: extra ``tune.Callback`` objects (this run only). ``on_finished(result)``
-    runs when every trial has finished: the hook for the report.
+    runs when every trial has finished: the hook for the report. ``tracking_wait_s``: how long the end
+    of the sweep waits for MLflow writes still buffered (a tracking-server outage); what is left then
+    stays on disk beside Tune's state and is written by the next run of the sweep.
     """
     from ray import tune
 
@@ -328,7 +332,11 @@ def run_sweep(
         expect_existing=exists,
     )
     settings = TrialSettings.from_definition(definition)
-    trial_logger = tracking.TrialLogger(record, settings, _task_metric_names(definition.tasks))
+    pending = tracking_buffer.pending_path(storage, definition.name)
+    if not exists:
+        tracking_buffer.set_aside_stale(pending)
+    trial_logger = tracking.TrialLogger(record, settings, _task_metric_names(definition.tasks), pending)
+    trial_logger.open_buffer()  # first the writes an earlier run left pending: a resume reads the record
     all_callbacks = [trial_logger, *callbacks]
 
     try:
@@ -367,6 +375,8 @@ def run_sweep(
                 ),
             )
         grid = tuner.fit()
+        if not trial_logger.flush(tracking_wait_s):
+            return _unrecorded(definition, record, tracking_uri, experiment_path, reports_dir, trial_logger, len(grid))
         trials = tracking.trial_records(record)
         finished = [t for t in trials if t.status]
         complete = len(grid) >= budget.num_samples and len(finished) >= len(grid)
@@ -379,7 +389,10 @@ def run_sweep(
         # a second Ctrl-C (Tune handles only the first) lands here too: the records are closed all the same
         with _sigint_ignored():
             trial_logger.close_open_runs()
-            tracking.close_sweep(record, INTERRUPTED if isinstance(error, KeyboardInterrupt) else FAILED)
+            if trial_logger.flush(tracking_wait_s):
+                tracking.close_sweep(record, INTERRUPTED if isinstance(error, KeyboardInterrupt) else FAILED)
+            else:
+                log.error("MLflow unreachable: the record of sweep %s stays open; %s", definition.name, pending)
         raise
     statuses = dict(Counter(trial.status for trial in trials))
     scored = [t for t in trials if t.best_score is not None]
@@ -401,6 +414,32 @@ def run_sweep(
     if complete and on_finished is not None:
         on_finished(result)  # the report goes here
     return result
+
+
+def _unrecorded(definition, record, tracking_uri, experiment_path, reports_dir, trial_logger, num_trials):
+    """Every trial ran but MLflow did not take all their writes: they wait on disk for the next run."""
+    log.error(
+        "MLflow at %s is unreachable: %d write(s) of sweep %s are kept in %s; run the same command again "
+        "when it is back to write them (no trial runs again)",
+        tracking_uri,
+        trial_logger.buffer.pending(),
+        definition.name,
+        trial_logger.pending_path,
+    )
+    trial_logger.buffer.stop()
+    return SweepResult(
+        name=definition.name,
+        status=INTERRUPTED,
+        tracking_uri=tracking_uri,
+        experiment_id=record.experiment_id,
+        parent_run_id=record.parent_run_id,
+        experiment_path=experiment_path,
+        report_dir=Path(reports_dir).resolve() / definition.name,
+        num_trials=num_trials,
+        statuses={},
+        best=None,
+        resumed=record.resumed,
+    )
 
 
 def sweep_status(trials: Sequence) -> str:
@@ -576,8 +615,18 @@ def main_from_args(args, on_finished: Callable[[SweepResult], None] | None = Non
         reports_dir=args.reports_dir,
         on_finished=on_finished,
     )
+    ignore_further_interrupts()  # the records are closed: a late Ctrl-C must not turn the exit status into a lie
     print("\n" + result.summary(), flush=True)
     return exit_code(result.status, allow_failures=getattr(args, "allow_failures", False))
+
+
+def ignore_further_interrupts() -> None:
+    """The command is ending (Ray shuts down at exit): Ctrl-C from now on is ignored."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 def exit_code(status: str, allow_failures: bool = False) -> int:
@@ -615,6 +664,7 @@ def job_main(
         print(f"{parser.prog}: error: {message}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt:  # a second Ctrl-C: run_sweep has closed the records
+        ignore_further_interrupts()
         print(f"{parser.prog}: interrupted; run the same command again to resume", file=sys.stderr)
         return EXIT_INTERRUPTED
 

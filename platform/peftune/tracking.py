@@ -3,6 +3,10 @@
 Logging runs in the Tune driver (:class:`TrialLogger`, a ``tune.Callback``), so
 trials never touch the tracking store: workers need no access to it, and an
 embedded SQLite store has a single writer (no "database is locked").
+Its writes go through a durable, ordered write-ahead buffer drained by a background thread
+(``peftune.tracking_buffer``): a tracking-server outage holds up no trial, every write is applied
+exactly once when the server is back, and writes still pending when the sweep ends stay beside
+Tune's state until the next run of the sweep writes them.
 
 The record is a contract with ``analysis/``; change it only together with it.
 
@@ -412,28 +416,59 @@ class TrialLogger(tune.Callback):
 
     ``settings`` (``peftune.sweep.TrialSettings``) turns a trial's sampled config into its
     ``TrainConfig``, as the trainable does, so the params logged are exactly what the trial trains.
+    The writes go through a durable write-ahead buffer (``peftune.tracking_buffer``, kept at
+    ``pending_path``) drained by a background thread: a tracking-server outage never holds up a trial.
     """
 
-    def __init__(self, record: SweepRecord, settings, task_metrics: list[str]):
+    def __init__(self, record: SweepRecord, settings, task_metrics: list[str], pending_path: str | Path | None = None):
         self.record = record
         self.settings = settings
         self.task_metrics = list(task_metrics)
+        self.pending_path = pending_path
+        self.buffer = None
         self._reset()
 
     def _reset(self):
         self._client = None
-        self._runs: dict[str, str] = {}  # trial id -> run id
+        self._runs: dict[str, str | None] = {}  # trial id -> run id (None: its creation is queued)
         self._finished: set[str] = set()  # trial ids with a final peftune.status
         self._failed: set[str] = set()  # of those, the failed ones (re-running the sweep retries them)
         self._last_epoch: dict[str, int] = {}  # trial id -> last epoch logged
         self._counted: set[str] = set()  # trial ids whose parameter counts are logged
 
     def __getstate__(self):  # Ray pickles callbacks with the experiment; the client is rebuilt in setup()
-        return {"record": self.record, "settings": self.settings, "task_metrics": self.task_metrics}
+        return {
+            "record": self.record,
+            "settings": self.settings,
+            "task_metrics": self.task_metrics,
+            "pending_path": self.pending_path,
+        }
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+        self.buffer = None
         self._reset()
+
+    def open_buffer(self, timeout: float = 600.0) -> None:
+        """Start the write buffer, first writing what an earlier run of the sweep left pending."""
+        if self.buffer is not None:
+            return
+        from peftune.tracking_buffer import WriteBuffer
+
+        self.buffer = WriteBuffer(self.record, self.pending_path)
+        if not self.buffer.flush(timeout):
+            raise RuntimeError(
+                f"{self.buffer.pending()} MLflow write(s) left by an earlier run could not be written to "
+                f"{self.record.tracking_uri} in {timeout:.0f}s; they stay in {self.pending_path}"
+            )
+
+    def flush(self, timeout: float) -> bool:
+        """Wait, at most ``timeout`` s, for every queued write to reach MLflow; False if some are still pending."""
+        return self.buffer is None or self.buffer.flush(timeout)
+
+    def _write(self, op: str, **args) -> None:
+        self.open_buffer()
+        self.buffer.put(op, **args)
 
     @property
     def client(self):
@@ -443,6 +478,7 @@ class TrialLogger(tune.Callback):
 
     def setup(self, **info):
         """Find the child runs of a resumed sweep, so no trial gets a second run."""
+        self.open_buffer()
         self._reset()
         for run in child_runs(self.client, self.record.experiment_id, self.record.parent_run_id):
             trial_id = run.data.tags.get(TRIAL_ID)
@@ -461,28 +497,18 @@ class TrialLogger(tune.Callback):
 
     # -- run lifecycle
 
-    def _run_for(self, trial) -> str:
+    def _run_for(self, trial) -> None:
+        """Queue the creation of the trial's child run (found again by trial id if it exists)."""
         trial_id = trial.trial_id
         if trial_id in self._runs:
-            return self._runs[trial_id]
+            return
         method, sampled = self.settings.split(trial.config)
-        run = self.client.create_run(
-            self.record.experiment_id,
-            run_name=f"{method}-{trial_id}",
-            tags={
-                PARENT_TAG: self.record.parent_run_id,
-                ROLE: "trial",
-                SWEEP: self.settings.sweep,
-                TRIAL_ID: trial_id,
-                "peftune.method": method,
-            },
-        )
-        from mlflow.entities import Param
-
-        params = self._params(method, sampled)
-        self.client.log_batch(run.info.run_id, params=[Param(k, _param_value(v)) for k, v in params.items()])
-        self._runs[trial_id] = run.info.run_id
-        return run.info.run_id
+        params = {k: _param_value(v) for k, v in self._params(method, sampled).items()}
+        self._write(
+            "trial_run", trial_id=trial_id, run_name=f"{method}-{trial_id}", method=method,
+            sweep=self.settings.sweep, params=params,
+        )  # fmt: skip
+        self._runs[trial_id] = None
 
     def _params(self, method: str, sampled: dict) -> dict:
         """The trial's hyperparameters as its TrainConfig resolves them (method defaults included)."""
@@ -519,31 +545,28 @@ class TrialLogger(tune.Callback):
 
     def on_trial_start(self, iteration, trials, trial, **info):
         existed = trial.trial_id in self._runs
-        run_id = self._run_for(trial)
+        self._run_for(trial)
         if trial.trial_id in self._failed:  # Tuner.restore(resume_errored=True) gives it another chance
             self._failed.discard(trial.trial_id)
             self._finished.discard(trial.trial_id)
-            for tag in (STATUS, ERROR):
-                self.client.delete_tag(run_id, tag)
-        if existed and trial.trial_id not in self._finished:
-            self.client.update_run(run_id, status="RUNNING")  # an interrupted (or retried) trial goes on
+            self._write("delete_tags", trial_id=trial.trial_id, keys=[STATUS, ERROR])
+        if existed and trial.trial_id not in self._finished:  # an interrupted (or retried) trial goes on
+            self._write("run_status", trial_id=trial.trial_id, status="RUNNING")
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        from mlflow.entities import Metric
-
-        run_id = self._run_for(trial)
+        self._run_for(trial)
         if result.get("diverged"):
             return  # the final result of a diverged trial carries no epoch's metrics; on_trial_complete records it
         epoch = int(result["epoch"])
         if epoch <= self._last_epoch.get(trial.trial_id, 0):
             return  # logged before the sweep was interrupted; the resumed trial re-ran this epoch
-        now = _now_ms()
+        now = _now_ms()  # sent with the metrics, so a re-sent batch is identical and MLflow keeps one copy
         keys = [*self.task_metrics, *EPOCH_METRICS]
-        metrics = [Metric(k, float(result[k]), now, epoch) for k in keys if _finite(result.get(k))]
+        metrics = [(k, float(result[k]), now, epoch) for k in keys if _finite(result.get(k))]
         if trial.trial_id not in self._counted:
-            metrics += [Metric(k, float(result[k]), now, 0) for k in COUNT_METRICS if k in result]
+            metrics += [(k, float(result[k]), now, 0) for k in COUNT_METRICS if k in result]
             self._counted.add(trial.trial_id)
-        self.client.log_batch(run_id, metrics=metrics)
+        self._write("metrics", trial_id=trial.trial_id, metrics=metrics)
         self._last_epoch[trial.trial_id] = epoch
         shown = " ".join(f"{k} {result[k]:.4f}" for k in self.task_metrics if k in result)
         log.info(
@@ -558,8 +581,9 @@ class TrialLogger(tune.Callback):
         )
 
     def on_trial_recover(self, iteration, trials, trial, **info):
-        run_id = self._run_for(trial)
-        self.client.set_tag(run_id, "peftune.retries", str(trial.num_failures))  # retries so far; final in _finish
+        self._run_for(trial)
+        # retries so far; the final count is set when the trial ends
+        self._write("tags", trial_id=trial.trial_id, tags={"peftune.retries": str(trial.num_failures)})
         log.warning("trial %s failed and is retried (%d failure(s) so far)", trial.trial_id, trial.num_failures)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
@@ -576,43 +600,26 @@ class TrialLogger(tune.Callback):
     def _finish(self, trial, status: str, error: str | None = None) -> None:
         if trial.trial_id in self._finished:
             return
-        run_id = self._run_for(trial)
-        self._log_best(run_id)
-        self.client.set_tag(run_id, STATUS, status)
+        self._run_for(trial)
         if error is not None:
-            self.client.set_tag(run_id, ERROR, error)
             log.warning("trial %s %s: %s", trial.trial_id, status, error.splitlines()[0])
-        # the retries Ray made: every failure but a final one (Ray's num_failures counts that too)
+        # the retries Ray made: every failure but a final one (Ray's num_failures counts that too); the
+        # best_* metrics come from the run's own history, read by the buffer when it writes this
         retries = trial.num_failures - (1 if status == FAILED else 0)
-        if retries > 0:
-            self.client.set_tag(run_id, "peftune.retries", str(retries))
-        self.client.set_terminated(run_id, status="FAILED" if status == FAILED else "FINISHED")
+        self._write(
+            "finish", trial_id=trial.trial_id, status=status, error=error, retries=retries,
+            task_metrics=self.task_metrics,
+        )  # fmt: skip
         self._finished.add(trial.trial_id)
-
-    def _log_best(self, run_id: str) -> None:
-        """best_score, best_epoch, best_<task metric>, train_time_s from the run's own history."""
-        from mlflow.entities import Metric
-
-        scores = {int(m.step): m.value for m in self.client.get_metric_history(run_id, "score")}
-        if not scores:
-            return
-        best_epoch = max(sorted(scores), key=lambda e: scores[e])  # the earliest of equal scores
-        now = _now_ms()
-        metrics = [Metric("best_score", scores[best_epoch], now, 0), Metric("best_epoch", best_epoch, now, 0)]
-        for key in self.task_metrics:
-            values = {int(m.step): m.value for m in self.client.get_metric_history(run_id, key)}
-            if best_epoch in values:
-                metrics.append(Metric(f"best_{key}", values[best_epoch], now, 0))
-        self.client.log_batch(run_id, metrics=metrics)
 
     def on_experiment_end(self, trials, **info):
         self.close_open_runs()
 
     def close_open_runs(self) -> None:
         """Trials still open when the experiment ends were interrupted: KILLED until the sweep resumes."""
-        for trial_id, run_id in self._runs.items():
+        for trial_id in self._runs:
             if trial_id not in self._finished:
-                self.client.set_terminated(run_id, status="KILLED")
+                self._write("run_status", trial_id=trial_id, status="KILLED")
 
 
 def _read_error(trial) -> str | None:
