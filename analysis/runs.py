@@ -45,6 +45,7 @@ from peftune.record import (  # noqa: E402  the record's names, shared with the 
     CHECKPOINT_TAG,
     COMPLETED,
     COUNT_METRICS,
+    DIVERGED,
     EARLY_STOPPED,
     ERROR,
     FAILED,
@@ -57,7 +58,7 @@ from peftune.record import (  # noqa: E402  the record's names, shared with the 
 )
 
 # the writer's three final statuses, then what an unfinished run is: still running, or interrupted (KILLED)
-STATUSES = (COMPLETED, EARLY_STOPPED, FAILED, "running", "interrupted", "unknown")
+STATUSES = (COMPLETED, EARLY_STOPPED, DIVERGED, FAILED, "running", "interrupted", "unknown")
 
 COUNT_COLUMNS = COUNT_METRICS
 HYPERPARAMETERS = ("lr", "dropout", "weight_decay", "epochs", "batch_size", "seed", "warmup_ratio", "sampling")
@@ -262,7 +263,7 @@ def trial_row(run, task_metrics: Sequence[str], history: dict[str, dict[int, flo
 
 def trial_status(tag: str | None, mlflow_status: str) -> str:
     """The writer's ``peftune.status``; without one, what MLflow says: running, interrupted (KILLED), failed."""
-    if tag in (COMPLETED, EARLY_STOPPED, FAILED):
+    if tag in (COMPLETED, EARLY_STOPPED, FAILED, DIVERGED):
         return tag
     return {"RUNNING": "running", "SCHEDULED": "running", "KILLED": "interrupted", "FAILED": FAILED}.get(
         mlflow_status, "unknown"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import signal
 import sys
 import time
 from dataclasses import fields
@@ -337,6 +338,7 @@ def build_parser() -> argparse.ArgumentParser:
     from peftune import sweep
 
     sweep.add_arguments(p)
+    p.epilog = sweep.EXIT_CODES_HELP
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("report", help="a sweep's Pareto report (tables, plots, HTML), logged to its MLflow parent run")
@@ -412,6 +414,10 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"peftune {args.command}: error: {one_line(error)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # a second Ctrl-C during a sweep: its records are closed (interrupted)
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ray shuts down at exit; a third must not break that
+        print(f"peftune {args.command}: interrupted", file=sys.stderr)
+        return 3
 
 
 def user_errors() -> tuple[type[BaseException], ...]:

@@ -22,8 +22,9 @@ ROLE, SWEEP, TRIAL_ID, STATUS, ERROR = (
 PARENT_TAG = "mlflow.parentRunId"
 CHECKPOINT_TAG = "peftune.checkpoint"
 
-# a trial's final statuses
+# a trial's final statuses; a diverged trial (non-finite or exploding loss) is a result, not a failure
 COMPLETED, EARLY_STOPPED, FAILED = "completed", "early_stopped", "failed"
+DIVERGED = "diverged"
 
 # parameter counts, logged once per trial (peftune.params.ParameterCounts.summary)
 COUNT_METRICS = (

@@ -28,8 +28,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
+import math
 import os
 import tempfile
 from collections import Counter
@@ -38,13 +40,26 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from peftune import spaces
+from peftune import record as record_names
+from peftune import spaces, tracking_buffer
 from peftune.spaces import SweepDefinition
 
 log = logging.getLogger("peftune.sweep")
 
 DEFAULT_STORAGE_PATH = "ray_results"
 REPORTS_DIR = "reports"
+DIVERGED_FLAG = "diverged"  # set in a diverged trial's final result
+TRACKING_WAIT_S = 600.0  # the end of a sweep waits this long for buffered MLflow writes
+
+# a sweep's statuses (SweepResult.status, the parent run's peftune.status) and the jobs' exit codes
+COMPLETED, COMPLETED_WITH_FAILURES, INTERRUPTED = "completed", "completed_with_failures", "interrupted"
+FAILED = record_names.FAILED
+EXIT_OK, EXIT_USER_ERROR, EXIT_INTERRUPTED, EXIT_FAILURES = 0, 2, 3, 4
+EXIT_CODES_HELP = (
+    "exit status: 0 completed (or completed_with_failures with --allow-failures); 2 bad input, nothing started; "
+    "3 interrupted (run the same command again to resume); 4 some trials failed (completed_with_failures) "
+    "or all did (failed)"
+)
 
 
 # ----------------------------------------------------------------------------- what a trial trains
@@ -114,7 +129,7 @@ def trainable(config: dict, prepared, settings: TrialSettings) -> None:
     import torch
     from ray import tune
 
-    from peftune.train import run_trial
+    from peftune.train import TrainingDiverged, run_trial
 
     cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
     torch.set_num_threads(max(1, int(cpus)))
@@ -130,13 +145,24 @@ def trainable(config: dict, prepared, settings: TrialSettings) -> None:
             save(Path(directory))
             tune.report(metrics, checkpoint=tune.Checkpoint.from_directory(directory))
 
-    checkpoint = tune.get_checkpoint()
-    if checkpoint is None:
-        run_trial(train_config, prepared, report)
-        return
-    with tempfile.TemporaryDirectory(prefix="peftune-resume-") as directory:
-        checkpoint.to_directory(directory)  # a local copy: Tune may prune the original while we train
-        run_trial(train_config, prepared, report, resume_from=directory)
+    try:
+        checkpoint = tune.get_checkpoint()
+        if checkpoint is None:
+            run_trial(train_config, prepared, report)
+            return
+        with tempfile.TemporaryDirectory(prefix="peftune-resume-") as directory:
+            checkpoint.to_directory(directory)  # a local copy: Tune may prune the original while we train
+            run_trial(train_config, prepared, report, resume_from=directory)
+    except TrainingDiverged as error:
+        # a result, not a failure: returning normally ends the trial TERMINATED, so FailureConfig does not
+        # retry it and a re-run of the sweep does not run it again; no `epoch`, so ASHA ignores it, and
+        # Optuna records a NaN objective as a failed trial of its study (no value to model)
+        tune.report(diverged_result(str(error)))
+
+
+def diverged_result(reason: str) -> dict[str, Any]:
+    """The final result of a diverged trial: NaN for the searcher's metrics (Tune requires them), and the reason."""
+    return {"score": math.nan, "trainable_params_per_task": math.nan, DIVERGED_FLAG: True, "divergence": reason}
 
 
 # ----------------------------------------------------------------------------- the sweep
@@ -145,7 +171,7 @@ def trainable(config: dict, prepared, settings: TrialSettings) -> None:
 @dataclass
 class SweepResult:
     name: str
-    status: str  # completed | interrupted
+    status: str  # completed | completed_with_failures | failed (every trial) | interrupted
     tracking_uri: str
     experiment_id: str
     parent_run_id: str
@@ -180,8 +206,11 @@ class SweepResult:
         if self.confirmation and self.confirmation["status"] != "skipped":
             c = self.confirmation
             lines.append(f"confirmation: {c['finished']}/{c['wanted']} seed runs of the best configurations finished")
-        if self.status == "interrupted":
+        if self.status == INTERRUPTED:
             lines.append("run the same command again to resume it")
+        failed = self.statuses.get(FAILED, 0)
+        if failed:
+            lines.append(f"{failed} trial(s) failed: their errors are the peftune.error tags of their runs")
         lines.append(f"MLflow parent run id: {self.parent_run_id}")
         lines.append(f"MLflow UI: {self.ui_address}")
         if self.ui_command:
@@ -323,6 +352,7 @@ def run_sweep(
     reports_dir: str | Path = REPORTS_DIR,
     verbose: int = 1,
     optuna_storage: str | None = None,
+    tracking_wait_s: float = TRACKING_WAIT_S,
 ) -> SweepResult:
     """Run (or resume) ``definition`` as one Ray Tune experiment logged to MLflow.
 
@@ -332,6 +362,9 @@ def run_sweep(
     ``callbacks``: extra ``tune.Callback`` objects (this run only). ``on_finished(result)``
     runs when every trial has finished: the hook for the report. ``optuna_storage``: the database
     URL of the per-method Optuna studies (default: ``peftune.search.default_storage_url``).
+    ``tracking_wait_s``: how long the end of the sweep waits for MLflow writes still buffered (a
+    tracking-server outage); what is left then stays on disk beside Tune's state and is written by
+    the next run of the sweep.
     """
     from ray import tune
 
@@ -352,6 +385,8 @@ def run_sweep(
             f"sweep {definition.name!r} already has Ray Tune state at {experiment_path}: resume it "
             f"(run it again without --fresh) or pick another name"
         )
+    if exists and not tracking.has_parent_run(tracking_uri, definition.name):
+        raise ValueError(tracking.missing_record_error(definition.name, tracking_uri, experiment_path))
 
     init_ray(ray_address)
     check_storage(storage, shared_storage)
@@ -389,7 +424,11 @@ def run_sweep(
 
     optuna_url = optuna_storage or search.default_storage_url(tracking_uri, storage)
     history = tracking.RecordedResults(record)
-    trial_logger = tracking.TrialLogger(record, settings, _task_metric_names(definition.tasks))
+    pending = tracking_buffer.pending_path(storage, definition.name)
+    if not exists:
+        tracking_buffer.set_aside_stale(pending)
+    trial_logger = tracking.TrialLogger(record, settings, _task_metric_names(definition.tasks), pending)
+    trial_logger.open_buffer()  # first the writes an earlier run left pending: a resume reads the record
     all_callbacks = [trial_logger, *callbacks]
 
     try:
@@ -429,6 +468,8 @@ def run_sweep(
             )
         with installed(all_callbacks):
             grid = tuner.fit()
+        if not trial_logger.flush(tracking_wait_s):
+            return _unrecorded(definition, record, tracking_uri, experiment_path, reports_dir, trial_logger, len(grid))
         confirmation = None
         searched = confirm.search_run_ids(record)
         trials = [t for t in tracking.trial_records(record) if t.run_id in searched]
@@ -443,22 +484,32 @@ def run_sweep(
                 callbacks=callbacks,
                 verbose=verbose,
             )
+            if not trial_logger.flush(tracking_wait_s):
+                return _unrecorded(
+                    definition, record, tracking_uri, experiment_path, reports_dir, trial_logger, len(grid)
+                )
             complete = confirmation.status != "interrupted"
-    except BaseException:
-        tracking.close_sweep(record, "failed")
+        status = sweep_status(trials) if complete else INTERRUPTED
+        logged = []
+        if complete:
+            tracking.log_method_budgets(record)
+            logged = tracking.log_best_checkpoints(record, _best_checkpoints(grid), definition.checkpoints_per_method)
+        tracking.close_sweep(record, status)
+    except BaseException as error:
+        # a second Ctrl-C (Tune handles only the first) lands here too: the records are closed all the same
+        with _sigint_ignored():
+            trial_logger.close_open_runs()
+            if trial_logger.flush(tracking_wait_s):
+                tracking.close_sweep(record, INTERRUPTED if isinstance(error, KeyboardInterrupt) else FAILED)
+            else:
+                log.error("MLflow unreachable: the record of sweep %s stays open; %s", definition.name, pending)
         raise
-
-    logged = []
-    if complete:
-        tracking.log_method_budgets(record)
-        logged = tracking.log_best_checkpoints(record, _best_checkpoints(grid), definition.checkpoints_per_method)
-    tracking.close_sweep(record, "completed" if complete else "interrupted")
     statuses = dict(Counter(trial.status for trial in trials))
     scored = [t for t in trials if t.best_score is not None]
     best = max(scored, key=lambda t: t.best_score) if scored else None
     result = SweepResult(
         name=definition.name,
-        status="completed" if complete else "interrupted",
+        status=status,
         tracking_uri=tracking_uri,
         experiment_id=record.experiment_id,
         parent_run_id=record.parent_run_id,
@@ -485,6 +536,56 @@ def skipped_rows(prepared) -> list[dict[str, Any]]:
         for line, reason in split.skipped
     ]
     return sorted(rows, key=lambda row: (row["file"], row["line"]))
+
+
+def _unrecorded(definition, record, tracking_uri, experiment_path, reports_dir, trial_logger, num_trials):
+    """Every trial ran but MLflow did not take all their writes: they wait on disk for the next run."""
+    log.error(
+        "MLflow at %s is unreachable: %d write(s) of sweep %s are kept in %s; run the same command again "
+        "when it is back to write them (no trial runs again)",
+        tracking_uri,
+        trial_logger.buffer.pending(),
+        definition.name,
+        trial_logger.pending_path,
+    )
+    trial_logger.buffer.stop()
+    return SweepResult(
+        name=definition.name,
+        status=INTERRUPTED,
+        tracking_uri=tracking_uri,
+        experiment_id=record.experiment_id,
+        parent_run_id=record.parent_run_id,
+        experiment_path=experiment_path,
+        report_dir=Path(reports_dir).resolve() / definition.name,
+        num_trials=num_trials,
+        statuses={},
+        best=None,
+        resumed=record.resumed,
+    )
+
+
+def sweep_status(trials: Sequence) -> str:
+    """A finished sweep's status: ``failed`` when every trial failed, ``completed_with_failures`` when some did."""
+    failed = sum(trial.status == FAILED for trial in trials)
+    if trials and failed == len(trials):
+        return FAILED
+    return COMPLETED_WITH_FAILURES if failed else COMPLETED
+
+
+@contextlib.contextmanager
+def _sigint_ignored():
+    """Ctrl-C is ignored while the records are closed (only the main thread may set signal handlers)."""
+    import signal
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
 
 
 def trial_name(trial) -> str:
@@ -593,6 +694,11 @@ def add_arguments(parser, definition_default: str | None = None) -> None:
         help="--storage-path is a directory every node of the cluster mounts (NFS); needed for a local "
         "path on a multi-node cluster",
     )
+    parser.add_argument(
+        "--allow-failures",
+        action="store_true",
+        help="exit 0 when some (not all) trials failed; without it such a sweep exits 4",
+    )
 
 
 def definition_from_args(args) -> SweepDefinition:
@@ -629,8 +735,25 @@ def main_from_args(args, on_finished: Callable[[SweepResult], None] | None = Non
         on_finished=on_finished,
         optuna_storage=getattr(args, "optuna_storage", None),
     )
+    ignore_further_interrupts()  # the records are closed: a late Ctrl-C must not turn the exit status into a lie
     print("\n" + result.summary(), flush=True)
-    return 0 if result.status == "completed" else 3
+    return exit_code(result.status, allow_failures=getattr(args, "allow_failures", False))
+
+
+def ignore_further_interrupts() -> None:
+    """The command is ending (Ray shuts down at exit): Ctrl-C from now on is ignored."""
+    import signal
+    import threading
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def exit_code(status: str, allow_failures: bool = False) -> int:
+    """See :data:`EXIT_CODES_HELP`; ``allow_failures`` forgives some failed trials, never all."""
+    if status == COMPLETED or (status == COMPLETED_WITH_FAILURES and allow_failures):
+        return EXIT_OK
+    return EXIT_INTERRUPTED if status == INTERRUPTED else EXIT_FAILURES
 
 
 def job_main(
@@ -648,7 +771,9 @@ def job_main(
 
     from peftune import cli
 
-    parser = argparse.ArgumentParser(description=description, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=description, epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     add_arguments(parser, definition_default=definition)
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -658,7 +783,11 @@ def job_main(
         return main_from_args(args, on_finished=on_finished)
     except cli.user_errors() as error:
         print(f"{parser.prog}: error: {cli.one_line(error)}", file=sys.stderr)
-        return 2
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:  # a second Ctrl-C: run_sweep has closed the records
+        ignore_further_interrupts()
+        print(f"{parser.prog}: interrupted; run the same command again to resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
 def _warn_relative_paths_in_job(args) -> None:

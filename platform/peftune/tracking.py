@@ -3,6 +3,10 @@
 Logging runs in the Tune driver (:class:`TrialLogger`, a ``tune.Callback``), so
 trials never touch the tracking store: workers need no access to it, and an
 embedded SQLite store has a single writer (no "database is locked").
+Its writes go through a durable, ordered write-ahead buffer drained by a background thread
+(``peftune.tracking_buffer``): a tracking-server outage holds up no trial, every write is applied
+exactly once when the server is back, and writes still pending when the sweep ends stay beside
+Tune's state until the next run of the sweep writes them.
 
 The record is a contract with ``analysis/``; change it only together with it.
 
@@ -16,7 +20,8 @@ Parent run (run name ``<sweep>``):
 
 - tags: ``peftune.role=sweep``, ``peftune.sweep=<name>``, ``peftune.backbone=<model>``,
   ``peftune.code_version=<git sha, "-dirty" if the tree has changes; else "peftune <version>">``,
-  ``peftune.status`` = ``running`` | ``completed`` | ``interrupted`` | ``failed``,
+  ``peftune.status`` = ``running`` | ``completed`` | ``completed_with_failures`` (some trials failed) |
+  ``interrupted`` | ``failed`` (every trial failed, or the driver failed),
   ``peftune.definition_fingerprint`` and ``peftune.data_fingerprint`` (a resumed sweep must match both),
   ``peftune.ray_experiment_path`` (where Tune keeps the trials' state and checkpoints);
 - params: ``tasks``, ``methods`` (comma-separated), ``num_samples``, ``scheduler`` (``asha`` | ``none``),
@@ -30,9 +35,11 @@ Child run per trial (run name ``<method>-<ray trial id>``):
 
 - tags: ``mlflow.parentRunId=<parent run id>``, ``peftune.role=trial``, ``peftune.sweep=<name>``,
   ``peftune.trial_id=<ray trial id>``, ``peftune.method=<method>``,
-  ``peftune.status`` = ``completed`` (all epochs) | ``early_stopped`` (stopped by ASHA) | ``failed``;
-  ``peftune.error`` (failed only: the exception line, then the end of the traceback);
-  ``peftune.retries`` (when Ray retried the trial); ``peftune.checkpoint=checkpoint/`` on the trials whose
+  ``peftune.status`` = ``completed`` (all epochs) | ``early_stopped`` (stopped by ASHA) | ``failed`` |
+  ``diverged`` (non-finite or exploding training loss: a result, never retried);
+  ``peftune.error`` (failed: the exception line, then the end of the traceback; diverged: the reason);
+  ``peftune.retries`` (when Ray retried the trial: its retries, Ray's ``num_failures`` less a final failure);
+  ``peftune.checkpoint=checkpoint/`` on the trials whose
   checkpoint is logged. No ``peftune.status`` yet: the trial is running,
   or the sweep was interrupted (MLflow status KILLED) and resuming it continues this run;
   every key of the trial config's ``"peftune"`` dict as ``peftune.<key>``; confirmation trials
@@ -78,6 +85,7 @@ from peftune.record import (  # noqa: F401  (re-exported: the record's names)
     COMPLETED,
     COUNT_METRICS,
     DEFAULT_TRACKING_URI,
+    DIVERGED,
     EARLY_STOPPED,
     ERROR,
     FAILED,
@@ -95,6 +103,8 @@ log = logging.getLogger("peftune.tracking")
 EPOCH_METRICS = (
     *("score", "train_loss", "epoch_time_s", "tokens_per_s", "train_time_s"),
     *("steps", "examples_seen", "progress"),  # the fidelity: optimizer steps, examples, fraction of the run
+    # where a trial's time goes besides training, and what packing trials onto a GPU must leave room for
+    *("startup_s", "eval_time_s", "checkpoint_time_s", "peak_gpu_memory_mb"),
 )
 # a report within an epoch (a data-fidelity rung), logged at step = examples seen: fidelity_score, ...
 PARTIAL_METRICS = ("score", "steps", "progress")
@@ -176,6 +186,25 @@ def find_parent_run(client, experiment_id: str, sweep: str):
     return runs[0] if runs else None
 
 
+def has_parent_run(tracking_uri: str, sweep: str) -> bool:
+    """Whether the store records sweep ``sweep``; a SQLite file that does not exist is not created."""
+    path = sqlite_path(tracking_uri)
+    if path is not None and not path.is_file():
+        return False
+    client = _client(tracking_uri)
+    experiment = client.get_experiment_by_name(sweep)
+    return experiment is not None and find_parent_run(client, experiment.experiment_id, sweep) is not None
+
+
+def missing_record_error(sweep: str, tracking_uri: str, ray_experiment_path: str) -> str:
+    """Tune state without its MLflow record: the one-line refusal, naming both places and the ways out."""
+    return (
+        f"sweep {sweep!r} has Ray Tune state at {ray_experiment_path} but no record in {tracking_uri}: "
+        f"resume it with the --tracking-uri it started with, or start a new sweep with another --name "
+        f"or --storage-path"
+    )
+
+
 def child_runs(client, experiment_id: str, parent_run_id: str) -> list:
     runs, token = [], None
     while True:
@@ -216,8 +245,9 @@ def open_sweep(
     """Create the sweep's parent run, or find it again when the sweep resumes (and check it matches).
 
     ``expect_existing``: Tune has state for this sweep (it resumes). A parent run without Tune state is
-    an error (the trials' state is gone; another name is needed); Tune state without a parent run
-    (the store is new, or the first run stopped before it was created) gets a new parent run.
+    an error (the trials' state is gone; another name is needed); so is Tune state without a parent run
+    (another store: the trials already run would be missing from it; Tune state is only written after
+    the parent run is created).
     ``skipped_rows``: the data rows dropped under ``invalid_rows: skip`` ({file, line, reason}); a new
     parent run records their count (param ``skipped_rows``) and the list (``skipped_rows.json``).
     """
@@ -250,12 +280,7 @@ def open_sweep(
         return SweepRecord(tracking_uri, experiment_id, parent.info.run_id, resumed=True)
 
     if expect_existing:
-        log.warning(
-            "sweep %r resumes in Ray but has no parent run in %s: creating one; trials that finished "
-            "before are not recorded there",
-            name,
-            tracking_uri,
-        )
+        raise ValueError(missing_record_error(name, tracking_uri, ray_experiment_path))
     if experiment_id is None:
         experiment_id = client.create_experiment(name, artifact_location=_artifact_location(tracking_uri, name))
     # MLflow 3's UI opens an experiment without this tag in its GenAI view (traces; runs collapsed)
@@ -318,7 +343,7 @@ def fingerprint_hashes(hashes: dict[str, str], invalid_rows: str = "raise") -> s
 
 
 def close_sweep(record: SweepRecord, status: str) -> None:
-    """``status``: completed (FINISHED) | interrupted (KILLED) | failed (FAILED).
+    """``status``: completed, completed_with_failures (FINISHED) | interrupted (KILLED) | failed (FAILED).
 
     Also logs the summary metrics the runs table shows on the parent run before any click:
     ``sweep_best_score`` and ``sweep_trials_<status>`` (``unfinished`` for trials without a status).
@@ -326,7 +351,12 @@ def close_sweep(record: SweepRecord, status: str) -> None:
     client = _client(record.tracking_uri)
     log_sweep_summary(client, record)
     client.set_tag(record.parent_run_id, STATUS, status)
-    mlflow_status = {"completed": "FINISHED", "interrupted": "KILLED", "failed": "FAILED"}[status]
+    mlflow_status = {
+        "completed": "FINISHED",
+        "completed_with_failures": "FINISHED",
+        "interrupted": "KILLED",
+        "failed": "FAILED",
+    }[status]
     client.set_terminated(record.parent_run_id, status=mlflow_status)
 
 
@@ -505,17 +535,21 @@ class TrialLogger(tune.Callback):
 
     ``settings`` (``peftune.sweep.TrialSettings``) turns a trial's sampled config into its
     ``TrainConfig``, as the trainable does, so the params logged are exactly what the trial trains.
+    The writes go through a durable write-ahead buffer (``peftune.tracking_buffer``, kept at
+    ``pending_path``) drained by a background thread: a tracking-server outage never holds up a trial.
     """
 
-    def __init__(self, record: SweepRecord, settings, task_metrics: list[str]):
+    def __init__(self, record: SweepRecord, settings, task_metrics: list[str], pending_path: str | Path | None = None):
         self.record = record
         self.settings = settings
         self.task_metrics = list(task_metrics)
+        self.pending_path = pending_path
+        self.buffer = None
         self._reset()
 
     def _reset(self):
         self._client = None
-        self._runs: dict[str, str] = {}  # trial id -> run id
+        self._runs: dict[str, str | None] = {}  # trial id -> run id (None: its creation is queued)
         self._finished: set[str] = set()  # trial ids with a final peftune.status
         self._failed: set[str] = set()  # of those, the failed ones (re-running the sweep retries them)
         self._last_epoch: dict[str, int] = {}  # trial id -> last epoch logged
@@ -524,11 +558,38 @@ class TrialLogger(tune.Callback):
         self._unfinished: dict[str, tuple[str, str]] = {}  # config key -> (trial id, run id) of unfinished runs
 
     def __getstate__(self):  # Ray pickles callbacks with the experiment; the client is rebuilt in setup()
-        return {"record": self.record, "settings": self.settings, "task_metrics": self.task_metrics}
+        return {
+            "record": self.record,
+            "settings": self.settings,
+            "task_metrics": self.task_metrics,
+            "pending_path": self.pending_path,
+        }
 
     def __setstate__(self, state):
         self.__dict__.update(state)
+        self.buffer = None
         self._reset()
+
+    def open_buffer(self, timeout: float = 600.0) -> None:
+        """Start the write buffer, first writing what an earlier run of the sweep left pending."""
+        if self.buffer is not None:
+            return
+        from peftune.tracking_buffer import WriteBuffer
+
+        self.buffer = WriteBuffer(self.record, self.pending_path)
+        if not self.buffer.flush(timeout):
+            raise RuntimeError(
+                f"{self.buffer.pending()} MLflow write(s) left by an earlier run could not be written to "
+                f"{self.record.tracking_uri} in {timeout:.0f}s; they stay in {self.pending_path}"
+            )
+
+    def flush(self, timeout: float) -> bool:
+        """Wait, at most ``timeout`` s, for every queued write to reach MLflow; False if some are still pending."""
+        return self.buffer is None or self.buffer.flush(timeout)
+
+    def _write(self, op: str, **args) -> None:
+        self.open_buffer()
+        self.buffer.put(op, **args)
 
     @property
     def client(self):
@@ -538,6 +599,7 @@ class TrialLogger(tune.Callback):
 
     def setup(self, **info):
         """Find the child runs of a resumed sweep, so no trial gets a second run."""
+        self.open_buffer()
         self._reset()
         for run in child_runs(self.client, self.record.experiment_id, self.record.parent_run_id):
             trial_id = run.data.tags.get(TRIAL_ID)
@@ -548,7 +610,8 @@ class TrialLogger(tune.Callback):
                 self._finished.add(trial_id)
             if run.data.tags.get(STATUS) == FAILED:
                 self._failed.add(trial_id)
-            if not run.data.tags.get(STATUS) and run.data.tags.get("peftune.config_key"):
+            searched = run.data.tags.get("peftune.phase", "search") == "search"  # confirmation has its own resume
+            if searched and not run.data.tags.get(STATUS) and run.data.tags.get("peftune.config_key"):
                 self._unfinished[run.data.tags["peftune.config_key"]] = (trial_id, run.info.run_id)
             if "trainable_params_per_task" in run.data.metrics:
                 self._counted.add(trial_id)
@@ -561,31 +624,21 @@ class TrialLogger(tune.Callback):
 
     # -- run lifecycle
 
-    def _run_for(self, trial) -> str:
+    def _run_for(self, trial) -> None:
+        """Queue the creation of the trial's child run (found again by trial id if it exists)."""
         trial_id = trial.trial_id
         if trial_id in self._runs:
-            return self._runs[trial_id]
+            return
         method, sampled = self.settings.split(trial.config)
-        run = self.client.create_run(
-            self.record.experiment_id,
-            run_name=f"{method}-{trial_id}",
-            tags={
-                PARENT_TAG: self.record.parent_run_id,
-                ROLE: "trial",
-                SWEEP: self.settings.sweep,
-                TRIAL_ID: trial_id,
-                "peftune.method": method,
-                **trial_tags(trial.config),  # a confirmation trial's seed and origin
-                **search_tags(trial.config, method, sampled),
-            },
-        )
-        from mlflow.entities import Param
-
         params = self._params(method, sampled)
         params["seed"] = self.settings.for_trial(trial.config).seed  # a confirmation trial's own seed
-        self.client.log_batch(run.info.run_id, params=[Param(k, _param_value(v)) for k, v in params.items()])
-        self._runs[trial_id] = run.info.run_id
-        return run.info.run_id
+        # a confirmation trial's seed and origin; every trial's phase, default mark and config key
+        tags = {**trial_tags(trial.config), **search_tags(trial.config, method, sampled)}
+        self._write(
+            "trial_run", trial_id=trial_id, run_name=f"{method}-{trial_id}", method=method,
+            sweep=self.settings.sweep, params={k: _param_value(v) for k, v in params.items()}, tags=tags,
+        )  # fmt: skip
+        self._runs[trial_id] = None
 
     def _params(self, method: str, sampled: dict) -> dict:
         """The trial's hyperparameters as its TrainConfig resolves them (method defaults included)."""
@@ -633,7 +686,7 @@ class TrialLogger(tune.Callback):
         if run_id is None or old_id in known or old_id == trial.trial_id:
             return
         del self._unfinished[key]
-        self.client.set_tag(run_id, TRIAL_ID, trial.trial_id)
+        self._write("tags", trial_id=old_id, tags={TRIAL_ID: trial.trial_id})  # the run is found by trial id
         self._runs[trial.trial_id] = self._runs.pop(old_id, run_id)
         for logged in (self._last_epoch, self._partials):
             if old_id in logged:
@@ -646,32 +699,33 @@ class TrialLogger(tune.Callback):
         if trial.trial_id not in self._runs:
             self._adopt(trial, {t.trial_id for t in trials})
         existed = trial.trial_id in self._runs
-        run_id = self._run_for(trial)
+        self._run_for(trial)
         if trial.trial_id in self._failed:  # Tuner.restore(resume_errored=True) gives it another chance
             self._failed.discard(trial.trial_id)
             self._finished.discard(trial.trial_id)
-            for tag in (STATUS, ERROR):
-                self.client.delete_tag(run_id, tag)
-        if existed and trial.trial_id not in self._finished:
-            self.client.update_run(run_id, status="RUNNING")  # an interrupted (or retried) trial goes on
+            self._write("delete_tags", trial_id=trial.trial_id, keys=[STATUS, ERROR])
+        if existed and trial.trial_id not in self._finished:  # an interrupted (or retried) trial goes on
+            self._write("run_status", trial_id=trial.trial_id, status="RUNNING")
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
-        from mlflow.entities import Metric
-
-        run_id = self._run_for(trial)
+        self._run_for(trial)
+        if result.get("diverged"):
+            return  # the final result of a diverged trial carries no epoch's metrics; on_trial_complete records it
         if result.get("partial"):
-            self._log_partial(run_id, trial.trial_id, result)
+            self._log_partial(trial.trial_id, result)
             return
         epoch = int(result["epoch"])
         if epoch <= self._last_epoch.get(trial.trial_id, 0):
             return  # logged before the sweep was interrupted; the resumed trial re-ran this epoch
-        now = _now_ms()
+        now = _now_ms()  # sent with the metrics, so a re-sent batch is identical and MLflow keeps one copy
         keys = [*self.task_metrics, *EPOCH_METRICS]
-        metrics = [Metric(k, float(result[k]), now, epoch) for k in keys if _finite(result.get(k))]
+        metrics = [(k, float(result[k]), now, epoch) for k in keys if _finite(result.get(k))]
         if trial.trial_id not in self._counted:
-            metrics += [Metric(k, float(result[k]), now, 0) for k in COUNT_METRICS if k in result]
+            metrics += [(k, float(result[k]), now, 0) for k in COUNT_METRICS if k in result]
+            if "precision" in result:  # what the trial computed in: bf16 autocast or fp32
+                self._write("tags", trial_id=trial.trial_id, tags={"peftune.precision": str(result["precision"])})
             self._counted.add(trial.trial_id)
-        self.client.log_batch(run_id, metrics=metrics)
+        self._write("metrics", trial_id=trial.trial_id, metrics=metrics)
         self._last_epoch[trial.trial_id] = epoch
         shown = " ".join(f"{k} {result[k]:.4f}" for k in self.task_metrics if k in result)
         log.info(
@@ -685,28 +739,30 @@ class TrialLogger(tune.Callback):
             result.get("epoch_time_s", 0),
         )
 
-    def _log_partial(self, run_id: str, trial_id: str, result: dict) -> None:
+    def _log_partial(self, trial_id: str, result: dict) -> None:
         """A rung within an epoch, once: ``fidelity_<score|steps|progress>`` at step = examples seen."""
-        from mlflow.entities import Metric
-
         seen = int(result["examples_seen"])
         logged = self._partials.setdefault(trial_id, set())
         if seen in logged:
             return  # logged before the sweep was interrupted; the resumed trial re-ran this part of its epoch
         now = _now_ms()
         keys = [k for k in PARTIAL_METRICS if _finite(result.get(k))]
-        metrics = [Metric(f"fidelity_{k}", float(result[k]), now, seen) for k in keys]
-        self.client.log_batch(run_id, metrics=metrics)
+        metrics = [(f"fidelity_{k}", float(result[k]), now, seen) for k in keys]
+        self._write("metrics", trial_id=trial_id, metrics=metrics)
         logged.add(seen)
 
     def on_trial_recover(self, iteration, trials, trial, **info):
-        run_id = self._run_for(trial)
-        self.client.set_tag(run_id, "peftune.retries", str(trial.num_failures))
+        self._run_for(trial)
+        # retries so far; the final count is set when the trial ends
+        self._write("tags", trial_id=trial.trial_id, tags={"peftune.retries": str(trial.num_failures)})
         log.warning("trial %s failed and is retried (%d failure(s) so far)", trial.trial_id, trial.num_failures)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
-        last_epoch = int((trial.last_result or {}).get("epoch", 0))
-        status = COMPLETED if last_epoch >= self.settings.epochs else EARLY_STOPPED
+        last = trial.last_result or {}
+        if last.get("diverged"):
+            self._finish(trial, DIVERGED, error=str(last.get("divergence", "diverged"))[:MAX_TAG_CHARS])
+            return
+        status = COMPLETED if int(last.get("epoch", 0)) >= self.settings.epochs else EARLY_STOPPED
         self._finish(trial, status)
 
     def on_trial_error(self, iteration, trials, trial, **info):
@@ -715,36 +771,26 @@ class TrialLogger(tune.Callback):
     def _finish(self, trial, status: str, error: str | None = None) -> None:
         if trial.trial_id in self._finished:
             return
-        run_id = self._run_for(trial)
-        self._log_best(run_id)
-        self.client.set_tag(run_id, STATUS, status)
+        self._run_for(trial)
         if error is not None:
-            self.client.set_tag(run_id, ERROR, error)
-            log.warning("trial %s failed: %s", trial.trial_id, error.splitlines()[0])
-        self.client.set_terminated(run_id, status="FAILED" if status == FAILED else "FINISHED")
+            log.warning("trial %s %s: %s", trial.trial_id, status, error.splitlines()[0])
+        # the retries Ray made: every failure but a final one (Ray's num_failures counts that too); the
+        # best_* metrics come from the run's own history, read by the buffer when it writes this
+        retries = trial.num_failures - (1 if status == FAILED else 0)
+        self._write(
+            "finish", trial_id=trial.trial_id, status=status, error=error, retries=retries,
+            task_metrics=self.task_metrics,
+        )  # fmt: skip
         self._finished.add(trial.trial_id)
 
-    def _log_best(self, run_id: str) -> None:
-        """best_score, best_epoch, best_<task metric>, train_time_s from the run's own history."""
-        from mlflow.entities import Metric
-
-        scores = {int(m.step): m.value for m in self.client.get_metric_history(run_id, "score")}
-        if not scores:
-            return
-        best_epoch = max(sorted(scores), key=lambda e: scores[e])  # the earliest of equal scores
-        now = _now_ms()
-        metrics = [Metric("best_score", scores[best_epoch], now, 0), Metric("best_epoch", best_epoch, now, 0)]
-        for key in self.task_metrics:
-            values = {int(m.step): m.value for m in self.client.get_metric_history(run_id, key)}
-            if best_epoch in values:
-                metrics.append(Metric(f"best_{key}", values[best_epoch], now, 0))
-        self.client.log_batch(run_id, metrics=metrics)
-
     def on_experiment_end(self, trials, **info):
+        self.close_open_runs()
+
+    def close_open_runs(self) -> None:
         """Trials still open when the experiment ends were interrupted: KILLED until the sweep resumes."""
-        for trial_id, run_id in self._runs.items():
+        for trial_id in self._runs:
             if trial_id not in self._finished:
-                self.client.set_terminated(run_id, status="KILLED")
+                self._write("run_status", trial_id=trial_id, status="KILLED")
 
 
 def trial_tags(config: dict) -> dict[str, str]:

@@ -45,7 +45,7 @@ PRECISIONS = ("auto", "bf16", "fp32")
 
 
 class TrainingDiverged(RuntimeError):
-    """The loss became NaN or infinite: the trial stops instead of reporting a garbage score."""
+    """The loss became NaN or infinite, or grew past a bound: the trial stops instead of reporting a garbage score."""
 
 
 @dataclass

@@ -1,0 +1,291 @@
+"""A durable, ordered write-ahead buffer for the trials' MLflow writes, drained by a background thread.
+
+The Tune callback (``peftune.tracking.TrialLogger``) only appends operations here, so a slow or
+unreachable tracking server never holds up the trials or kills the driver. One thread applies the
+operations in order, retrying each with backoff until the server takes it.
+
+Exactly once: every operation is idempotent by construction, so applying one again (the server took
+it but the answer was lost, or the driver stopped before noting it done) changes nothing:
+
+- a trial's run is named by its Ray trial id (``peftune.trial_id``) and found among the parent's
+  children before one is created;
+- metrics carry the timestamp of their first sending: MLflow's SQL store drops a metric identical in
+  key, value, step and timestamp; params and tags are set to the same values; a tag deleted twice is
+  gone either way.
+
+Durable: each operation is appended to a JSON-lines file (``<storage>/<sweep>.tracking-pending.jsonl``,
+beside Tune's state) before it is queued, and the sequence number of the last one applied is kept
+beside it. Operations still pending when a sweep ends (the server is down for longer than the
+bounded wait) stay there and are replayed, in order, before the next run of the sweep logs anything.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+import time
+from collections import deque
+from pathlib import Path
+
+from peftune.record import ERROR, PARENT_TAG, ROLE, STATUS, SWEEP, TRIAL_ID
+
+log = logging.getLogger("peftune.tracking")
+
+MIN_BACKOFF_S, MAX_BACKOFF_S = 0.5, 15.0
+
+
+def pending_path(storage: str, sweep: str) -> Path:
+    """Beside Tune's state when it is a local directory, else in the working directory."""
+    base = Path(storage) if "://" not in storage else Path(".peftune-tracking")
+    return base / f"{sweep}.tracking-pending.jsonl"
+
+
+def set_aside_stale(path: Path) -> None:
+    """A new sweep (no Tune state) under a name whose pending writes remain: they belong to trials Tune
+    no longer knows, so they must not enter the new record; they are kept aside, not deleted."""
+    if not path.is_file():
+        return
+    aside = path.with_name(f"{path.name}.stale-{int(time.time())}")
+    path.replace(aside)
+    path.with_name(path.name + ".applied").unlink(missing_ok=True)
+    log.warning("MLflow writes pending for an earlier sweep of this name, whose Ray state is gone, moved to %s", aside)
+
+
+class WriteBuffer:
+    """Ordered MLflow operations of one sweep: ``put`` appends (on disk too); a thread applies them."""
+
+    def __init__(self, record, path: Path | str | None):
+        self.record = record
+        self.path = Path(path) if path is not None else None
+        self._queue: deque[dict] = deque()
+        self._lock = threading.Condition()
+        self._seq = 0
+        self._applied = 0
+        self._runs: dict[str, str] = {}  # trial id -> run id, found or created by this buffer
+        self._client = None
+        self._thread: threading.Thread | None = None
+        self._stop = False
+        self._stopping = threading.Event()  # cuts a retry's backoff short (a new write does not)
+        self.failures = 0  # failed attempts (an outage's retries), for the record of an outage
+        self._load()
+
+    # -- the queue
+
+    def put(self, op: str, **args) -> None:
+        with self._lock:
+            self._seq += 1
+            item = {"seq": self._seq, "op": op, **args}
+            if self.path is not None:
+                with self.path.open("a") as file:
+                    file.write(json.dumps(item) + "\n")
+                    file.flush()
+                    os.fsync(file.fileno())
+            self._queue.append(item)
+            self._lock.notify_all()
+
+    def pending(self) -> int:
+        with self._lock:
+            return len(self._queue)
+
+    def start(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._stop = False
+            self._stopping.clear()
+            self._thread = threading.Thread(target=self._drain, name="peftune-tracking", daemon=True)
+            self._thread.start()
+
+    def flush(self, timeout: float, progress_every: float = 10.0) -> bool:
+        """Wait (at most ``timeout`` s) until every operation is applied; True when none is pending."""
+        self.start()
+        deadline, shown = time.monotonic() + timeout, time.monotonic()
+        with self._lock:
+            while self._queue:
+                now = time.monotonic()
+                if now >= deadline:
+                    return False
+                if now - shown >= progress_every:
+                    log.info("waiting for %d MLflow write(s) to reach %s", len(self._queue), self.record.tracking_uri)
+                    shown = now
+                self._lock.wait(min(1.0, deadline - now))
+        self._forget()
+        return True
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stop = True
+            self._stopping.set()
+            self._lock.notify_all()
+
+    # -- on disk
+
+    def _load(self) -> None:
+        """Queue the operations a former run left pending (their order and numbers kept)."""
+        if self.path is None:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        applied = self._marker().read_text().strip() if self._marker().is_file() else "0"
+        self._applied = int(applied or 0)
+        if not self.path.is_file():
+            return
+        for line in self.path.read_text().splitlines():
+            try:
+                item = json.loads(line)
+            except json.JSONDecodeError:
+                continue  # the last line of a write the driver did not finish: it was never queued
+            self._seq = max(self._seq, int(item["seq"]))
+            if item["seq"] > self._applied:
+                self._queue.append(item)
+        if self._queue:
+            log.warning("replaying %d MLflow write(s) left pending by an earlier run (%s)", len(self._queue), self.path)
+
+    def _marker(self) -> Path:
+        return self.path.with_name(self.path.name + ".applied")
+
+    def _note_applied(self, seq: int) -> None:
+        self._applied = seq
+        if self.path is not None:
+            temporary = self._marker().with_name(self._marker().name + ".tmp")
+            temporary.write_text(str(seq))
+            temporary.replace(self._marker())
+
+    def _forget(self) -> None:
+        """Everything is applied: the files go (a new run starts numbering again)."""
+        if self.path is None:
+            return
+        with self._lock:
+            if self._queue:
+                return
+            for path in (self.path, self._marker()):
+                path.unlink(missing_ok=True)
+
+    # -- the thread
+
+    def _drain(self) -> None:
+        backoff = MIN_BACKOFF_S
+        while True:
+            with self._lock:
+                while not self._queue and not self._stop:
+                    self._lock.wait()
+                if self._stop:
+                    return
+                item = self._queue[0]
+            try:
+                self._apply(item)
+            except Exception as error:  # noqa: BLE001  any failure of the server or the link: retry
+                self.failures += 1
+                log.warning(
+                    "MLflow write %s failed (%s); %d pending, retrying in %.1fs",
+                    item["op"],
+                    str(error).splitlines()[0][:200] if str(error) else type(error).__name__,
+                    self.pending(),
+                    backoff,
+                )
+                self._stopping.wait(backoff)
+                backoff = min(MAX_BACKOFF_S, backoff * 2)
+                continue
+            backoff = MIN_BACKOFF_S
+            with self._lock:
+                self._queue.popleft()
+                self._note_applied(item["seq"])
+                self._lock.notify_all()
+
+    @property
+    def client(self):
+        if self._client is None:
+            import mlflow
+
+            self._client = mlflow.MlflowClient(tracking_uri=self.record.tracking_uri)
+        return self._client
+
+    def _apply(self, item: dict) -> None:
+        getattr(self, f"_op_{item['op']}")(**{k: v for k, v in item.items() if k not in ("seq", "op")})
+
+    # -- the operations (each idempotent)
+
+    def run_id(self, trial_id: str) -> str | None:
+        if trial_id not in self._runs:
+            runs = self.client.search_runs(
+                [self.record.experiment_id],
+                filter_string=f"tags.`{PARENT_TAG}` = '{self.record.parent_run_id}' "
+                f"and tags.`{TRIAL_ID}` = '{trial_id}'",
+                max_results=1,
+            )
+            if runs:
+                self._runs[trial_id] = runs[0].info.run_id
+        return self._runs.get(trial_id)
+
+    def _op_trial_run(
+        self, trial_id: str, run_name: str, method: str, sweep: str, params: dict, tags: dict | None = None
+    ) -> None:
+        from mlflow.entities import Param
+
+        run_id = self.run_id(trial_id)
+        if run_id is None:
+            base = {PARENT_TAG: self.record.parent_run_id, ROLE: "trial", SWEEP: sweep, TRIAL_ID: trial_id}
+            run = self.client.create_run(
+                self.record.experiment_id, run_name=run_name, tags={**base, "peftune.method": method, **(tags or {})}
+            )
+            run_id = self._runs[trial_id] = run.info.run_id
+        self.client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()])
+
+    def _op_metrics(self, trial_id: str, metrics: list) -> None:
+        from mlflow.entities import Metric
+
+        self.client.log_batch(self._need(trial_id), metrics=[Metric(*m) for m in metrics])
+
+    def _op_tags(self, trial_id: str, tags: dict) -> None:
+        run_id = self._need(trial_id)
+        for key, value in tags.items():
+            self.client.set_tag(run_id, key, value)
+
+    def _op_delete_tags(self, trial_id: str, keys: list) -> None:
+        run_id = self._need(trial_id)
+        present = self.client.get_run(run_id).data.tags
+        for key in keys:
+            if key in present:
+                self.client.delete_tag(run_id, key)
+
+    def _op_run_status(self, trial_id: str, status: str) -> None:
+        run_id = self._need(trial_id)
+        if status == "RUNNING":
+            self.client.update_run(run_id, status="RUNNING")
+        else:
+            self.client.set_terminated(run_id, status=status)
+
+    def _op_finish(self, trial_id: str, status: str, error: str | None, retries: int, task_metrics: list) -> None:
+        run_id = self._need(trial_id)
+        log_best(self.client, run_id, task_metrics)
+        tags = {STATUS: status, **({ERROR: error} if error is not None else {})}
+        if retries > 0:
+            tags["peftune.retries"] = str(retries)
+        for key, value in tags.items():
+            self.client.set_tag(run_id, key, value)
+        self.client.set_terminated(run_id, status="FAILED" if status == "failed" else "FINISHED")
+
+    def _need(self, trial_id: str) -> str:
+        run_id = self.run_id(trial_id)
+        if run_id is None:  # its trial_run operation comes first in the order: this is not an outage
+            raise LookupError(f"no MLflow run for trial {trial_id} under parent run {self.record.parent_run_id}")
+        return run_id
+
+
+def log_best(client, run_id: str, task_metrics: list[str]) -> None:
+    """best_score, best_epoch, best_<task metric> from the run's own history (the earliest best epoch)."""
+    from mlflow.entities import Metric
+
+    scores = {int(m.step): m.value for m in client.get_metric_history(run_id, "score")}
+    if not scores:
+        return
+    best_epoch = max(sorted(scores), key=lambda e: scores[e])
+    latest = client.get_run(run_id).data.metrics
+    if latest.get("best_score") == scores[best_epoch] and latest.get("best_epoch") == best_epoch:
+        return  # logged by an earlier attempt of this operation
+    now = int(time.time() * 1000)
+    metrics = [Metric("best_score", scores[best_epoch], now, 0), Metric("best_epoch", best_epoch, now, 0)]
+    for key in task_metrics:
+        values = {int(m.step): m.value for m in client.get_metric_history(run_id, key)}
+        if best_epoch in values:
+            metrics.append(Metric(f"best_{key}", values[best_epoch], now, 0))
+    client.log_batch(run_id, metrics=metrics)
