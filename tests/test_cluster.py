@@ -8,6 +8,7 @@ trial checkpoints there, and Ray fails those trials while the sweep ends "comple
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -53,6 +54,7 @@ def two_nodes(tmp_path):
         yield env, ports
     finally:
         subprocess.run([*peftune, "down", *flags], cwd=tmp_path, env=env, capture_output=True, text=True)
+        shutil.rmtree(services.ray_temp_dir(ports.ray), ignore_errors=True)  # the head's session logs
         assert services.ray_processes(ports.ray) == []
 
 
@@ -108,7 +110,8 @@ def test_a_sweep_runs_trials_on_both_nodes(two_nodes, tiny_data_dir, tmp_path):
     code = (
         "import json, ray\nfrom ray.util.state import list_actors\n"
         f"ray.init(address='127.0.0.1:{ports.ray}', logging_level='ERROR')\n"
-        "print(json.dumps([[a.class_name, a.node_id] for a in list_actors(limit=10000)]))"
+        f"actors = list_actors(address='http://127.0.0.1:{ports.dashboard}', limit=10000)\n"
+        "print(json.dumps([[a.class_name, a.node_id] for a in actors]))"
     )
     listed = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
     assert listed.returncode == 0, listed.stderr[-3000:]
@@ -144,7 +147,8 @@ from ray.util.state import list_actors
 ray.init(address=sys.argv[1], logging_level="ERROR")
 head = ray.get_runtime_context().get_node_id()  # this driver runs on the head node
 while True:
-    running = [a for a in list_actors(filters=[("state", "=", "ALIVE")], limit=10000) if a.class_name == "ImplicitFunc"]
+    alive = list_actors(address=sys.argv[3], filters=[("state", "=", "ALIVE")], limit=10000)  # via the dashboard
+    running = [a for a in alive if a.class_name == "ImplicitFunc"]
     if any(a.node_id != head for a in running):
         break
     time.sleep(0.5)
@@ -177,7 +181,8 @@ def test_killing_the_worker_node_mid_sweep_loses_and_duplicates_nothing(two_node
     assert len(raylets) == 2  # head and worker node
     marker = f"--listen-port={env['PEFTUNE_TEST_WORKER_AGENT_PORT']}"  # the raylet starts its agent with it
     sweep_run = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    killer = subprocess.run([sys.executable, "-c", KILLER, f"127.0.0.1:{ports.ray}", marker], env=env,
+    killer = subprocess.run([sys.executable, "-c", KILLER, f"127.0.0.1:{ports.ray}", marker,
+                             f"http://127.0.0.1:{ports.dashboard}"], env=env,
                             capture_output=True, text=True, timeout=900)  # fmt: skip
     output = sweep_run.communicate(timeout=1800)[0]
     assert killer.returncode == 0 and "killed" in killer.stdout, killer.stderr[-3000:]

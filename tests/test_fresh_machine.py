@@ -172,4 +172,5 @@ def test_readme_first_command_on_a_fresh_machine(tmp_path):
         assert "sweep sst_tuning: completed" in output
     finally:
         subprocess.run(down, cwd=repo, env=env, capture_output=True, text=True)
+        shutil.rmtree(services.ray_temp_dir(ports.ray), ignore_errors=True)  # the head's session logs
     assert services.ray_processes(ports.ray) == [] and services.mlflow_processes(ports.mlflow) == []
