@@ -111,7 +111,7 @@ PARTIAL_METRICS = ("score", "steps", "progress")
 CHECKPOINT_ARTIFACTS = ("trainable.safetensors", "peftune.json")  # the optimizer state stays with Ray
 MAX_TAG_CHARS = 5000
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"  # the UI's training view
-SUMMARY_STATUSES = ("completed", "early_stopped", "failed", "unfinished")
+SUMMARY_STATUSES = ("completed", "early_stopped", "diverged", "failed", "unfinished")
 
 
 def ui_hint(uri: str, experiment_id: str | None = None) -> tuple[str, str | None]:
