@@ -58,6 +58,7 @@ SWEEP = """\
     resources: {{cpus_per_trial: 1, max_concurrent_trials: 1}}
     max_failures: 1
     checkpoints_per_method: 1
+    confirm: {{seeds: 0}}  # the search's faults; confirmation's resume has its own tests
     budget: tiny
     budgets:
       tiny: {{num_samples: {num_samples}, epochs: {epochs}, batch_size: 16, max_length: 32, max_train_examples: 64,

@@ -241,6 +241,7 @@ def run_confirmation(
     storage: str,
     callbacks: Sequence = (),
     verbose: int = 1,
+    flush_s: float = 600.0,
 ) -> ConfirmationResult:
     """Confirm the best configurations of every method of the finished search (see the module docstring).
 
@@ -300,6 +301,9 @@ def run_confirmation(
             ),
         )
         tuner.fit()
+        # the record is read next, so its buffered writes go first; what a tracking outage still holds
+        # back leaves those runs unfinished: the confirmation says interrupted and the next run completes it
+        trial_logger.flush(flush_s)
     final = {
         (run_config_key(r), r.data.tags.get(SEED))
         for r in confirmation_runs(client, record)

@@ -483,6 +483,7 @@ def run_sweep(
                 storage=storage,
                 callbacks=callbacks,
                 verbose=verbose,
+                flush_s=tracking_wait_s,
             )
             if not trial_logger.flush(tracking_wait_s):
                 return _unrecorded(
