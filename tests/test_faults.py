@@ -108,6 +108,8 @@ def test_divergence_is_a_non_finite_loss_or_one_grown_past_the_bound():
     assert guard.check(torch.tensor(19.0 * 16), 16, 0, 16, 31) == 19.0  # below 10 x 2
     with pytest.raises(TrainingDiverged, match="grew past"):
         guard.check(torch.tensor(21.0 * 16), 16, 0, 32, 47)
+    small_start = DivergenceGuard(TrainConfig(method="frozen", tasks=["sst"]), reference=0.01)
+    assert small_start.check(torch.tensor(9.0), 1, 0, 0, 0) == 9.0  # a start near 0 is floored at 1.0
     for bad in (math.nan, math.inf):
         with pytest.raises(TrainingDiverged, match="loss is"):
             guard.check(torch.tensor(bad), 16, 1, 0, 15)

@@ -444,7 +444,8 @@ def run_trial(
                     model.train()
                     progress = {"steps": steps_done, "examples_seen": examples_seen}
                     report(_partial_metrics(epoch, dev, progress, examples_per_run), None)
-            if (step + 1) % guard.every == 0 or step + 1 == len(plan):
+            first_look = guard.reference is None and step == 0  # the first step alone is the reference
+            if first_look or (step + 1) % guard.every == 0 or step + 1 == len(plan):
                 window_mean = guard.check(window, step + 1 - window_start, epoch, window_start, step)
                 loss_sum += window
                 window, window_start = torch.zeros((), device=device), step + 1
@@ -525,10 +526,12 @@ class DivergenceGuard:
     """Stops a trial whose loss is not finite, or whose smoothed loss grew past ``GROWTH`` x its start.
 
     The loss is looked at every ``every`` steps as the mean over those steps (a smoothed loss, one
-    host sync per look). The reference is the first such mean of the trial (of its first epoch when
-    resumed): a trial whose loss climbs to 10x where it began is diverging, whatever the task mix
-    (the tasks' starting losses differ by less than that: ~1.6 for 5-way cross-entropy, ~0.7 for
-    BCE, ~2-3 for STS's MSE with the head starting at mid-range).
+    host sync per look). The reference is the trial's first step alone (its first epoch's mean when
+    resumed), not a first window: a learning rate that explodes on the second step would otherwise
+    make the exploded loss its own reference. A trial whose loss climbs past 10x where it began
+    (floored at 1.0) is diverging, whatever the task mix (the tasks' starting losses differ by less
+    than that: ~1.6 for 5-way cross-entropy, ~0.7 for BCE, ~2-3 for STS's MSE with the head starting
+    at mid-range).
     """
 
     GROWTH = 10.0
@@ -546,7 +549,7 @@ class DivergenceGuard:
             raise TrainingDiverged(f"loss is {mean} {where}; {hint}")
         if self.reference is None:
             self.reference = mean
-        elif mean > self.GROWTH * self.reference:
+        elif mean > self.GROWTH * max(self.reference, 1.0):
             raise TrainingDiverged(
                 f"loss {mean:.4g} {where} grew past {self.GROWTH:g}x its start ({self.reference:.4g}); {hint}"
             )
