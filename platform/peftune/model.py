@@ -70,10 +70,15 @@ class MultitaskModel(nn.Module):
         """(B, T) token tensors of one task -> (B, num_outputs) head outputs."""
         self.context.task = task
         hidden, mask, pooled = self.backbone(input_ids, attention_mask, token_type_ids)
-        if self.pooling == "mean":
-            weights = mask.unsqueeze(-1).to(hidden.dtype)  # (B, T', 1)
-            pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # (B, H)
-        return self.heads[task](pooled)
+        # pooling and the head run in fp32 even under bf16 autocast: bf16 keeps ~3 significant digits,
+        # which flattens a regression head's outputs around its mid-range start (measured: a constant STS
+        # prediction, Pearson 0) and the mean over tokens; both are a sliver of the compute
+        with torch.autocast(hidden.device.type, enabled=False):
+            hidden, pooled = hidden.float(), pooled.float()
+            if self.pooling == "mean":
+                weights = mask.unsqueeze(-1).to(hidden.dtype)  # (B, T', 1)
+                pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # (B, H)
+            return self.heads[task](pooled)
 
     def trainable_state_dict(self) -> dict[str, torch.Tensor]:
         """The parameters that train (method + heads): all a checkpoint needs."""
