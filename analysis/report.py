@@ -601,7 +601,7 @@ def html_report(report: Report) -> str:
         ]
     if len(trials):
         parts += [
-            "<div class='row'><div class='plot'>",
+            "<div class='row'><div class='plot' id='score-vs-params'>",  # every search trial, hoverable
             embed(plots.score_vs_params_figure(trials, objective="score", **common)),
             "</div><div class='side'><h2>Best configuration per method and size</h2>",
             _table_html(side_table(report.best)),

@@ -22,7 +22,7 @@ BROWSERS = ("chromium", "chromium-browser", "google-chrome")
 HOVER_SCRIPT = """
 <script>
 window.addEventListener("load", function () {
-  var plot = document.querySelector(".js-plotly-plot");
+  var plot = document.querySelector("#score-vs-params .js-plotly-plot");  // the search trials' plot
   Plotly.Fx.hover(plot, [{curveNumber: 0, pointNumber: 0}]);
   document.body.setAttribute("data-test-hovered", "yes");
 });
