@@ -70,7 +70,12 @@ def test_multitask_job_smoke_test_on_the_real_data(tmp_path):
     assert parent["tags.peftune.status"] == "completed" and parent["status"] == "FINISHED"
     assert parent["params.invalid_rows"] == "skip" and parent["params.skipped_rows"] == "2"
     children = runs[runs["tags.mlflow.parentRunId"] == run_id]
-    assert len(children) == int(parent["params.num_samples"]) == 3
+    confirmed = children[children["tags.peftune.phase"] == "confirm"]  # smoke: the best of each method, 1 seed
+    children = children[children["tags.peftune.phase"] != "confirm"]
+    assert len(children) == int(parent["params.num_samples"]) == 11  # one default trial per method
+    assert sorted(children["tags.peftune.method"]) == sorted(spaces.load_sweep(spaces.resolve_sweep_path(
+        "multitask_tuning")).methods)
+    assert len(confirmed) == children["params.method"].nunique()
     assert children["metrics.best_score"].notna().all()
 
     skipped = json.loads(
