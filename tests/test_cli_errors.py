@@ -42,6 +42,7 @@ CASES = {
     "methods unknown task": ["methods", "--tasks", "sst,imdb"],
     "methods corrupt config": ["methods", "--model", "{bad_config}"],
     "report garbage uri": ["report", "--sweep", "s", "--tracking-uri", "garbage://x"],
+    "report unreachable server": ["report", "--sweep", "s", "--tracking-uri", "http://127.0.0.1:9"],
     "report missing sqlite": ["report", "--sweep", "s", "--tracking-uri", "sqlite:///{missing}/mlflow.db"],
     "report output is a file": ["report", "--sweep", "s", "--tracking-uri", "sqlite:///{db}", "--output", "{file}"],
     "report unknown sweep": ["report", "--sweep", "nosuchsweep", "--tracking-uri", "sqlite:///{db}"],
@@ -59,6 +60,14 @@ if torch.cuda.is_available():
     del CASES["device tpu"]
 else:
     CASES["device cuda without CUDA"] = ["train", "--device", "cuda"]
+
+
+# the damaged file a message must name (its directory alone leaves the user guessing)
+NAMES_FILE = {
+    "corrupt config.json": "config.json: line 1",
+    "methods corrupt config": "config.json: line 1",
+    "corrupt safetensors": "model.safetensors",
+}
 
 
 @pytest.fixture
@@ -93,6 +102,7 @@ def places(tmp_path, tiny_data_dir):
 @pytest.mark.parametrize("name", list(CASES))
 def test_user_error_is_one_line_and_exit_2(name, places, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # nothing a failed command might write lands in the repository
+    monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # an unreachable server fails now, not in minutes
     argv = [arg.format(**places) for arg in CASES[name]]
     if argv[0] == "train" and "--data-dir" not in argv:
         argv += ["--data-dir", places["data"], "--epochs" if "--epochs" not in argv else "--seed", "1"]
@@ -107,4 +117,6 @@ def test_user_error_is_one_line_and_exit_2(name, places, capsys, tmp_path, monke
     errors = [line for line in err.splitlines() if ": error: " in line]
     assert len(errors) == 1 and len(errors[0]) <= 600, err
     assert not (tmp_path / "missing").exists(), "a reading command created the store it was asked to read"
+    if name in NAMES_FILE:
+        assert NAMES_FILE[name] in errors[0], f"the error names no file: {errors[0]}"
     assert not list(tmp_path.glob("runs/*")), "a refused train command wrote a checkpoint"

@@ -328,8 +328,7 @@ def _packaged_minilm_dir() -> Path:
 def load_pretrained(name_or_path: str = DEFAULT_MODEL) -> tuple[BertModel, Path]:
     """Build the encoder from a model directory or name; returns (model, model_dir)."""
     model_dir = resolve_model_dir(name_or_path)
-    with open(model_dir / "config.json") as f:
-        hf_config = json.load(f)
+    hf_config = read_json(model_dir / "config.json")
     if hf_config.get("model_type", "bert") != "bert":
         raise ValueError(f"{model_dir}/config.json: model_type {hf_config.get('model_type')!r}, expected 'bert'")
     model = BertModel(BertConfig.from_dict(hf_config))
@@ -345,8 +344,6 @@ def load_pretrained(name_or_path: str = DEFAULT_MODEL) -> tuple[BertModel, Path]
 
 
 def _read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         if (model_dir / "pytorch_model.bin").exists():
@@ -357,8 +354,30 @@ def _read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
         raise FileNotFoundError(f"{model_dir} has no *.safetensors weights")
     state = {}
     for file in files:
-        state.update(load_file(os.fspath(file)))
+        state.update(read_safetensors(file))
     return state
+
+
+def read_safetensors(path: Path, device: str = "cpu") -> dict[str, torch.Tensor]:
+    """A safetensors file's tensors; a damaged file is a ValueError naming it (safetensors' own names none)."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(os.fspath(path), device=device)
+    except SafetensorError as error:
+        raise ValueError(f"{path}: not a readable safetensors file ({error})") from None
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from a file; damaged JSON is a ValueError naming the file and line."""
+    try:
+        value = json.loads(Path(path).read_text())
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{path}: line {error.lineno}: not valid JSON ({error.msg})") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
+    return value
 
 
 def _strip_prefix(key: str) -> str:
@@ -386,7 +405,7 @@ def native_pooling(model_dir: Path) -> str:
     BERT's own pretraining trained the [CLS] pooler (next-sentence prediction).
     """
     config = model_dir / "1_Pooling" / "config.json"
-    if config.is_file() and json.loads(config.read_text()).get("pooling_mode_mean_tokens"):
+    if config.is_file() and read_json(config).get("pooling_mode_mean_tokens"):
         return "mean"
     return "cls"
 

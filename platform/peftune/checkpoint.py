@@ -15,10 +15,10 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 
 from peftune import methods
-from peftune.backbone import BertModel, fingerprint, load_pretrained
+from peftune.backbone import BertModel, fingerprint, load_pretrained, read_json, read_safetensors
 from peftune.model import MultitaskModel
 from peftune.tasks import get_task
 
@@ -80,7 +80,7 @@ def read_meta(directory: str | Path) -> dict:
     path = Path(directory) / META
     if not path.is_file():
         raise CheckpointError(f"{directory} is not a peftune checkpoint (no {META})")
-    meta = json.loads(path.read_text())
+    meta = read_json(path)
     if meta.get("format_version") != FORMAT_VERSION:
         raise CheckpointError(f"{path}: format_version {meta.get('format_version')!r}, expected {FORMAT_VERSION}")
     return meta
@@ -120,7 +120,7 @@ def load_trainable(model: MultitaskModel, directory: str | Path, map_location: s
     meta = read_meta(directory)
     if meta["method"] != model.method:
         raise CheckpointError(f"checkpoint {directory} is for method {meta['method']!r}, not {model.method!r}")
-    state = load_file(os.fspath(Path(directory) / WEIGHTS), device=map_location)
+    state = read_safetensors(Path(directory) / WEIGHTS, device=map_location)
     expected = model.trainable_state_dict()
     missing, unexpected = sorted(set(expected) - set(state)), sorted(set(state) - set(expected))
     if missing or unexpected:
@@ -146,7 +146,7 @@ def load_training_state(directory, model, optimizer, scheduler, backbone) -> dic
     load_trainable(model, directory)
     if "optimizer" not in meta:
         raise CheckpointError(f"checkpoint {directory} has no optimizer state to resume from")
-    tensors = load_file(os.fspath(Path(directory) / OPTIMIZER))
+    tensors = read_safetensors(Path(directory) / OPTIMIZER)
     names = {id(p): n for n, p in model.named_parameters()}
     for group in optimizer.param_groups:
         for parameter in group["params"]:

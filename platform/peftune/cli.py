@@ -181,7 +181,7 @@ def cmd_methods(args) -> int:
     import torch
 
     from peftune import methods
-    from peftune.backbone import BertConfig, BertModel, resolve_model_dir
+    from peftune.backbone import BertConfig, BertModel, read_json, resolve_model_dir
     from peftune.model import MultitaskModel
     from peftune.params import count_parameters
     from peftune.tasks import parse_tasks
@@ -189,10 +189,8 @@ def cmd_methods(args) -> int:
     if args.bert_base_shape:
         config, label = BertConfig(), "bert-base shape (BertConfig() defaults)"
     else:
-        import json
-
         model_dir = resolve_model_dir(args.model)
-        config = BertConfig.from_dict(json.loads((model_dir / "config.json").read_text()))
+        config = BertConfig.from_dict(read_json(model_dir / "config.json"))
         label = args.model
     tasks = parse_tasks(args.tasks)
     print(f"backbone: {label}; tasks: {', '.join(t.name for t in tasks)}")
@@ -422,9 +420,10 @@ def main(argv: list[str] | None = None) -> int:
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """What a user's input raises (a bad file, flag, value or store), as opposed to a bug: one line, exit 2."""
+    from mlflow.exceptions import MlflowException  # a store that refuses or cannot be reached
     from safetensors import SafetensorError
 
-    return (ValueError, KeyError, TypeError, OSError, SafetensorError)
+    return (ValueError, KeyError, TypeError, OSError, SafetensorError, MlflowException)
 
 
 def one_line(error: BaseException, limit: int = 500) -> str:
