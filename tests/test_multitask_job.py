@@ -73,8 +73,9 @@ def test_multitask_job_smoke_test_on_the_real_data(tmp_path):
     confirmed = children[children["tags.peftune.phase"] == "confirm"]  # smoke: the best of each method, 1 seed
     children = children[children["tags.peftune.phase"] != "confirm"]
     assert len(children) == int(parent["params.num_samples"]) == 11  # one default trial per method
-    assert sorted(children["tags.peftune.method"]) == sorted(spaces.load_sweep(spaces.resolve_sweep_path(
-        "multitask_tuning")).methods)
+    assert sorted(children["tags.peftune.method"]) == sorted(
+        spaces.load_sweep(spaces.resolve_sweep_path("multitask_tuning")).methods
+    )
     assert len(confirmed) == children["params.method"].nunique()
     assert children["metrics.best_score"].notna().all()
 

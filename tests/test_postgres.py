@@ -84,9 +84,22 @@ def mlflow_server(postgres, tmp_path):
 
 
 def sweep_command(definition: Path, data_dir: Path, uri: str, work: Path) -> list[str]:
-    return [sys.executable, "-m", "peftune.cli", "sweep", str(definition), "--data-dir", str(data_dir),
-            "--tracking-uri", uri, "--storage-path", str(work / "ray_results"), "--reports-dir",
-            str(work / "reports"), "--allow-failures"]  # fmt: skip (the definition's top_k space can fail a trial)
+    return [
+        sys.executable,
+        "-m",
+        "peftune.cli",
+        "sweep",
+        str(definition),
+        "--data-dir",
+        str(data_dir),
+        "--tracking-uri",
+        uri,
+        "--storage-path",
+        str(work / "ray_results"),
+        "--reports-dir",
+        str(work / "reports"),
+        "--allow-failures",
+    ]  # fmt: skip (the definition's top_k space can fail a trial)
 
 
 def test_two_sweeps_a_resume_and_reports_on_postgres(mlflow_server, tiny_data_dir, tmp_path):

@@ -42,7 +42,6 @@ class Result:
         return self.tokens / self.seconds
 
 
-
 # ----------------------------------------------------------------------------- the core
 
 
