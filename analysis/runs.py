@@ -16,7 +16,7 @@ Columns of :attr:`SweepRuns.trials`:
   :func:`size_label`), ``label`` (``lora r=8``), ``size_value`` (the method's size field, for sorting);
 - search or confirmation: ``phase`` (``search``; confirmation runs are in :attr:`SweepRuns.confirmations`,
   not in ``trials``), ``default`` (the method's control-arm trial), ``config_key`` (one configuration,
-  whatever its seed: the tag, else computed from the params, see :func:`peftune.confirm.config_key`);
+  whatever its seed: see :func:`peftune.confirm.run_config_key`);
 - outcome: ``status``, ``error`` (first line of the failure), ``mlflow_status``, ``epochs_run``,
   ``best_epoch``, ``score`` and each task metric (``sst_accuracy``, ...) at the best-scoring epoch;
 - parameter counts: ``backbone_params``, ``trainable_params_per_task`` (+ ``_pct``), ``stored_params``
@@ -40,7 +40,7 @@ import pandas as pd
 
 log = logging.getLogger("analysis.runs")
 
-from peftune.confirm import CONFIG_KEY, CONFIRM, DEFAULT, config_key, run_phase  # noqa: E402  (Ray-free)
+from peftune.confirm import CONFIRM, DEFAULT, run_config_key, run_phase  # noqa: E402  (Ray-free)
 from peftune.record import (  # noqa: E402  the record's names, shared with the writer (no Ray import)
     CHECKPOINT_TAG,
     COMPLETED,
@@ -234,7 +234,7 @@ def trial_row(run, task_metrics: Sequence[str], history: dict[str, dict[int, flo
         "epochs_run": max(history.get("score", {}), default=0),
         "phase": run_phase(tags),
         "default": tags.get(DEFAULT) == "true",
-        "config_key": tags.get(CONFIG_KEY) or config_key(method, run.data.params),
+        "config_key": run_config_key(run),
     }
     if "best_score" in metrics:
         row["best_epoch"] = _int_or_none(metrics.get("best_epoch"))

@@ -33,6 +33,13 @@ class TrialSpec:
     mlflow_status: str | None = None  # override the MLflow run status (e.g. "KILLED")
     extra_params: dict = field(default_factory=dict)
 
+    def config_key(self) -> str:
+        """The key the searcher tags a trial with: its method and sampled hyperparameters (not the seed)."""
+        from peftune.search import config_key
+
+        sampled = {"lr": self.lr, "dropout": self.dropout, "weight_decay": self.weight_decay, **self.options}
+        return config_key(self.method, sampled)
+
 
 def _value(value) -> str:
     return ",".join(map(str, value)) if isinstance(value, (list, tuple)) else str(value)
@@ -110,6 +117,7 @@ def record_sweep(
                 "peftune.sweep": name,
                 "peftune.trial_id": trial.trial_id,
                 "peftune.method": trial.method,
+                "peftune.config_key": trial.config_key(),
             },
         )
         run_id = run.info.run_id

@@ -20,8 +20,8 @@ draw that selected them (the winner's curse); new seeds give unbiased means.
 The record (see ``peftune.tracking``): a confirmation trial's child run has the tags
 ``peftune.phase=confirm``, ``peftune.config_key=<key of the search trial it confirms>``,
 ``peftune.seed=<seed>``, ``peftune.default=true|false`` and ``peftune.confirms=<run id of that
-search trial>``, and the search trial's params with its own ``seed``. Search trials written before
-``peftune.config_key`` existed get the key :func:`config_key` computes from their params.
+search trial>``, and the search trial's params with its own ``seed``. A search trial written before
+``peftune.config_key`` existed counts as its own configuration.
 
 Resuming: (config key, seed) identifies a confirmation trial. A re-run skips every pair whose run
 is ``completed`` in MLflow; a pair whose run was interrupted or failed is trained again, and its
@@ -34,8 +34,6 @@ on Ray's private objects or on callbacks pickled by an earlier run.
 from __future__ import annotations
 
 import dataclasses
-import hashlib
-import json
 import logging
 import math
 import time
@@ -56,20 +54,10 @@ PHASE, DEFAULT, CONFIG_KEY, SEED, CONFIRMS = (
     "peftune.confirms",
 )
 SEARCH, CONFIRM = "search", "confirm"
-COMMON = ("lr", "dropout", "weight_decay")
+COMMON = ("lr", "dropout", "weight_decay")  # the hyperparameters every method has
 
 
 # ----------------------------------------------------------------------------- configurations
-
-
-def config_key(method: str, params: Mapping[str, object]) -> str:
-    """Stable short hash of a configuration: the method and its hyperparameters as logged (not the seed).
-
-    ``params``: the child run's params (``lr``, ``dropout``, ``weight_decay``, ``method.<field>``).
-    """
-    values = {k: str(v) for k, v in params.items() if k in COMMON or k.startswith("method.")}
-    text = json.dumps({"method": method, **values}, sort_keys=True)
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def run_phase(tags: Mapping[str, str]) -> str:
@@ -78,9 +66,12 @@ def run_phase(tags: Mapping[str, str]) -> str:
 
 
 def run_config_key(run) -> str:
-    """The run's ``peftune.config_key`` tag, else the key of its params."""
-    tags, params = run.data.tags, run.data.params
-    return tags.get(CONFIG_KEY) or config_key(params.get("method", ""), params)
+    """The run's ``peftune.config_key`` tag (see :func:`peftune.search.config_key`).
+
+    A run without the tag (written before it existed) is its own configuration: re-hashing logged
+    params would not give the key the search computed from the sampled ones.
+    """
+    return run.data.tags.get(CONFIG_KEY) or f"run:{run.info.run_id}"
 
 
 @dataclass(frozen=True)
