@@ -320,11 +320,23 @@ def write_report(sweep: SweepRuns, directory: str | Path, *, reference: bool = T
 
 
 def log_report(report: Report, *, client=None) -> None:
-    """Log the report directory as artifacts of the sweep's parent run, under ``report/``."""
+    """Log the report directory as artifacts of the sweep's parent run, under ``report/``.
+
+    Also the frontier's summary as parent-run metrics, so the MLflow runs table shows it without a
+    click: ``sweep_frontier_size`` and ``sweep_hypervolume`` (all methods, the combined score).
+    """
     import mlflow
+    from mlflow.entities import Metric
 
     client = client or mlflow.MlflowClient(tracking_uri=report.sweep.tracking_uri)
     client.log_artifacts(report.sweep.parent_run_id, str(report.directory), artifact_path=ARTIFACT_PATH)
+    summary = report.summary
+    overall = summary[(summary["scope"] == "all") & (summary["objective"] == "score")] if len(summary) else summary
+    if len(overall):
+        row, now = overall.iloc[0], int(time.time() * 1000)
+        values = {"sweep_frontier_size": float(row["frontier_size"]), "sweep_hypervolume": float(row["hypervolume"])}
+        metrics = [Metric(k, v, now, 0) for k, v in values.items() if math.isfinite(v)]
+        client.log_batch(report.sweep.parent_run_id, metrics=metrics)
 
 
 def report_sweep(

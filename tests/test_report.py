@@ -179,6 +179,9 @@ def test_report_end_to_end(store, tmp_path):
     logged = {item.path for item in client.list_artifacts(parent_id, "report")}
     assert {f"report/{name}" for name in expected} <= logged
     assert {item.path for item in client.list_artifacts(parent_id)} >= {"report", "sweep.yaml", "data_hashes.json"}
+    # and the frontier's summary is on the parent run, for the runs table (issue 8)
+    metrics = client.get_run(parent_id).data.metrics
+    assert metrics["sweep_frontier_size"] == 4 and metrics["sweep_hypervolume"] == pytest.approx(expected_hv)
 
 
 def test_unknown_sweep_names_the_store_and_its_sweeps(store, capsys):

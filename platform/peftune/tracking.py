@@ -346,7 +346,8 @@ def close_sweep(record: SweepRecord, status: str) -> None:
     """``status``: completed, completed_with_failures (FINISHED) | interrupted (KILLED) | failed (FAILED).
 
     Also logs the summary metrics the runs table shows on the parent run before any click:
-    ``sweep_best_score`` and ``sweep_trials_<status>`` (``unfinished`` for trials without a status).
+    ``sweep_best_score``, ``sweep_trials`` and ``sweep_trials_<status>`` (``unfinished`` for trials
+    without a status) over the search trials, and ``sweep_confirm_runs``.
     """
     client = _client(record.tracking_uri)
     log_sweep_summary(client, record)
@@ -445,10 +446,12 @@ def log_method_budgets(record: SweepRecord) -> dict[str, dict[str, float]]:
 def log_sweep_summary(client, record: SweepRecord) -> None:
     from mlflow.entities import Metric
 
-    trials = trial_records(record)
+    runs = trial_records(record)
+    trials = [run for run in runs if run.phase == "search"]  # confirmation runs re-train, they are not trials
     counts = Counter(trial.status or "unfinished" for trial in trials)
     values = {f"sweep_trials_{status}": float(counts.get(status, 0)) for status in SUMMARY_STATUSES}
     values["sweep_trials"] = float(len(trials))
+    values["sweep_confirm_runs"] = float(len(runs) - len(trials))
     scores = [t.best_score for t in trials if t.best_score is not None]
     if scores:
         values["sweep_best_score"] = max(scores)
@@ -464,6 +467,7 @@ class TrialRecord:
     status: str | None  # completed | early_stopped | failed | None (running or interrupted)
     best_score: float | None
     params: dict = field(default_factory=dict)
+    phase: str = "search"  # search | confirm (the peftune.phase tag; untagged runs are search trials)
 
 
 def trial_records(record: SweepRecord) -> list[TrialRecord]:
@@ -479,6 +483,7 @@ def trial_records(record: SweepRecord) -> list[TrialRecord]:
                 tags.get(STATUS),
                 run.data.metrics.get("best_score"),
                 dict(run.data.params),
+                tags.get("peftune.phase") or "search",
             )
         )
     return out
