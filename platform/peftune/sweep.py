@@ -505,21 +505,12 @@ def run_sweep(
             else:
                 log.error("MLflow unreachable: the record of sweep %s stays open; %s", definition.name, pending)
         raise
-    statuses = dict(Counter(trial.status for trial in trials))
-    scored = [t for t in trials if t.best_score is not None]
-    best = max(scored, key=lambda t: t.best_score) if scored else None
-    result = SweepResult(
-        name=definition.name,
-        status=status,
-        tracking_uri=tracking_uri,
-        experiment_id=record.experiment_id,
-        parent_run_id=record.parent_run_id,
-        experiment_path=experiment_path,
-        report_dir=Path(reports_dir).resolve() / definition.name,
-        num_trials=len(trials),
-        statuses=statuses,
-        best=dataclasses.asdict(best) if best else None,
-        resumed=record.resumed,
+    result = _result(
+        definition,
+        record,
+        (tracking_uri, experiment_path, reports_dir),
+        status,
+        trials,
         checkpoints_logged=logged,
         confirmation=dataclasses.asdict(confirmation) if confirmation else None,
     )
@@ -550,18 +541,28 @@ def _unrecorded(definition, record, tracking_uri, experiment_path, reports_dir, 
         trial_logger.pending_path,
     )
     trial_logger.buffer.stop()
+    where = (tracking_uri, experiment_path, reports_dir)
+    return _result(definition, record, where, INTERRUPTED, trials=(), num_trials=num_trials)
+
+
+def _result(definition, record, where: tuple, status: str, trials: Sequence, **extra) -> SweepResult:
+    """The sweep's outcome; ``where``: (tracking URI, Ray Tune experiment path, reports directory)."""
+    tracking_uri, experiment_path, reports_dir = where
+    scored = [t for t in trials if t.best_score is not None]
+    best = max(scored, key=lambda t: t.best_score) if scored else None
     return SweepResult(
         name=definition.name,
-        status=INTERRUPTED,
+        status=status,
         tracking_uri=tracking_uri,
         experiment_id=record.experiment_id,
         parent_run_id=record.parent_run_id,
         experiment_path=experiment_path,
         report_dir=Path(reports_dir).resolve() / definition.name,
-        num_trials=num_trials,
-        statuses={},
-        best=None,
+        num_trials=extra.pop("num_trials", len(trials)),
+        statuses=dict(Counter(trial.status for trial in trials)),
+        best=dataclasses.asdict(best) if best else None,
         resumed=record.resumed,
+        **extra,
     )
 
 
