@@ -47,3 +47,10 @@ def test_flops_and_peak_are_plausible():
     assert 60e6 < full < 70e6  # ~64 MFLOP of training per token (6 N, N = 10.6 M)
     assert bench.flops_per_token(minilm, 25.0, lora=True) < full
     assert bench.matmul_peak(torch.float32, size=256, repeats=2) > 0
+
+
+def test_time_shares_cover_the_epoch_and_find_the_matmuls(tiny_prepared):
+    shares = bench.time_shares(tiny_prepared, "full", "fp32", batch_size=16)
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert shares["matmul"] > 0 and shares["optimizer"] > 0
+    assert bench.category("aten::addmm") == "matmul" and bench.category("aten::_fused_adamw_") == "optimizer"

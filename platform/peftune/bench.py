@@ -149,6 +149,52 @@ def flops_per_token(config: BertConfig, mean_length: float, lora: bool) -> float
     return (4 if lora else 6) * n + attention
 
 
+# ----------------------------------------------------------------------------- where the time goes
+
+# op name -> category; an op's self time counts once (a matmul inside linear is "matmul", not both)
+CATEGORIES = (
+    ("matmul", ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm", "aten::linear", "aten::matmul")),
+    ("attention", ("scaled_dot_product", "flash_attention", "aten::_softmax", "aten::softmax")),
+    ("optimizer", ("adam", "aten::_foreach", "Optimizer.")),
+    ("casts and copies", ("aten::copy_", "aten::_to_copy", "aten::to", "aten::clone", "aten::contiguous")),
+    ("norms, activations, dropout", ("layer_norm", "gelu", "tanh", "dropout", "bernoulli")),
+)
+
+
+def category(op: str) -> str:
+    lowered = op.lower()
+    for name, patterns in CATEGORIES:
+        if any(pattern.lower() in lowered for pattern in patterns):
+            return name
+    return "other elementwise and bookkeeping"
+
+
+def time_shares(prepared: train.PreparedData, method: str, precision: str, batch_size: int) -> dict[str, float]:
+    """Share of one training epoch's CPU self time per op category, from torch's profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        train.run_trial(core_config(method, batch_size, 0, precision), prepared)
+    totals: dict[str, float] = {}
+    for event in profiler.key_averages():
+        if event.key.startswith("ProfilerStep"):
+            continue
+        totals[category(event.key)] = totals.get(category(event.key), 0.0) + event.self_cpu_time_total
+    whole = sum(totals.values()) or 1.0
+    return {name: value / whole for name, value in sorted(totals.items(), key=lambda kv: -kv[1])}
+
+
+def print_profile(prepared, batch_size: int) -> None:
+    auto = train.resolve_precision(torch.device("cpu"), "auto")
+    runs = [("full", "fp32"), ("full", auto), ("lora", auto), ("lora", "fp32")]
+    shares = {f"{m} {precision}": time_shares(prepared, m, precision, batch_size) for m, precision in runs}
+    names = [name for name, _ in CATEGORIES] + ["other elementwise and bookkeeping"]
+    print("\nshare of training CPU time by op category (torch profiler, self time, one epoch incl. evaluation)")
+    print(f"  {'category':<36}" + "".join(f"{run:>12}" for run in shares))
+    for name in names:
+        print(f"  {name:<36}" + "".join(f"{shares[run].get(name, 0.0):>12.0%}" for run in shares))
+
+
 # ----------------------------------------------------------------------------- the run
 
 
@@ -218,3 +264,5 @@ def main(args) -> None:
         print(f"{label:<40} {value:.2f}x  (target {target})")
     mfu = flops_per_token(config, mean_length, lora=False) * core_full.tokens_per_s / peaks["bf16"]
     print(f"{'core full FT MFU vs bf16 peak':<40} {mfu:.0%}  (target >= 40%)")
+    if args.profile:
+        print_profile(prepared, args.batch_size)

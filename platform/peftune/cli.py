@@ -385,6 +385,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--examples", type=int, default=1024, help="SST train examples per measured epoch")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--repeats", type=int, default=2, help="alternating rounds; the best of each is kept")
+    p.add_argument(
+        "--profile", action="store_true", help="also the share of training time per op category (torch profiler)"
+    )
     p.set_defaults(func=cmd_bench)
 
     from peftune import services
