@@ -442,7 +442,11 @@ def run_trial(
                 if report is not None and step + 1 < len(plan):  # an epoch's end reports anyway
                     dev = evaluate(model, tasks, config.batch_size * 4, prepared.pad_token_id, device, precision)
                     model.train()
-                    progress = {"steps": steps_done, "examples_seen": examples_seen}
+                    progress = {
+                        "steps": steps_done,
+                        "examples_seen": examples_seen,
+                        "train_time_s": train_time + time.perf_counter() - started,  # evaluation included
+                    }
                     report(_partial_metrics(epoch, dev, progress, examples_per_run), None)
             first_look = guard.reference is None and step == 0  # the first step alone is the reference
             if first_look or (step + 1) % guard.every == 0 or step + 1 == len(plan):
