@@ -53,15 +53,20 @@ class DataError(ValueError):
 
     def __init__(self, path: str | os.PathLike, problem: str, line: int | None = None, expected: str | None = None):
         self.path = os.fspath(path)
-        self.problem = problem
+        self.problem = _bounded_line(problem)  # it may quote the file's own text: tabs, newlines, megabytes
         self.line = line
         self.expected = expected
         where = self.path if line is None else f"{self.path}, line {line}"
-        super().__init__(f"{where}: {problem}" + (f"; expected {expected}" if expected else ""))
+        super().__init__(f"{where}: {self.problem}" + (f"; expected {expected}" if expected else ""))
 
     def __reduce__(self):
         # The default reduce would call DataError(message) and lose the fields; Ray pickles exceptions.
         return (type(self), (self.path, self.problem, self.line, self.expected))
+
+
+def _bounded_line(text: str, limit: int = 400) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
 
 
 class Example(NamedTuple):

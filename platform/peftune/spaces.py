@@ -815,9 +815,9 @@ def load_sweep(path: str | Path, budget: str | None = None, spaces_dir: str | Pa
     chosen = budget if budget is not None else data.get("budget")
     if chosen is None:
         raise SpaceError(path, "budget", f"no budget chosen; presets: {', '.join(parsed_budgets)}")
-    if chosen not in parsed_budgets:
+    if not isinstance(chosen, str) or chosen not in parsed_budgets:
         key = "budget" if budget is None else "budgets"
-        raise SpaceError(path, key, f"no budget preset {chosen!r}; presets: {', '.join(parsed_budgets)}")
+        raise SpaceError(path, key, f"no budget preset {_show(chosen)}; presets: {', '.join(parsed_budgets)}")
 
     confirm = _confirm_section(path, data.get("confirm"), chosen, parsed_budgets)
     return SweepDefinition(
