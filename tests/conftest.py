@@ -45,6 +45,15 @@ def sequence_output(model, task: str, batch):
     return model.backbone(*batch)[0]
 
 
+def sweep_command(definition: Path, data_dir: Path, uri: str, work: Path, *extra: str) -> list[str]:
+    """``peftune sweep`` in a subprocess, its Ray state and reports under ``work`` (a trial may fail: allowed)."""
+    import sys
+
+    return [sys.executable, "-m", "peftune.cli", "sweep", str(definition), "--data-dir", str(data_dir),
+            "--tracking-uri", uri, "--storage-path", str(work / "ray_results"), "--reports-dir", str(work / "reports"),
+            "--allow-failures", *extra]  # fmt: skip
+
+
 def write_task_file(path: Path, header: list[str], rows: list[list]) -> Path:
     """A file in the shared data format: TSV, an unnamed index column, then id and the columns."""
     lines = ["\t".join(["", "id", *header])]

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import sweep_command
 from peftune import services
 from test_fresh_machine import free_ports
 
@@ -100,25 +101,8 @@ def test_a_sweep_runs_trials_on_both_nodes(two_nodes, tiny_data_dir, tmp_path):
     work = tmp_path / "work"
     work.mkdir()
     uri = f"sqlite:///{work / 'mlflow.db'}"
-    argv = [
-        sys.executable,
-        "-m",
-        "peftune.cli",
-        "sweep",
-        str(tmp_path / "definitions" / "two_nodes.yaml"),
-        "--data-dir",
-        str(tiny_data_dir),
-        "--ray-address",
-        f"127.0.0.1:{ports.ray}",
-        "--tracking-uri",
-        uri,
-        "--storage-path",
-        str(work / "ray_results"),
-        "--reports-dir",
-        str(work / "reports"),
-        "--shared-storage",
-        "--allow-failures",
-    ]  # fmt: skip (the definition's top_k space can fail a trial)
+    extra = ("--ray-address", f"127.0.0.1:{ports.ray}", "--shared-storage")
+    argv = sweep_command(tmp_path / "definitions" / "two_nodes.yaml", tiny_data_dir, uri, work, *extra)
     done = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True)
     assert done.returncode == 0, (done.stdout + done.stderr)[-3000:]
     assert re.search(r"sweep two_nodes: completed(_with_failures)?; 2 trials", done.stdout), done.stdout[-3000:]

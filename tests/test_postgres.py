@@ -12,13 +12,13 @@ import os
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
+from conftest import sweep_command
 from peftune import services
 from test_fresh_machine import free_ports
 from test_sweep import definition
@@ -81,25 +81,6 @@ def mlflow_server(postgres, tmp_path):
         yield f"http://127.0.0.1:{port}"
     finally:
         services._stop(services.mlflow_processes(port))
-
-
-def sweep_command(definition: Path, data_dir: Path, uri: str, work: Path) -> list[str]:
-    return [
-        sys.executable,
-        "-m",
-        "peftune.cli",
-        "sweep",
-        str(definition),
-        "--data-dir",
-        str(data_dir),
-        "--tracking-uri",
-        uri,
-        "--storage-path",
-        str(work / "ray_results"),
-        "--reports-dir",
-        str(work / "reports"),
-        "--allow-failures",
-    ]  # fmt: skip (the definition's top_k space can fail a trial)
 
 
 def test_two_sweeps_a_resume_and_reports_on_postgres(mlflow_server, tiny_data_dir, tmp_path):
