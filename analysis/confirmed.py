@@ -147,19 +147,22 @@ def configurations(sweep) -> pd.DataFrame:
     rows = []
     for key, group in runs.groupby("config_key", sort=False):
         first = group.iloc[0]
+        same = search[search["config_key"] == key] if "config_key" in search else search.iloc[0:0]
+        # the control arm is the search's default trial; a confirmation run's own tag is not trusted (runs
+        # confirmed before that tag was fixed carry "true" for every configuration)
+        default = same if len(same) and "default" in same else group
         row = {
             "config_key": key,
             "method": first["method"],
             "label": first["label"],
             "size": first["size"],
-            "default": bool(group["default"].any()) if "default" in group else False,
+            "default": bool(default["default"].any()) if "default" in default else False,
             "source": source,
             "seeds": len(group),
             pareto.COST: first[pareto.COST],
             pareto.COST_PCT: first[pareto.COST_PCT],
             "backbone_params": first.get("backbone_params", math.nan),
         }
-        same = search[search["config_key"] == key] if "config_key" in search else search.iloc[0:0]
         row["search_score"] = same["score"].max() if len(same) else math.nan
         for metric in metrics:
             stats = seed_stats(group[metric].tolist())

@@ -19,7 +19,7 @@ import pytest
 import ray
 from ray import tune
 
-from peftune import confirm, spaces, sweep
+from peftune import confirm, spaces, sweep, tracking
 
 FROZEN = """\
     method: frozen
@@ -263,7 +263,10 @@ def test_candidates_are_each_methods_best_distinct_configurations(tmp_path):
         "phase": "confirm",
         "config_key": picked[0].config_key,
         "seed": 7,
-        "default": "false",
+        "default": False,
         "confirms": runs["b"],
     }
+    # the record tags of that confirmation run: not a default (the string "false" once tagged it "true")
+    assert tracking.search_tags(config, "lora", config["lora"])["peftune.default"] == "false"
+    assert tracking.search_tags(confirm.trial_config(with_default[1], seed=7), "lora", {})["peftune.default"] == "true"
     assert confirm.confirm_seeds(3, 2) == [4, 5]

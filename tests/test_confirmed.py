@@ -186,6 +186,19 @@ def test_recommendation_and_fairness_tables(record):
     assert page.count('"error_y"') >= 2 * len(SEEDS)  # per method: the std bars and the 95% intervals
 
 
+def test_control_arm_is_the_search_default_whatever_a_confirmation_run_says(record):
+    """Confirmation runs once tagged every configuration ``peftune.default=true`` (the string "false" was truthy),
+    which emptied the tuned column of the README run's fairness table: the search trial's tag decides."""
+    uri, _ = record
+    sweep = runs.load_sweep("noise", uri)
+    sweep.confirmations["default"] = True  # as the faulty record had it
+    fair = report.build_report(sweep, reference=False).fairness.set_index("method")
+    assert fair.loc["lora", "default_source"] == "search" and fair.loc["lora", "default_score"] == pytest.approx(0.30)
+    assert fair.loc["lora", "tuned_mean"] == pytest.approx(0.47)
+    assert fair.loc["lora", "tuning_gain"] == pytest.approx(0.17)
+    assert fair.loc["full", "default_source"] == "confirmed" and math.isnan(fair.loc["full", "tuning_gain"])
+
+
 def test_without_confirmation_the_search_trials_answer_with_the_binomial_rule(tmp_path):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     specs = [

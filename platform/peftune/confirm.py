@@ -176,7 +176,7 @@ def trial_config(candidate: Candidate, seed: int) -> dict:
             "phase": CONFIRM,
             "config_key": candidate.config_key,
             "seed": seed,
-            "default": "true" if candidate.default else "false",
+            "default": candidate.default,  # a bool: the record tag is written from it
             "confirms": candidate.run_id,
         },
     }
