@@ -398,8 +398,20 @@ def _header_lines(sweep: SweepRuns) -> list[str]:
         *_confirmation_line(sweep),
         f"- budget: {budget or 'not recorded'}; scheduler {p.get('scheduler', '?')}; "
         f"objective {p.get('objective', '?')}",
+        *_skipped_rows_line(p),
         f"- MLflow: `{sweep.tracking_uri}`, experiment {sweep.experiment_id}, parent run `{sweep.parent_run_id}`",
         f"- code version: `{sweep.parent_tags.get('peftune.code_version', 'unknown')}`",
+    ]
+
+
+def _skipped_rows_line(params: dict) -> list[str]:
+    """The data rows the sweep did not train on (``invalid_rows: skip``): a reader must not miss them."""
+    count = params.get("skipped_rows") or 0
+    if not count:
+        return []
+    return [
+        f"- data: {count} invalid row(s) skipped (invalid_rows: skip); file, line and reason of each in the "
+        "parent run's `skipped_rows.json`"
     ]
 
 

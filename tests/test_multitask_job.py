@@ -92,6 +92,7 @@ def test_multitask_job_smoke_test_on_the_real_data(tmp_path):
 
     report = tmp_path / "reports" / "multitask_tuning"
     table = (report / "report.md").read_text()
+    assert "- data: 2 invalid row(s) skipped (invalid_rows: skip)" in table, table[:2000]
     for column in ("SST", "Quora", "STS", "Average", "Params updated per task %", "Additional params stored %"):
         assert column in table, table[:2000]
     assert (report / "report.html").is_file()
