@@ -150,13 +150,13 @@ def configurations(sweep) -> pd.DataFrame:
         same = search[search["config_key"] == key] if "config_key" in search else search.iloc[0:0]
         # the control arm is the search's default trial; a confirmation run's own tag is not trusted (runs
         # confirmed before that tag was fixed carry "true" for every configuration)
-        default = same if len(same) and "default" in same else group
+        tagged = same if len(same) and "default" in same else group
         row = {
             "config_key": key,
             "method": first["method"],
             "label": first["label"],
             "size": first["size"],
-            "default": bool(default["default"].any()) if "default" in default else False,
+            "default": bool(tagged["default"].any()) if "default" in tagged else False,
             "source": source,
             "seeds": len(group),
             pareto.COST: first[pareto.COST],

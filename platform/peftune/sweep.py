@@ -140,10 +140,10 @@ _PREPARED: dict[str, Any] = {}
 def worker_prepared(prepared):
     """The prepared data behind ``prepared`` (a SharedData), fetched from the object store once per process.
 
-    Tune hands a reused worker its parameters again for every trial; fetched per trial, each copy of
-    the weights and data (~100 MB for the embedded model on SST) stayed in the worker's heap: the
-    README's cpu sweep grew its two workers to 8.1 and 10.6 GB by its 32nd trial and Ray's OOM
-    killer ended it. A worker keeps one copy, of the sweep it runs now.
+    Tune hands a reused worker its parameters again for every trial; fetched per trial, the weights
+    and data (~100 MB for the embedded model on SST) were copied and deserialized again each time.
+    A worker keeps one copy, of the sweep it runs now. (The worker memory growth that ended the
+    README's cpu sweep had another cause: see :func:`release_freed_memory`.)
     """
     import ray
 
