@@ -1,43 +1,47 @@
-"""Seed means, noise and the answer: confirmation runs -> per-configuration statistics -> recommendation, fairness.
+"""The answer: confirmation runs -> per-configuration statistics -> paired decisions -> recommendation, fairness.
 
 Definitions (the report quotes them):
 
-- **Seed mean.** A configuration (``config_key``) confirmed with S seeds (``peftune.confirm``) has the
-  mean, the sample standard deviation (ddof 1) and a 95% interval ``mean +- t(0.975, S-1) * std / sqrt(S)``
-  of each metric at each run's best dev epoch. Without confirmation runs, a configuration is its one
-  search trial (S = 1: no std, no interval).
-- **Beyond noise.** A is better than B beyond noise when A's mean is higher and:
-  with at least 2 seeds on both sides, Welch's t-test (unequal variances) rejects equal means at 5%
-  (two-sided); otherwise (a single run on a side), when the gap exceeds 1.96 standard errors of the
-  difference, each side's standard error being that of the metric on ``n`` dev examples: for an
-  accuracy ``sqrt(p (1 - p) / n)`` (binomial), for a Pearson r ``(1 - r^2) / sqrt(n - 1)``, for the score
-  (the mean of T task metrics) ``sqrt(sum se_i^2) / T``. Without the dev sizes the question is left
-  open (``None``), never answered "yes".
-- **Within noise** (frontier marking): a frontier point, sorted by cost, that is not better than the
-  next cheaper frontier point beyond noise: its extra parameters buy nothing measurable.
-- **Recommendation per budget.** Under each budget (0.1%, 1%, 10% of the backbone trained per task), the
-  configuration with the highest seed mean, and the best configuration of any *other* method (the
-  runner-up): does the winner beat it beyond noise?
+- **Roles of data.** The search selects on the *selection* split (rows of the train files the trials do
+  not train on); confirmation runs keep the epoch the selection split chose and report *dev* there. Every
+  number below is a dev number of confirmation runs (a record without them: search trials, marked).
+- **Seed mean.** A configuration (``config_key``) confirmed with S seeds has the mean, the sample standard
+  deviation (ddof 1) and a t-based 95% interval ``mean +- t(0.975, S-1) * std / sqrt(S)`` of each metric.
+- **Comparisons** (``analysis.decisions``): the difference of two configurations' scores with a 95%
+  interval from a paired bootstrap over dev examples (the same examples for both) and seeds (each side's
+  own), Holm-corrected across every comparison the report makes, and one word: **better** (the interval
+  lies above 0), **equivalent** (inside +-margin, ``confirm.margin``, default 0.01), **inconclusive**
+  (otherwise; with the smallest gap the data could resolve). A comparison without per-example predictions
+  on both sides (a record written before they were kept) is inconclusive.
+- **The comparisons made.** Per budget (0.1%, 1%, 10% of the backbone trained per task): the best
+  configuration under it (highest mean) against every cheaper one under it, and against every other
+  method's best under it (the first of them is the runner-up); along the frontier of the seed means,
+  each point against the next cheaper one; per method, its best tuned configuration against its default
+  (the tuning gain).
+- **Recommendation per budget.** The cheapest configuration under the budget that is not worse than the
+  best one: the best itself, or a cheaper one *equivalent* to it. An inconclusive comparison never makes a
+  cheaper configuration the pick.
 - **Fairness per method.** Search trials, trial-steps and compute seconds the method received (the parent
-  run's ``budget_trials.<m>``, ``budget_steps.<m>``, ``budget_compute_s.<m>``; else counted from the trials:
-  trials, and the sum of their ``train_time_s``), the best default (control-arm) trial's score, the best
-  tuned configuration's seed mean +- std, the tuning gain (tuned - default) and the sensitivity: the
-  interquartile range and std of the completed search trials' scores.
+  run's ``budget_trials.<m>``, ``budget_steps.<m>``, ``budget_compute_s.<m>``; else counted from the trials),
+  its default's score (seed mean where the default was confirmed, else its one search run, marked), the best
+  tuned configuration's seed mean +- std, the tuning gain with its interval and word, and the spread of
+  its search trials' scores (interquartile range and std).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import pandas as pd
 
-from analysis import pareto
+from analysis import decisions, pareto
+from peftune.record import BUDGETS_PCT
 
-BUDGETS_PCT = (0.1, 1.0, 10.0)
 ALPHA = 0.05
-Z = 1.959963984540054  # the normal 97.5% quantile
+MARGIN = 0.01  # the default of confirm.margin
+NO_PREDICTIONS = "no per-example predictions on both sides"
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -60,69 +64,7 @@ def seed_stats(values: Sequence[float]) -> dict[str, float]:
     return {"n": n, "mean": mean, "std": std, "ci_low": mean - half, "ci_high": mean + half}
 
 
-def welch_p(mean_a, std_a, n_a, mean_b, std_b, n_b) -> float:
-    """Two-sided p-value of Welch's t-test for equal means (both sides need 2+ values)."""
-    from scipy import stats
-
-    if std_a == 0 and std_b == 0:
-        return 1.0 if mean_a == mean_b else 0.0
-    return float(
-        stats.ttest_ind_from_stats(mean_a, std_a, n_a, mean_b, std_b, n_b, equal_var=False, alternative="two-sided")[1]
-    )
-
-
-def metric_se(metric: str, value: float, n: float | None) -> float:
-    """Standard error of one run's ``metric`` measured on ``n`` dev examples (NaN when n is unknown)."""
-    if n is None or not n or not math.isfinite(value) or (isinstance(n, float) and math.isnan(n)):
-        return math.nan
-    if metric.endswith("_pearson"):
-        return (1 - min(value * value, 1.0)) / math.sqrt(max(n - 1, 1))
-    p = min(max(value, 0.0), 1.0)
-    return math.sqrt(p * (1 - p) / n)
-
-
-def score_se(metrics: dict[str, float], dev_sizes: dict[str, float]) -> float:
-    """Standard error of the score (mean of the task metrics) of one run: sqrt(sum se_i^2) / T."""
-    errors = [metric_se(m, v, dev_sizes.get(m.split("_")[0])) for m, v in metrics.items()]
-    if not errors or any(math.isnan(e) for e in errors):
-        return math.nan
-    return math.sqrt(sum(e * e for e in errors)) / len(errors)
-
-
-def beats(a: pd.Series, b: pd.Series, metric: str = "score") -> tuple[bool | None, float, str]:
-    """(A better than B beyond noise?, p-value or NaN, the rule used); None when noise cannot be judged."""
-    mean_a, mean_b = a[f"{metric}_mean"], b[f"{metric}_mean"]
-    if a["seeds"] >= 2 and b["seeds"] >= 2:
-        p = welch_p(mean_a, a[f"{metric}_std"], a["seeds"], mean_b, b[f"{metric}_std"], b["seeds"])
-        return bool(mean_a > mean_b and p < ALPHA), p, "Welch t-test, 5%"
-    se_a = a[f"{metric}_std"] / math.sqrt(a["seeds"]) if a["seeds"] >= 2 else a[f"{metric}_se"]
-    se_b = b[f"{metric}_std"] / math.sqrt(b["seeds"]) if b["seeds"] >= 2 else b[f"{metric}_se"]
-    if not (math.isfinite(se_a) and math.isfinite(se_b)):
-        return None, math.nan, "noise unknown (1 run, dev size not recorded)"
-    se = math.hypot(se_a, se_b)
-    if se == 0:
-        return bool(mean_a > mean_b), math.nan, "binomial standard error"
-    from scipy import stats
-
-    z = (mean_a - mean_b) / se
-    return bool(z > Z), float(2 * stats.norm.sf(abs(z))), "binomial standard error, 1.96 se"
-
-
 # ----------------------------------------------------------------------------- configurations
-
-
-def dev_sizes(sweep) -> dict[str, float]:
-    """Task -> dev examples: the parent's ``dev_examples.<task>`` metrics, else the budget's ``max_dev_examples``."""
-    metrics = getattr(sweep, "parent_metrics", {}) or {}
-    cap = sweep.parent_params.get("max_dev_examples")
-    out = {}
-    for task in sweep.tasks:
-        n = metrics.get(f"dev_examples.{task}")
-        if n is None and isinstance(cap, (int, float)) and not isinstance(cap, bool):
-            n = cap
-        if n is not None:
-            out[task] = float(n)
-    return out
 
 
 def configurations(sweep) -> pd.DataFrame:
@@ -130,9 +72,9 @@ def configurations(sweep) -> pd.DataFrame:
 
     From the confirmation runs (``sweep.confirmations``, completed ones) when there are any; else each
     completed search trial is a configuration of one run. Columns: ``config_key``, ``method``, ``label``,
-    ``size``, ``default``, ``source`` (confirmed | search), ``seeds``, cost columns, ``search_score``
-    (the search trial's best dev score), and per metric ``<m>_mean``, ``_std``, ``_ci_low``, ``_ci_high``,
-    ``_se`` (one run's standard error on the dev set, for the rule without seeds).
+    ``size``, ``default``, ``source`` (confirmed | search), ``split`` (where its numbers come from: dev for
+    confirmation runs, selection for search trials), ``seeds``, cost columns, ``search_score`` (the search
+    trial's best selection score), and per metric ``<m>_mean``, ``_std``, ``_ci_low``, ``_ci_high``.
     """
     metrics = ["score", *sweep.task_metrics]
     confirmations = getattr(sweep, "confirmations", None)
@@ -143,7 +85,6 @@ def configurations(sweep) -> pd.DataFrame:
         runs, source = pareto.eligible(sweep.trials), "search"
     runs = runs[runs["score"].notna()] if len(runs) else runs
     search = sweep.trials
-    sizes = dev_sizes(sweep)
     rows = []
     for key, group in runs.groupby("config_key", sort=False):
         first = group.iloc[0]
@@ -159,75 +100,253 @@ def configurations(sweep) -> pd.DataFrame:
             "default": bool(tagged["default"].any()) if "default" in tagged else False,
             "source": source,
             "seeds": len(group),
+            "seeds_added": int((group["seed_reason"].fillna("") != "").sum()) if "seed_reason" in group else 0,
+            "seed_reason": next((r for r in group.get("seed_reason", []) if isinstance(r, str) and r), ""),
+            "split": first["split"] if "split" in group else "dev",
             pareto.COST: first[pareto.COST],
             pareto.COST_PCT: first[pareto.COST_PCT],
+            "stored_params_pct": first.get("stored_params_pct", math.nan),
             "backbone_params": first.get("backbone_params", math.nan),
         }
         row["search_score"] = same["score"].max() if len(same) else math.nan
         for metric in metrics:
             stats = seed_stats(group[metric].tolist())
             row.update({f"{metric}_{k}": v for k, v in stats.items() if k != "n"})
-        one_run = {m: row[f"{m}_mean"] for m in sweep.task_metrics}
-        row["score_se"] = score_se(one_run, sizes)
-        for metric in sweep.task_metrics:
-            row[f"{metric}_se"] = metric_se(metric, row[f"{metric}_mean"], sizes.get(metric.split("_")[0]))
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def frontier(configs: pd.DataFrame, metric: str = "score") -> pd.DataFrame:
-    """The Pareto frontier of the seed means (cost up) with ``within_noise_of``: the cheaper neighbour it does
-    not beat beyond noise ("" when it does), ``p_vs_cheaper`` and ``noise_rule``."""
+def predictions_by_config(frame: pd.DataFrame, kinds: Mapping[str, str]) -> dict[str, decisions.Predictions]:
+    """config_key -> its ``Predictions`` (every seed), from ``analysis.runs.load_predictions``'s frame.
+
+    The labels are the dev set's, shared by every configuration (the first run's); a configuration whose
+    examples differ from them (another dev set) is left out, so that every comparison stays paired.
+    """
+    if not len(frame):
+        return {}
+    reference = frame[frame["run_id"] == frame["run_id"].iloc[0]]
+    labels = {task: rows.set_index("example_id")["label"] for task, rows in reference.groupby("task")}
+    out = {}
+    for key, rows in frame.groupby("config_key", sort=False):
+        try:
+            out[key] = decisions.predictions_from_frame(rows, labels, {t: kinds[t] for t in labels})
+        except ValueError:
+            continue
+    return out
+
+
+def comparison_pairs(configs: pd.DataFrame, budgets_pct: Sequence[float] = BUDGETS_PCT) -> list[tuple]:
+    """(comparison, budget, config_key a, config_key b) of every comparison the report makes (module docstring)."""
     if not len(configs):
-        return configs.assign(within_noise_of=pd.Series(dtype=str))
-    mask = pareto.pareto_mask(configs[f"{metric}_mean"].to_numpy(float), configs[pareto.COST].to_numpy(float))
-    front = configs[mask].sort_values([pareto.COST, f"{metric}_mean"], ascending=[True, False]).copy()
-    marks, pvalues, rules = [""], [math.nan], [""]
-    for i in range(1, len(front)):
-        better, p, rule = beats(front.iloc[i], front.iloc[i - 1], metric)
-        marks.append("" if better else front.iloc[i - 1]["label"] if better is False else "unknown")
-        pvalues.append(p)
-        rules.append(rule)
-    return front.assign(within_noise_of=marks, p_vs_cheaper=pvalues, noise_rule=rules)
-
-
-def recommendations(configs: pd.DataFrame, budgets_pct: Sequence[float] = BUDGETS_PCT) -> pd.DataFrame:
-    """Per budget: the best configuration under it (seed mean), the runner-up of another method, beyond noise?"""
-    rows = []
+        return []
+    pairs = []
     for budget in budgets_pct:
-        under = configs[configs[pareto.COST_PCT] <= budget] if len(configs) else configs
+        under = _ranked(configs[configs[pareto.COST_PCT] <= budget])
+        if not len(under):
+            continue
+        best, label = under.iloc[0], budget_label(budget)
+        cheaper = under[under[pareto.COST] < best[pareto.COST]]
+        pairs += [("best_vs_cheaper", label, best["config_key"], key) for key in cheaper["config_key"]]
+        others = under[under["method"] != best["method"]].drop_duplicates("method")  # each method's best
+        if len(others):
+            pairs.append(("best_vs_runner_up", label, best["config_key"], others.iloc[0]["config_key"]))
+        pairs += [("best_vs_method", label, best["config_key"], key) for key in others["config_key"].iloc[1:]]
+    front = _mean_frontier(configs)
+    for (_, cheap), (_, dear) in zip(front.iloc[:-1].iterrows(), front.iloc[1:].iterrows(), strict=True):
+        pairs.append(("frontier_neighbours", "", dear["config_key"], cheap["config_key"]))
+    for method, own in configs.groupby("method", sort=False):
+        tuned, default = own[~own["default"]], own[own["default"]]
+        if len(tuned) and len(default):
+            best = tuned.loc[tuned["score_mean"].idxmax()]
+            pairs.append(("tuned_vs_default", method, best["config_key"], default.iloc[0]["config_key"]))
+    return pairs
+
+
+def decide(
+    configs: pd.DataFrame,
+    predictions: Mapping[str, decisions.Predictions],
+    *,
+    budgets_pct: Sequence[float] = BUDGETS_PCT,
+    margin: float = MARGIN,
+    seed: int = 0,
+) -> pd.DataFrame:
+    """Every comparison of :func:`comparison_pairs`, decided as one Holm family (``decisions.decide_family``).
+
+    One row per comparison: ``decisions.COLUMNS`` with the configurations' labels as ``a`` and ``b`` (a the
+    higher point estimate), plus ``key_a``, ``key_b`` and ``note``. Each distinct pair is bootstrapped once.
+    """
+    pairs = comparison_pairs(configs, budgets_pct)
+    columns = [*decisions.COLUMNS, "key_a", "key_b", "note"]
+    if not pairs:
+        return pd.DataFrame(columns=columns)
+    unique = list(dict.fromkeys(tuple(sorted((a, b))) for *_, a, b in pairs))
+    paired = [(a, b) for a, b in unique if a in predictions and b in predictions]
+    family = decisions.decide_family(
+        [("", "", a, b) for a, b in paired], predictions, margin=margin, alpha=ALPHA, seed=seed
+    )
+    decided = {tuple(sorted((row.a, row.b))): row._asdict() for row in family.itertuples(index=False)}
+    labels = _labels(configs)
+    means = configs.set_index("config_key")["score_mean"]
+    seeds = configs.set_index("config_key")["seeds"]
+    rows = []
+    for comparison, budget, a, b in pairs:
+        row = decided.get(tuple(sorted((a, b))))
+        if row is None:  # not paired: the seed means' difference, no interval
+            a, b = (a, b) if means[a] >= means[b] else (b, a)
+            row = {"diff_mean": means[a] - means[b], "ci_low": math.nan, "ci_high": math.nan}
+            row |= {"decision": "inconclusive", "seeds_a": seeds[a], "seeds_b": seeds[b], "note": NO_PREDICTIONS}
+            row |= {"level": math.nan, "p_value": math.nan, "resolvable_gap": math.nan, "swapped": False}
+        else:
+            a, b = row["a"], row["b"]
+        rows.append({**row, "comparison": comparison, "budget": budget, "a": labels[a], "b": labels[b],
+                     "key_a": a, "key_b": b, "note": row.get("note", "")})  # fmt: skip
+    return pd.DataFrame(rows, columns=columns)
+
+
+def open_configurations(table: pd.DataFrame) -> dict[str, str]:
+    """config key -> the first inconclusive decision it takes part in (that had predictions on both sides)."""
+    out: dict[str, str] = {}
+    for row in table[(table["decision"] == "inconclusive") & (table["note"] == "")].itertuples(index=False):
+        where = " ".join(f"{row.comparison} {row.budget}".split())
+        why = f"{where}: {row.a} vs {row.b}, {interval_text(row.diff_mean, row.ci_low, row.ci_high)}"
+        for key in (row.key_a, row.key_b):
+            out.setdefault(key, why)
+    return out
+
+
+def frontier(configs: pd.DataFrame, table: pd.DataFrame | None = None) -> pd.DataFrame:
+    """The Pareto frontier of the seed means (cost up), each point with ``vs_cheaper``: its decision against
+    the next cheaper frontier point ("" for the cheapest), ``diff_vs_cheaper`` and its interval."""
+    front = _mean_frontier(configs)
+    empty = {"vs_cheaper": "", "diff_vs_cheaper": math.nan, "ci_low": math.nan, "ci_high": math.nan}
+    rows = [dict(empty) for _ in range(len(front))]
+    found = _decisions_by_pair(table, "frontier_neighbours")
+    for i in range(1, len(front)):
+        key = front.iloc[i]["config_key"]
+        hit = found.get(tuple(sorted((key, front.iloc[i - 1]["config_key"]))))
+        if hit is not None:
+            diff, low, high, word = _from_side(hit, key)
+            rows[i] = {"vs_cheaper": word, "diff_vs_cheaper": diff, "ci_low": low, "ci_high": high}
+    return front.assign(**{k: [r[k] for r in rows] for k in empty}) if len(front) else front.assign(**empty)
+
+
+def recommendations(
+    configs: pd.DataFrame, table: pd.DataFrame | None = None, budgets_pct: Sequence[float] = BUDGETS_PCT
+) -> pd.DataFrame:
+    """Per budget: the pick (the cheapest configuration not worse than the best), the best beside it with
+    the pick's decision against it, and the best against the runner-up (the best of another method)."""
+    rows = []
+    cheaper = _decisions_by_pair(table, "best_vs_cheaper")
+    runner = _decisions_by_pair(table, "best_vs_runner_up")
+    for budget in budgets_pct:
+        under = _ranked(configs[configs[pareto.COST_PCT] <= budget]) if len(configs) else configs
         row = {"budget_pct": budget, "method": None, "label": None, "mean": math.nan, "std": math.nan, "seeds": 0}
-        row.update({"runner_up": None, "runner_up_mean": math.nan, "runner_up_std": math.nan})
-        row.update({"beats_runner_up": None, "p_value": math.nan, "noise_rule": ""})
+        row |= {"trainable_pct": math.nan, "best": None, "best_mean": math.nan, "vs_best": ""}
+        row |= {"runner_up": None, "runner_up_mean": math.nan, "runner_up_std": math.nan}
+        row |= {"vs_runner_up": "", "diff": math.nan, "ci_low": math.nan, "ci_high": math.nan}
         if len(under):
-            ranked = under.sort_values(["score_mean", pareto.COST], ascending=[False, True], kind="stable")
-            best = ranked.iloc[0]
-            row.update(
-                method=best["method"],
-                label=best["label"],
-                mean=best["score_mean"],
-                std=best["score_std"],
-                seeds=int(best["seeds"]),
-                trainable_pct=best[pareto.COST_PCT],
-            )
-            others = ranked[ranked["method"] != best["method"]]
+            best = under.iloc[0]
+            pick, vs_best = best, ""
+            for _, other in under.sort_values(pareto.COST, kind="stable").iterrows():
+                hit = cheaper.get(tuple(sorted((best["config_key"], other["config_key"]))))
+                if other[pareto.COST] < best[pareto.COST] and hit is not None and hit["decision"] == "equivalent":
+                    pick, vs_best = other, "equivalent"
+                    break
+            row |= {"method": pick["method"], "label": pick["label"], "mean": pick["score_mean"]}
+            row |= {"std": pick["score_std"], "seeds": int(pick["seeds"]), "trainable_pct": pick[pareto.COST_PCT]}
+            row |= {"best": best["label"], "best_mean": best["score_mean"], "vs_best": vs_best}
+            others = under[under["method"] != best["method"]]
             if len(others):
                 second = others.iloc[0]
-                better, p, rule = beats(best, second)
-                row.update(
-                    runner_up=second["label"],
-                    runner_up_mean=second["score_mean"],
-                    runner_up_std=second["score_std"],
-                    beats_runner_up=better,
-                    p_value=p,
-                    noise_rule=rule,
-                )
+                hit = runner.get(tuple(sorted((best["config_key"], second["config_key"]))))
+                row |= {"runner_up": second["label"], "runner_up_mean": second["score_mean"]}
+                row |= {"runner_up_std": second["score_std"]}
+                if hit is not None:
+                    diff, low, high, word = _from_side(hit, best["config_key"])
+                    row |= {"vs_runner_up": word, "diff": diff, "ci_low": low, "ci_high": high}
         rows.append(row)
     return pd.DataFrame(rows)
 
 
-def fairness(sweep, configs: pd.DataFrame) -> pd.DataFrame:
-    """One row per method: budget received, best default, best tuned seed mean +- std, tuning gain, sensitivity."""
+def budget_table(
+    configs: pd.DataFrame, table: pd.DataFrame | None = None, budgets_pct: Sequence[float] = BUDGETS_PCT
+) -> pd.DataFrame:
+    """Per budget, every method's best configuration under it (seed mean), with its decision against the
+    budget's best: every method tried under a budget is in that budget's rows."""
+    found = {}
+    for comparison in ("best_vs_cheaper", "best_vs_runner_up", "best_vs_method"):
+        found |= _decisions_by_pair(table, comparison)
+    rows = []
+    for budget in budgets_pct:
+        under = _ranked(configs[configs[pareto.COST_PCT] <= budget]) if len(configs) else configs
+        if not len(under):
+            continue
+        best = under.iloc[0]
+        for _, r in under.drop_duplicates("method").iterrows():
+            row = {"budget_pct": budget, "method": r["method"], "label": r["label"], "mean": r["score_mean"]}
+            row |= {"std": r["score_std"], "seeds": int(r["seeds"]), "trainable_pct": r[pareto.COST_PCT]}
+            hit = found.get(tuple(sorted((best["config_key"], r["config_key"]))))
+            diff, low, high, word = _from_side(hit, r["config_key"]) if hit else (math.nan,) * 3 + ("",)
+            if r["config_key"] == best["config_key"]:
+                word = "the best"
+            rows.append(row | {"vs_best": word or "inconclusive", "diff": diff, "ci_low": low, "ci_high": high})
+    return pd.DataFrame(rows)
+
+
+def budget_label(budget: float) -> str:
+    return f"≤ {budget:g}%"
+
+
+def _ranked(configs: pd.DataFrame) -> pd.DataFrame:
+    """Best seed mean first; on a tie the cheaper."""
+    return configs.sort_values(["score_mean", pareto.COST], ascending=[False, True], kind="stable")
+
+
+def _mean_frontier(configs: pd.DataFrame) -> pd.DataFrame:
+    """The configurations on the Pareto frontier of (seed mean up, cost down), cheapest first."""
+    if not len(configs):
+        return configs
+    mask = pareto.pareto_mask(configs["score_mean"].to_numpy(float), configs[pareto.COST].to_numpy(float))
+    return configs[mask].sort_values([pareto.COST, "score_mean"], ascending=[True, False]).copy()
+
+
+def _labels(configs: pd.DataFrame) -> dict[str, str]:
+    """config_key -> its label, made unique where two configurations share one: the default's as
+    ``<label> (default)``, any other with the start of its key."""
+    counts = configs["label"].value_counts()
+    shared = configs[configs["label"].map(counts) > 1]
+    defaults = shared[shared["default"]].drop_duplicates("label")  # one default per label is named so
+    names = dict(zip(configs["config_key"], configs["label"], strict=True))
+    names |= {row.config_key: f"{row.label} [{row.config_key[:8]}]" for row in shared.itertuples(index=False)}
+    names |= {row.config_key: f"{row.label} (default)" for row in defaults.itertuples(index=False)}
+    return names
+
+
+def _decisions_by_pair(table: pd.DataFrame | None, comparison: str) -> dict[tuple[str, str], dict]:
+    if table is None or not len(table):
+        return {}
+    rows = table[table["comparison"] == comparison]
+    return {tuple(sorted((r["key_a"], r["key_b"]))): r for r in rows.to_dict("records")}
+
+
+def _word(hit: Mapping, key: str) -> str:
+    """The decision as said of ``key``'s side: "better" of the side that won; "worse" of the other."""
+    if hit["decision"] == "better" and hit["key_a"] != key:
+        return "worse"
+    return hit["decision"]
+
+
+def _from_side(hit: Mapping, key: str) -> tuple[float, float, float, str]:
+    """(difference, interval low, high, word) of a decided pair, as ``key``'s score minus the other's."""
+    if hit["key_a"] == key:
+        return hit["diff_mean"], hit["ci_low"], hit["ci_high"], _word(hit, key)
+    return -hit["diff_mean"], -hit["ci_high"], -hit["ci_low"], _word(hit, key)
+
+
+def fairness(sweep, configs: pd.DataFrame, table: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per method: budget received, default, best tuned seed mean +- std, tuning gain (its interval
+    and word where both were confirmed with predictions; shown also when it is <= 0), sensitivity."""
+    gains = _decisions_by_pair(table, "tuned_vs_default")
     trials = sweep.trials
     metrics = getattr(sweep, "parent_metrics", {}) or {}
     rows = []
@@ -242,6 +361,7 @@ def fairness(sweep, configs: pd.DataFrame) -> pd.DataFrame:
         if len(confirmed_default):  # the control arm confirmed too: compare seed means on both sides
             default_score = confirmed_default["score_mean"].max()
         best = tuned.loc[tuned["score_mean"].idxmax()] if len(tuned) else None
+        gain = _gain(best, confirmed_default, gains)
         q1, q3 = (scored.quantile(0.25), scored.quantile(0.75)) if len(scored) else (math.nan, math.nan)
         rows.append(
             {
@@ -256,11 +376,25 @@ def fairness(sweep, configs: pd.DataFrame) -> pd.DataFrame:
                 "tuned_std": best["score_std"] if best is not None else math.nan,
                 "tuned_seeds": int(best["seeds"]) if best is not None else 0,
                 "tuning_gain": (best["score_mean"] - default_score) if best is not None else math.nan,
+                **gain,
                 "score_iqr": q3 - q1,
                 "score_std": float(scored.std(ddof=1)) if len(scored) > 1 else math.nan,
             }
         )
     return pd.DataFrame(rows)
+
+
+def _gain(best, confirmed_default: pd.DataFrame, gains: dict) -> dict:
+    """The tuning gain's interval and word (tuned against default), where the comparison was made."""
+    out = {"gain_ci_low": math.nan, "gain_ci_high": math.nan, "gain_decision": ""}
+    if best is None or not len(confirmed_default):
+        return out
+    key_d = confirmed_default.iloc[0]["config_key"]
+    hit = gains.get(tuple(sorted((best["config_key"], key_d))))
+    if hit is None:
+        return out
+    diff, low, high, word = _from_side(hit, best["config_key"])  # tuned - default
+    return {"gain_ci_low": low, "gain_ci_high": high, "gain_decision": word}
 
 
 # ----------------------------------------------------------------------------- display
@@ -282,25 +416,49 @@ def _text(value) -> str:
     return "" if value is None or (isinstance(value, float) and math.isnan(value)) else str(value)
 
 
-def _yes_no(value) -> str:
-    return "yes" if value is True else "no (within noise)" if value is False else "unknown"
+def interval_text(diff, low, high, digits: int = 3) -> str:
+    """``+0.012 [-0.004, +0.028]``; the difference alone where no interval was computed."""
+    if diff is None or pd.isna(diff):
+        return ""
+    if pd.isna(low) or pd.isna(high):
+        return f"{diff:+.{digits}f}"
+    return f"{diff:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
 
 
 def recommendation_display(table: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for r in table.itertuples(index=False):
+        same = _text(r.best) == _text(r.label)
         rows.append(
             {
                 "Budget (trainable/task)": f"≤ {r.budget_pct:g}%",
-                "Best method": _text(r.method) or "none fits",
-                "Configuration": _text(r.label),
-                "Trainable/task (%)": _pct(getattr(r, "trainable_pct", None)),
+                "Pick": _text(r.label) or "none fits",
+                "Trainable/task (%)": _pct(r.trainable_pct),
                 "Dev score (mean ± std)": mean_std(r.mean, r.std),
                 "Seeds": r.seeds or "",
+                "Best under the budget": "the pick" if same else f"{_text(r.best)}, {r.best_mean:.3f}",
+                "Pick vs best": "" if same else _text(r.vs_best),
                 "Runner-up (another method)": _text(r.runner_up) or "no other method fits",
-                "Runner-up score": mean_std(r.runner_up_mean, r.runner_up_std),
-                "Beats runner-up beyond noise": _yes_no(r.beats_runner_up) if _text(r.runner_up) else "",
-                "p": "" if pd.isna(r.p_value) else f"{r.p_value:.3g}",
+                "Best vs runner-up": (_text(r.vs_runner_up) or "inconclusive") if _text(r.runner_up) else "",
+                "Difference [95% interval]": interval_text(r.diff, r.ci_low, r.ci_high),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def budget_table_display(table: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for r in table.itertuples(index=False):
+        rows.append(
+            {
+                "Budget": f"≤ {r.budget_pct:g}%",
+                "Method": r.method,
+                "Its best configuration": r.label,
+                "Trainable/task (%)": _pct(r.trainable_pct),
+                "Dev score (mean ± std)": mean_std(r.mean, r.std),
+                "Seeds": r.seeds,
+                "Vs the budget's best": r.vs_best,
+                "Difference [95% interval]": interval_text(r.diff, r.ci_low, r.ci_high),
             }
         )
     return pd.DataFrame(rows)
@@ -321,7 +479,8 @@ def fairness_display(table: pd.DataFrame) -> pd.DataFrame:
                 "Best default": num(r.default_score, ".3f") + (f" ({r.default_source})" if r.default_source else ""),
                 "Best tuned (mean ± std)": mean_std(r.tuned_mean, r.tuned_std),
                 "Tuned configuration": _text(r.tuned_label),
-                "Tuning gain": num(r.tuning_gain, "+.3f"),
+                "Tuning gain [95% interval]": interval_text(r.tuning_gain, r.gain_ci_low, r.gain_ci_high),
+                "Gain decision": r.gain_decision or ("" if pd.isna(r.tuning_gain) else "inconclusive"),
                 "Spread: IQR": num(r.score_iqr, ".3f"),
                 "Spread: std": num(r.score_std, ".3f"),
             }
@@ -333,25 +492,29 @@ def configurations_display(front: pd.DataFrame, configs: pd.DataFrame, task_metr
     """Every configuration, best first: mean ± std, 95% interval, seeds, frontier and within-noise marks."""
     if not len(configs):
         return pd.DataFrame()
-    marks = dict(zip(front["config_key"], front["within_noise_of"], strict=True)) if len(front) else {}
+    marks = dict(zip(front["config_key"], front["vs_cheaper"], strict=True)) if len(front) else {}
     rows = []
     for r in configs.sort_values("score_mean", ascending=False).to_dict("records"):
         row = {
             "Configuration": r["label"],
             "Trainable/task (%)": _pct(r[pareto.COST_PCT]),
+            "Stored (%)": _pct(r.get("stored_params_pct")),
             "Score (mean ± std)": mean_std(r["score_mean"], r["score_std"]),
             "95% interval": ""
             if pd.isna(r["score_ci_low"])
             else f"[{r['score_ci_low']:.3f}, {r['score_ci_high']:.3f}]",
-            "Seeds": r["seeds"],
-            "Search score": "" if pd.isna(r["search_score"]) else f"{r['search_score']:.3f}",
+            "Seeds": r["seeds"]
+            if not r.get("seeds_added")
+            else f"{r['seeds']} ({r['seeds_added']} added: {r['seed_reason']})",
+            "Search score (selection)": "" if pd.isna(r["search_score"]) else f"{r['search_score']:.3f}",
         }
         if len(task_metrics) > 1:
             for metric in task_metrics:
                 row[metric] = mean_std(r[f"{metric}_mean"], r[f"{metric}_std"])
         key = r["config_key"]
         row["Frontier"] = ("yes" if key in marks else "") + (
-            f", within noise of {marks[key]}" if marks.get(key) not in (None, "", "unknown") else ""
-        )
+            f", {marks[key]} than the cheaper point" if marks.get(key) in ("better", "worse") else
+            f", {marks[key]} to the cheaper point" if marks.get(key) else ""
+        )  # fmt: skip
         rows.append(row)
     return pd.DataFrame(rows)

@@ -51,6 +51,7 @@ import pandas as pd
 from analysis import confirmed, pareto, plots
 from analysis.report import ARTIFACT_PATH, REPORTS_DIR, to_markdown
 from analysis.runs import SweepRuns, load_sweep
+from peftune.errors import UserError
 
 log = logging.getLogger("analysis.evaluate")
 
@@ -80,13 +81,13 @@ def select_configurations(sweep: SweepRuns, top: int | None = None) -> pd.DataFr
     if front is None:
         front = pareto.frontier(sweep.trials, "score")
     if front.empty:
-        raise ValueError(
+        raise UserError(
             f"sweep {sweep.name!r} has no completed trial with a dev score and parameter counts "
             f"({sweep.status_summary()}): nothing to evaluate"
         )
     if top is not None:
         if top < 1:
-            raise ValueError(f"--top must be >= 1, got {top}")
+            raise UserError(f"--top must be >= 1, got {top}")
         by = "seed_mean" if "seed_mean" in front else "score"  # confirmed: the best seed means
         front = front.sort_values(by, ascending=False, kind="stable").head(top)
         front = front.sort_values([pareto.COST, "score"], ascending=[True, False], kind="stable")
@@ -211,7 +212,7 @@ def check_data(prepared, recorded: dict[str, str] | None, test_hashes: dict[str,
             name for name, digest in prepared.file_hashes.items() if recorded.get(name) not in (None, digest)
         )
         if differ:
-            raise ValueError(
+            raise UserError(
                 f"{', '.join(differ)} in {data_dir} differ from the files sweep was run on (data_hashes.json): "
                 f"re-training must use the same data"
             )
@@ -219,7 +220,7 @@ def check_data(prepared, recorded: dict[str, str] | None, test_hashes: dict[str,
     for test_name, digest in test_hashes.items():
         same = [name for name, d in known.items() if d == digest]
         if same:
-            raise ValueError(
+            raise UserError(
                 f"test file {test_name} has the same content as {same[0]}, which the sweep trained or selected on: "
                 f"a test split must be held out"
             )
@@ -267,7 +268,7 @@ def evaluate_sweep(
     from peftune.train import evaluate, prepare, select_device
 
     if seeds < 1:
-        raise ValueError(f"--seeds must be >= 1, got {seeds}")
+        raise UserError(f"--seeds must be >= 1, got {seeds}")
     sweep = load_sweep(name, tracking_uri)
     client = mlflow.MlflowClient(tracking_uri=sweep.tracking_uri)
     configurations = select_configurations(sweep, top)

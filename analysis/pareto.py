@@ -13,13 +13,15 @@ Definitions used throughout the report:
   early-stopped trial trained fewer epochs than the rest, and mixing it in would compare unlike
   budgets. Callers can pass other statuses explicitly.
 - **Hypervolume.** The area of the (cost, score) plane the frontier dominates, bounded by the
-  reference point (cost = 100% of the backbone, score = 0): cost is measured as a *fraction of the
-  backbone* (``trainable_params_per_task / backbone_params``), so the hypervolume lies in [0, 1]
-  for scores in [0, 1] and compares across backbones of different sizes. With the frontier sorted by
-  cost, ``HV = sum_i (c_{i+1} - c_i) * (s_i - s_ref)`` with ``c_{n+1} = 1``. Points at or beyond the
-  reference (full fine-tuning at 100%, a negative Pearson score) add nothing. Being linear in cost,
-  it rewards reaching a high score at any size well below the backbone's and barely separates 0.1%
-  from 1%: read the per-size table for that.
+  reference point (cost = 100% of the backbone, score = 0), with cost on a log scale: a cost fraction
+  ``c`` (``trainable_params_per_task / backbone_params``) sits at ``u(c) = log10(max(c, floor) / floor)
+  / log10(1 / floor)``, floor ``LOG_FLOOR`` = 1e-5 (0.001% of the backbone; the frozen backbone's 0
+  sits there), so ``u`` runs from 0 at the floor to 1 at the whole backbone, and the hypervolume lies in
+  [0, 1] for scores in [0, 1]. With the frontier sorted by cost, ``HV = sum_i (u_{i+1} - u_i) * (s_i -
+  s_ref)`` with ``u_{n+1} = 1``. On a log scale every decade of parameters weighs the same, so reaching a
+  score at 0.1% instead of 1% counts as much as at 1% instead of 10%. Points at or beyond the reference
+  (full fine-tuning at 100%, a negative Pearson score) add nothing. The report's headline hypervolume is
+  that of the confirmed configurations' seed means; the per-method tables use the search trials.
 """
 
 from __future__ import annotations
@@ -30,11 +32,14 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
+from peftune.errors import UserError
+
 COST = "trainable_params_per_task"
 COST_PCT = "trainable_params_per_task_pct"
 FRONTIER_STATUSES = ("completed",)
 REFERENCE_SCORE = 0.0
 REFERENCE_COST_FRACTION = 1.0  # 100% of the backbone: what full fine-tuning trains
+LOG_FLOOR = 1e-5  # the hypervolume's log-cost axis starts at 0.001% of the backbone
 
 # the AdaptBert tables' order, then the other methods
 METHOD_ORDER = (
@@ -61,7 +66,7 @@ def pareto_mask(scores: Sequence[float], costs: Sequence[float]) -> np.ndarray:
     scores = np.asarray(scores, dtype=float)
     costs = np.asarray(costs, dtype=float)
     if scores.shape != costs.shape or scores.ndim != 1:
-        raise ValueError(f"scores and costs must be 1-D of one length, got {scores.shape} and {costs.shape}")
+        raise UserError(f"scores and costs must be 1-D of one length, got {scores.shape} and {costs.shape}")
     mask = np.zeros(len(scores), dtype=bool)
     valid = np.flatnonzero(~(np.isnan(scores) | np.isnan(costs)))
     order = valid[np.lexsort((-scores[valid], costs[valid]))]  # cost ascending, then score descending
@@ -132,26 +137,32 @@ def mark_frontiers(
     return out
 
 
+def log_cost(cost_fractions, floor: float = LOG_FLOOR) -> np.ndarray:
+    """``u(c)``: the cost fraction on the hypervolume's log axis, 0 at ``floor`` and 1 at the whole backbone."""
+    c = np.maximum(np.asarray(cost_fractions, dtype=float), floor)
+    return np.log10(c / floor) / math.log10(1 / floor)
+
+
 def hypervolume(
     scores: Sequence[float],
     cost_fractions: Sequence[float],
     reference_score: float = REFERENCE_SCORE,
     reference_cost: float = REFERENCE_COST_FRACTION,
+    floor: float = LOG_FLOOR,
 ) -> float:
-    """Area dominated by the points' frontier up to the reference point (see the module docstring).
-
-    Dominated and NaN points may be passed: only the frontier counts. 0.0 when nothing beats the reference.
-    """
+    """Area dominated by the points' frontier up to the reference point, cost on the log axis ``log_cost``
+    (see the module docstring). Dominated and NaN points may be passed: only the frontier counts. 0.0 when
+    nothing beats the reference."""
     scores = np.asarray(scores, dtype=float)
     costs = np.asarray(cost_fractions, dtype=float)
     front = pareto_mask(scores, costs)
     inside = front & (scores > reference_score) & (costs < reference_cost)
     order = np.argsort(costs[inside], kind="stable")
-    s, c = scores[inside][order], costs[inside][order]
+    s, u = scores[inside][order], log_cost(costs[inside][order], floor)
     if len(s) == 0:
         return 0.0
     # on a frontier sorted by cost, scores rise: each point owns the strip up to the next point's cost
-    widths = np.diff(np.append(c, reference_cost))
+    widths = np.diff(np.append(u, log_cost([reference_cost], floor)))
     return float(np.sum(widths * (s - reference_score)))
 
 

@@ -47,6 +47,10 @@ REFERENCE_LABEL = "AdaptBert Table 3: bert-base, published figures (another back
 PCT = pareto.COST_PCT
 
 
+# a frontier point's mark by its decision against the cheaper point (analysis.confirmed.frontier)
+FRONTIER_MARKS = {"equivalent": "=", "inconclusive": "?", "worse": "?"}
+
+
 def method_color(method: str) -> str:
     """A fixed colour per registered method; unknown methods get a stable colour from their name."""
     if method in METHOD_COLORS:
@@ -54,15 +58,20 @@ def method_color(method: str) -> str:
     return _EXTRA_COLORS[sum(map(ord, method)) % len(_EXTRA_COLORS)]
 
 
-def metric_label(objective: str, tasks: Sequence[str] = ()) -> str:
-    """Axis label: ``dev score (mean of SST acc., Quora acc., STS Pearson r)``, ``dev SST accuracy``..."""
+def metric_label(objective: str, tasks: Sequence[str] = (), split: str = "dev") -> str:
+    """Axis label: ``dev score (mean of SST acc., Quora acc., STS Pearson r)``, ``selection SST accuracy``..."""
     if objective == "score":
         parts = [_short_metric(t) for t in tasks]
         if len(parts) == 1:
-            return f"dev score (= {parts[0]})"
-        return "dev score" + (f" (mean of {', '.join(parts)})" if parts else "")
+            return f"{split} score (= {parts[0]})"
+        return f"{split} score" + (f" (mean of {', '.join(parts)})" if parts else "")
     task, _, metric = objective.partition("_")
-    return f"dev {TASK_NAMES.get(task, task)} {'Pearson r' if metric == 'pearson' else metric}"
+    return f"{split} {TASK_NAMES.get(task, task)} {'Pearson r' if metric == 'pearson' else metric}"
+
+
+def trials_split(trials: pd.DataFrame) -> str:
+    """The split the search trials' numbers come from: selection, or dev in a record written before it."""
+    return "selection" if "split" in trials and (trials["split"] == "selection").any() else "dev"
 
 
 def _short_metric(task: str) -> str:
@@ -132,10 +141,12 @@ def _plot_frame(trials: pd.DataFrame, objective: str) -> tuple[pd.DataFrame, pd.
     return eligible, stopped, pareto.frontier(eligible, objective, PCT)
 
 
-def plot_title(sweep: str, backbone: str, objective: str, tasks: Sequence[str], status_summary: str) -> str:
+def plot_title(
+    sweep: str, backbone: str, objective: str, tasks: Sequence[str], status_summary: str, split: str = "dev"
+) -> str:
     what = "score" if objective == "score" else metric_label(objective).removeprefix("dev ")
     return (
-        f"Sweep {sweep}: dev {what} vs trainable parameters per task\n"
+        f"Sweep {sweep}: {split} {what} vs trainable parameters per task\n"
         f"backbone {backbone}; {status_summary}; frontiers over completed trials"
     )
 
@@ -241,7 +252,7 @@ def score_vs_params_png(
     backbone_params = trials["backbone_params"].dropna()
     size = f" (% of the backbone's {human_count(backbone_params.iloc[0])})" if len(backbone_params) else " (%)"
     ax.set_xlabel(f"trainable parameters per task{size}, log scale; 0 = heads only")
-    ax.set_ylabel(metric_label(objective, tasks))
+    ax.set_ylabel(metric_label(objective, tasks, trials_split(trials)))
     if len(backbone_params):
         n = float(backbone_params.iloc[0])
         top_axis = ax.secondary_xaxis("top", functions=(lambda p: p * n / 100.0, lambda c: c * 100.0 / n))
@@ -249,7 +260,7 @@ def score_vs_params_png(
         top_axis.set_xlabel("trainable parameters per task (count)", fontsize=9)
         top_axis.tick_params(labelsize=8)
     ax.grid(True, which="major", alpha=0.3)
-    fig.suptitle(plot_title(sweep, backbone, objective, tasks, status_summary), fontsize=11)
+    fig.suptitle(plot_title(sweep, backbone, objective, tasks, status_summary, trials_split(trials)), fontsize=11)
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8.5, frameon=False)
     if not len(eligible) and not len(stopped):
         ax.text(0.5, 0.5, "no trial with a dev result yet", transform=ax.transAxes, ha="center", color="grey")
@@ -393,7 +404,9 @@ def score_vs_params_figure(
     size = f"% of the backbone's {human_count(backbone_params.iloc[0])}" if len(backbone_params) else "%"
     fig.update_layout(
         title={
-            "text": plot_title(sweep, backbone, objective, tasks, status_summary).replace("\n", "<br>"),
+            "text": plot_title(sweep, backbone, objective, tasks, status_summary, trials_split(trials)).replace(
+                "\n", "<br>"
+            ),
             "font": {"size": 14},
         },
         xaxis={
@@ -402,7 +415,7 @@ def score_vs_params_figure(
             "tickvals": ticks,
             "ticktext": ["0", *(_pct_text(t) for t in ticks[1:])],
         },
-        yaxis={"title": metric_label(objective, tasks)},
+        yaxis={"title": metric_label(objective, tasks, trials_split(trials))},
         legend={"font": {"size": 11}},
         template="plotly_white",
         margin={"t": 80, "l": 60, "r": 20, "b": 60},
@@ -448,14 +461,14 @@ def confirmed_png(configs: pd.DataFrame, front: pd.DataFrame, path: str | Path, 
     if len(front):
         x, y = _x(front[PCT], floor), front["score_mean"].to_numpy(float)
         ax.step(x, y, where="post", color="black", lw=1.5, zorder=5)
-        for xi, yi, label, noise in zip(x, y, front["label"], front["within_noise_of"], strict=True):
-            text = f"≈ {label}" if noise not in ("", "unknown") else label
+        for xi, yi, label, word in zip(x, y, front["label"], front["vs_cheaper"], strict=True):
+            text = f"{FRONTIER_MARKS.get(word, '')} {label}".strip()
             ax.annotate(text, (xi, yi), xytext=(6, 6), textcoords="offset points", fontsize=7.5, zorder=7)
         handles.append(Line2D([], [], color="black", lw=1.5, label="frontier of the seed means"))
     handles += [
         Line2D([], [], color="grey", lw=2.4, label="± std over seeds"),
         Line2D([], [], color="grey", lw=0.8, label="95% interval (t)"),
-        Line2D([], [], ls="", label="≈: within noise of the cheaper frontier point"),
+        Line2D([], [], ls="", label="=: equivalent to the cheaper frontier point; ?: not shown better"),
     ]
     ax.set_xscale("log")
     ax.set_xlabel("trainable parameters per task, % of the backbone (log; 0% drawn at the left edge)")
@@ -520,9 +533,9 @@ def confirmed_figure(configs: pd.DataFrame, front: pd.DataFrame, *, sweep: str, 
                 y=front["score_mean"],
                 mode="lines+text",
                 line={"color": "black", "width": 1.5, "shape": "hv"},
-                text=["≈" if n not in ("", "unknown") else "" for n in front["within_noise_of"]],
+                text=[FRONTIER_MARKS.get(word, "") for word in front["vs_cheaper"]],
                 textposition="top center",
-                name="frontier of the seed means (≈: within noise of the cheaper point)",
+                name="frontier of the seed means (=: equivalent to the cheaper point; ?: not shown better)",
                 hoverinfo="skip",
             )
         )

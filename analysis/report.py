@@ -14,16 +14,22 @@ The directory (default ``reports/<sweep>/``), also logged under ``report/`` in t
 ``frontier.csv``              the trials on the frontier of the score and of each task (``objective``)
 ``frontier_summary.csv``      per scope (all methods, each method) and objective: frontier size, hypervolume
 ``importance.csv``            hyperparameter importance (PED-ANOVA) for score, frontier, each task
-``recommendation.csv``        best configuration per budget (0.1%, 1%, 10% trainable per task), runner-up, beyond noise?
-``fairness.csv``              per method: trials, steps, compute, best default, best tuned mean ± std, gain, spread
+``recommendation.csv``        per budget (0.1%, 1%, 10% trainable per task): the pick (cheapest not worse than the
+                              best), the best, the runner-up of another method, decisions and intervals
+``decisions.csv``             every comparison the report makes: difference, 95% interval, decision, seeds
+``by_budget.csv``             per budget, every method's best configuration under it, against the budget's best
+``expected_max.csv``          per method: the expected best selection score of n search trials (also ``.png``)
+``fairness.csv``              per method: trials, steps, compute, default, best tuned mean ± std, gain with interval
 ``configurations.csv``        per configuration: seed mean, std, t 95% interval of every metric (analysis.confirmed)
-``confirmed_frontier.csv``    the frontier of the seed means with its within-noise marks (also ``.png``)
+``confirmed_frontier.csv``    the frontier of the seed means, each point's decision against the cheaper one (``.png``)
 ``score_vs_params.png``       score vs trainable parameters per task; ``score_vs_params_<task>.png`` per task
 ``parallel_coordinates.png``  hyperparameters of the completed trials; ``importance.png``
 ============================  ==========================================================================
 
-Every figure is a dev figure: the sweep selects on dev only; the test split appears only in
-``evaluation/`` (see :mod:`analysis.evaluate`).
+Three roles of data: the search selects on the selection split (train-file rows no trial trains on);
+the answer (recommendation, fairness, configurations, decisions) is dev figures of the confirmation runs;
+the test split appears only in ``evaluation/`` (see :mod:`analysis.evaluate`). The search trials' own
+figures (frontiers of trials, hypervolumes, importances) are selection figures.
 """
 
 from __future__ import annotations
@@ -39,8 +45,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import confirmed, pareto, plots, views
-from analysis.runs import COUNT_COLUMNS, SweepRuns, load_sweep
+from analysis import confirmed, decisions, pareto, plots, views
+from analysis.runs import COUNT_COLUMNS, SweepRuns, load_predictions, load_sweep
+from peftune.tasks import get_task
 
 log = logging.getLogger("analysis.report")
 
@@ -212,6 +219,9 @@ class Report:
     confirmed_front: pd.DataFrame = field(default_factory=pd.DataFrame)
     recommendation: pd.DataFrame = field(default_factory=pd.DataFrame)
     fairness: pd.DataFrame = field(default_factory=pd.DataFrame)
+    decisions: pd.DataFrame = field(default_factory=pd.DataFrame)  # every comparison made (decisions.csv)
+    by_budget: pd.DataFrame = field(default_factory=pd.DataFrame)  # every method's best under each budget
+    expected_max: pd.DataFrame = field(default_factory=pd.DataFrame)  # per method: E[best] after n trials
 
     @property
     def objectives(self) -> list[str]:
@@ -245,6 +255,7 @@ def build_report(sweep: SweepRuns, *, reference: bool = True) -> Report:
     frontier_rows = pd.concat(fronts)
     frontier_rows = frontier_rows[["objective", *[c for c in frontier_rows.columns if c != "objective"]]]
     configs = confirmed.configurations(sweep)
+    decided = decide(sweep, configs)
     return Report(
         sweep=sweep,
         trials=trials,
@@ -254,10 +265,32 @@ def build_report(sweep: SweepRuns, *, reference: bool = True) -> Report:
         importances=views.param_importances(trials, objectives[1:]),
         reference=load_reference() if reference else None,
         configs=configs,
-        confirmed_front=confirmed.frontier(configs),
-        recommendation=confirmed.recommendations(configs),
-        fairness=confirmed.fairness(sweep, configs),
+        confirmed_front=confirmed.frontier(configs, decided),
+        recommendation=confirmed.recommendations(configs, decided),
+        fairness=confirmed.fairness(sweep, configs, decided),
+        decisions=decided,
+        by_budget=confirmed.budget_table(configs, decided),
+        expected_max=views.expected_max_table(sweep.trials),
     )
+
+
+def open_decisions(tracking_uri: str, name: str) -> dict[str, str]:
+    """The configurations of sweep ``name``'s inconclusive decisions (config key -> the decision), as the
+    report would make them now: the confirmation gives them more seeds (``peftune.confirm``)."""
+    sweep = load_sweep(name, tracking_uri)
+    configs = confirmed.configurations(sweep)
+    return confirmed.open_configurations(decide(sweep, configs))
+
+
+def decide(sweep: SweepRuns, configs: pd.DataFrame) -> pd.DataFrame:
+    """Every comparison the report makes, decided on the confirmation runs' dev predictions."""
+    if not len(configs) or configs["source"].iloc[0] != "confirmed":
+        return confirmed.decide(configs, {})
+    kinds = {task: get_task(task).kind for task in sweep.tasks}
+    predictions = confirmed.predictions_by_config(load_predictions(sweep), kinds)
+    margin = sweep.parent_params.get("decision_margin")
+    margin = float(margin) if isinstance(margin, (int, float)) and not isinstance(margin, bool) else confirmed.MARGIN
+    return confirmed.decide(configs, predictions, margin=margin, seed=int(sweep.parent_params.get("seed") or 0))
 
 
 def write_report(sweep: SweepRuns, directory: str | Path, *, reference: bool = True) -> Report:
@@ -284,6 +317,10 @@ def write_report(sweep: SweepRuns, directory: str | Path, *, reference: bool = T
     report.confirmed_front.to_csv(out("confirmed_frontier.csv"), index=False)
     report.recommendation.to_csv(out("recommendation.csv"), index=False)
     report.fairness.to_csv(out("fairness.csv"), index=False)
+    decisions.write_decisions_csv(report.decisions, out("decisions.csv"))
+    report.by_budget.to_csv(out("by_budget.csv"), index=False)
+    report.expected_max.to_csv(out("expected_max.csv"), index=False)
+    views.expected_max_png(report.expected_max, out("expected_max.png"), sweep=sweep.name, backbone=sweep.backbone)
     if len(report.configs):
         plots.confirmed_png(
             report.configs,
@@ -330,13 +367,29 @@ def log_report(report: Report, *, client=None) -> None:
 
     client = client or mlflow.MlflowClient(tracking_uri=report.sweep.tracking_uri)
     client.log_artifacts(report.sweep.parent_run_id, str(report.directory), artifact_path=ARTIFACT_PATH)
-    summary = report.summary
-    overall = summary[(summary["scope"] == "all") & (summary["objective"] == "score")] if len(summary) else summary
-    if len(overall):
-        row, now = overall.iloc[0], int(time.time() * 1000)
-        values = {"sweep_frontier_size": float(row["frontier_size"]), "sweep_hypervolume": float(row["hypervolume"])}
+    values = headline_frontier(report)
+    if values:
+        now = int(time.time() * 1000)
         metrics = [Metric(k, v, now, 0) for k, v in values.items() if math.isfinite(v)]
         client.log_batch(report.sweep.parent_run_id, metrics=metrics)
+
+
+def headline_frontier(report: Report) -> dict[str, float]:
+    """``sweep_frontier_size`` and ``sweep_hypervolume`` of the answer: the confirmed configurations' seed means
+    (their frontier, the hypervolume on the log-cost axis); without confirmation, the completed search trials."""
+    configs = report.configs
+    if len(configs) and configs["source"].iloc[0] == "confirmed":
+        fraction = configs[pareto.COST] / configs["backbone_params"]
+        return {
+            "sweep_frontier_size": float(len(report.confirmed_front)),
+            "sweep_hypervolume": pareto.hypervolume(configs["score_mean"], fraction),
+        }
+    summary = report.summary
+    overall = summary[(summary["scope"] == "all") & (summary["objective"] == "score")] if len(summary) else summary
+    if not len(overall):
+        return {}
+    row = overall.iloc[0]
+    return {"sweep_frontier_size": float(row["frontier_size"]), "sweep_hypervolume": float(row["hypervolume"])}
 
 
 def report_sweep(
@@ -397,11 +450,20 @@ def _header_lines(sweep: SweepRuns) -> list[str]:
         f"- trials: {sweep.status_summary()}",
         *_confirmation_line(sweep),
         f"- budget: {budget or 'not recorded'}; scheduler {p.get('scheduler', '?')}; "
-        f"objective {p.get('objective', '?')}",
+        f"objective {p.get('objective', '?')}; {_search_mode(p)}",
         *_skipped_rows_line(p),
         f"- MLflow: `{sweep.tracking_uri}`, experiment {sweep.experiment_id}, parent run `{sweep.parent_run_id}`",
         f"- code version: `{sweep.parent_tags.get('peftune.code_version', 'unknown')}`",
     ]
+
+
+def _search_mode(params: dict) -> str:
+    """Whether the search was reproducible (each method's next trial after its earlier ones reported)."""
+    if params.get("asynchronous") is None:
+        return "search mode not recorded"
+    if params.get("asynchronous") is True or str(params.get("asynchronous")) == "True":
+        return "asynchronous search (draws and stops depend on timing)"
+    return "synchronous search per method (reproducible: the same trials and stops whatever the timing)"
 
 
 def _skipped_rows_line(params: dict) -> list[str]:
@@ -418,22 +480,40 @@ def _skipped_rows_line(params: dict) -> list[str]:
 def answer_notes(report: Report) -> dict[str, str]:
     """The sentences that say where the numbers of the answer come from (Markdown and HTML alike)."""
     configs = report.configs
+    margin = report.sweep.parent_params.get("decision_margin", confirmed.MARGIN)
     if len(configs) and configs["source"].iloc[0] == "confirmed":
         seeds = sorted(set(configs["seeds"].astype(int)))
+        legacy = "dev (runs written before the selection split existed: dev selected too)"
+        split = "dev" if (configs["split"] == "dev").all() else legacy
         source = (
-            f"Seed means of the confirmation runs: the best configurations of every method re-trained with "
-            f"{'/'.join(map(str, seeds))} new seed(s) each at the full budget."
+            f"Seed means on {split} of the confirmation runs: the best configurations of every method re-trained "
+            f"with {'/'.join(map(str, seeds))} new seed(s) each at the full budget, each run at the epoch the "
+            f"selection split chose. The search selected on the selection split, never on dev."
         )
     else:
-        source = "No confirmation runs recorded: each configuration is its single search trial (no std)."
+        source = (
+            "No confirmation runs recorded: each configuration is its single search trial, scored on the split it "
+            "selected on (no std, no decision)."
+        )
+    words = "; ".join(f"**{word}**: {meaning}" for word, meaning in decisions.DECISIONS.items())
     return {
         "source": source,
-        "noise": "Beyond noise: Welch's t-test at 5% (two-sided) with 2+ seeds on both sides; with a single run, "
-        "a gap over 1.96 standard errors of the metric on the dev set (binomial for an accuracy, (1-r²)/√(n-1) "
-        "for a Pearson r). 'unknown': one run and no recorded dev size. Definitions: analysis/confirmed.py.",
-        "fairness": "Trials, steps and compute seconds each method received in the search; best default: the "
-        "control arm (the method's published default trial); tuning gain = best tuned seed mean − best default; "
-        "spread: IQR and std of the completed search trials' scores (how sensitive the method is to tuning).",
+        "noise": (
+            f"Decisions: the difference of two configurations' scores with its 95% interval from a paired bootstrap "
+            f"over dev examples and seeds, Holm-corrected over the {len(report.decisions)} comparisons of this report "
+            f"(`decisions.csv`); {words} (margin {margin}). The pick is the cheapest configuration under the budget "
+            f"that is not worse than the best one: the best itself, or a cheaper one equivalent to it. "
+            f"Definitions: analysis/confirmed.py, analysis/decisions.py."
+        ),
+        "by_budget": "Each method's best confirmed configuration under the budget, against the budget's best "
+        "(worse: the interval lies below 0).",
+        "expected_max": "Per method, the expected best selection score of its first n search trials (trial 1: "
+        "its published default; later ones drawn from its searched trials; Dodge et al. 2019): how much each "
+        "further trial of tuning is worth (`expected_max.csv`).",
+        "fairness": "Trials, steps and compute seconds each method received in the search; default: the control "
+        "arm (the method's published default), a seed mean where it was confirmed, else its one search run; tuning "
+        "gain = best tuned seed mean − default, with its interval and decision where both were confirmed; spread: "
+        "IQR and std of the completed search trials' selection scores (how sensitive the method is to tuning).",
     }
 
 
@@ -443,17 +523,27 @@ def answer_lines(report: Report) -> list[str]:
     lines = ["## Recommendation per parameter budget", "", notes["source"], ""]
     if len(report.configs):
         lines += [to_markdown(confirmed.recommendation_display(report.recommendation)), notes["noise"], ""]
+        lines += ["### Every method under each budget", "", notes["by_budget"], ""]
+        lines += [to_markdown(confirmed.budget_table_display(report.by_budget)), ""]
     else:
         lines += ["No completed trial yet.", ""]
     lines += ["## Fairness per method", "", notes["fairness"], ""]
     if len(report.fairness):
         lines.append(to_markdown(confirmed.fairness_display(report.fairness)))
+    lines += ["", "### What tuning buys", "", notes["expected_max"], ""]
+    if len(report.expected_max):
+        lines += [
+            to_markdown(expected_max_display(report.expected_max)),
+            "",
+            "![what tuning buys](expected_max.png)",
+            "",
+        ]
     lines += ["## Confirmed configurations (seed means)", ""]
     if len(report.configs):
         shown = confirmed.configurations_display(report.confirmed_front, report.configs, report.sweep.task_metrics)
         lines += [
-            "Frontier: non-dominated on (seed mean up, trainable parameters per task down); 'within noise of X': "
-            "not better than the cheaper frontier point X beyond noise.",
+            "Frontier: non-dominated on (seed mean up, trainable parameters per task down); beside each frontier "
+            "point, its decision against the next cheaper one (better: its extra parameters buy a measurable gain).",
             "",
             to_markdown(shown),
             "![confirmed configurations](confirmed_frontier.png)",
@@ -462,6 +552,20 @@ def answer_lines(report: Report) -> list[str]:
     else:
         lines += ["None.", ""]
     return lines
+
+
+def expected_max_display(table: pd.DataFrame) -> pd.DataFrame:
+    """Per method: the expected best after 1 (its default), 2, 3 and all of its trials."""
+    rows = []
+    for method, curve in table.groupby("method", sort=False):
+        values = curve.set_index("n")["expected_best"]
+        shown = sorted({1, 2, 3, int(values.index.max())} & set(values.index))
+        row = {"Method": method, "Trials": int(values.index.max())}
+        row |= {
+            f"n={n}" + (" (default)" if n == 1 and curve["default"].iloc[0] else ""): f"{values[n]:.3f}" for n in shown
+        }
+        rows.append(row)
+    return pd.DataFrame(rows).fillna("")
 
 
 def _confirmation_line(sweep: SweepRuns) -> list[str]:
@@ -476,11 +580,12 @@ def _confirmation_line(sweep: SweepRuns) -> list[str]:
 
 def markdown_report(report: Report) -> str:
     sweep, trials, frontier_rows = report.sweep, report.trials, report.frontier
-    lines = [f"# Sweep {sweep.name}: dev results", "", *_header_lines(sweep), ""]
+    lines = [f"# Sweep {sweep.name}: results", "", *_header_lines(sweep), ""]
     lines += answer_lines(report)
     lines += [
         "From here on, the search's trials: one run each (no seeds), so gaps smaller than the noise above are "
-        "not evidence. All figures are dev figures of each trial's best epoch. Frontiers, hypervolumes and the "
+        "not evidence. All figures are figures of each trial's best epoch on the split it selected on (selection; "
+        "dev in records written before the selection split existed). Frontiers, hypervolumes and the "
         "table below use completed trials only; early-stopped and failed trials are listed apart.",
         "",
         "## Best configuration per method and size",
@@ -516,9 +621,10 @@ def markdown_report(report: Report) -> str:
         "",
         "## Hypervolume",
         "",
-        "Area of the (trainable parameters per task as a fraction of the backbone, dev metric) plane the frontier "
-        "dominates, up to the reference point (100% of the backbone, metric 0); in [0, 1]. "
-        "See `analysis/pareto.py` for the definition.",
+        "Area of the (trainable parameters per task as a fraction of the backbone on a log axis from 0.001% "
+        "to 100%, metric) plane the frontier of the search trials dominates, up to the reference point (100% "
+        "of the backbone, metric 0); in [0, 1], every decade of parameters weighing the same. See "
+        "`analysis/pareto.py` for the definition.",
         "",
     ]
     if len(report.summary):
@@ -600,7 +706,7 @@ def html_report(report: Report) -> str:
     parts = [
         f"<!doctype html><html><head><meta charset='utf-8'><title>peftune report: {esc(sweep.name)}</title>",
         f"<style>{_STYLE}</style></head><body>",
-        f"<h1>Sweep {esc(sweep.name)}: dev score vs trainable parameters</h1><ul>{header}</ul>",
+        f"<h1>Sweep {esc(sweep.name)}: score vs trainable parameters</h1><ul>{header}</ul>",
         "<p class='note'>Dev figures of each trial's best epoch. Frontiers and the table use completed trials only; "
         "crosses are trials stopped early. Hover a point for its hyperparameters and MLflow run id. Hollow diamonds: "
         "the AdaptBert report's published bert-base figures (another backbone), for reference only.</p>",
@@ -611,6 +717,9 @@ def html_report(report: Report) -> str:
         parts += [
             _table_html(confirmed.recommendation_display(report.recommendation)),
             f"<p class='note'>{esc(notes['noise'])}</p>",
+            "<h3>Every method under each budget</h3>",
+            f"<p class='note'>{esc(notes['by_budget'])}</p>",
+            _table_html(confirmed.budget_table_display(report.by_budget)),
         ]
     parts += ["<h2>Fairness per method</h2>", f"<p class='note'>{esc(notes['fairness'])}</p>"]
     parts.append(_table_html(confirmed.fairness_display(report.fairness)) if len(report.fairness) else "")

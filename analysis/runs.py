@@ -16,7 +16,7 @@ Columns of :attr:`SweepRuns.trials`:
   :func:`size_label`), ``label`` (``lora r=8``), ``size_value`` (the method's size field, for sorting);
 - search or confirmation: ``phase`` (``search``; confirmation runs are in :attr:`SweepRuns.confirmations`,
   not in ``trials``), ``default`` (the method's control-arm trial), ``config_key`` (one configuration,
-  whatever its seed: see :func:`peftune.confirm.run_config_key`);
+  whatever its seed: see :func:`peftune.record.run_config_key`);
 - outcome: ``status``, ``error`` (first line of the failure), ``mlflow_status``, ``epochs_run``,
   ``best_epoch``, ``score`` and each task metric (``sst_accuracy``, ...) at the best-scoring epoch;
 - parameter counts: ``backbone_params``, ``trainable_params_per_task`` (+ ``_pct``), ``stored_params``
@@ -32,30 +32,42 @@ from __future__ import annotations
 import logging
 import math
 import re
+import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import pandas as pd
 
-log = logging.getLogger("analysis.runs")
-
-from peftune.confirm import CONFIRM, DEFAULT, run_config_key, run_phase  # noqa: E402  (Ray-free)
-from peftune.record import (  # noqa: E402  the record's names, shared with the writer (no Ray import)
+from peftune.errors import UserError
+from peftune.record import (  # the record's names, shared with the writer (no Ray import)
     CHECKPOINT_TAG,
     COMPLETED,
+    CONFIRM,
     COUNT_METRICS,
+    DEFAULT,
+    DEV,
     DIVERGED,
     EARLY_STOPPED,
     ERROR,
     FAILED,
     PARENT_TAG,
+    PREDICTION_COLUMNS,
+    PREDICTIONS_ARTIFACT,
     ROLE,
+    SEED_REASON,
+    SELECTION,
     STATUS,
     SWEEP,
     TRIAL_ID,
     resolve_tracking_uri,
+    run_config_key,
+    run_phase,
+    store_errors,
 )
+
+log = logging.getLogger("analysis.runs")
 
 # the writer's three final statuses, then what an unfinished run is: still running, or interrupted (KILLED)
 STATUSES = (COMPLETED, EARLY_STOPPED, DIVERGED, FAILED, "running", "interrupted", "unknown")
@@ -107,15 +119,20 @@ def load_sweep(name: str, tracking_uri: str | None = None, *, client=None) -> Sw
 
     Raises ``ValueError`` naming the store and what it does hold when the sweep is not there.
     """
+    uri = resolve_tracking_uri(tracking_uri)
+    with store_errors(uri):
+        return _read_sweep(name, uri, client)
+
+
+def _read_sweep(name: str, uri: str, client) -> SweepRuns:
     import mlflow
 
-    uri = resolve_tracking_uri(tracking_uri)
     client = client or mlflow.MlflowClient(tracking_uri=uri)
     experiment = client.get_experiment_by_name(name)
     if experiment is None or experiment.lifecycle_stage == "deleted":
         known = sorted(e.name for e in client.search_experiments() if e.name != "Default")
         where = f"no MLflow experiment named {name!r}" if experiment is None else f"experiment {name!r} is deleted"
-        raise ValueError(
+        raise UserError(
             f"{where} in {uri}; sweeps there: {', '.join(known) or 'none'} "
             f"(pass --tracking-uri or set MLFLOW_TRACKING_URI to read another store)"
         )
@@ -124,9 +141,9 @@ def load_sweep(name: str, tracking_uri: str | None = None, *, client=None) -> Sw
         [experiment_id], filter_string=f"tags.`{ROLE}` = 'sweep' and tags.`{SWEEP}` = '{name}'", max_results=2
     )
     if not parents:
-        raise ValueError(f"experiment {name!r} in {uri} has no sweep parent run (tag {ROLE}=sweep)")
+        raise UserError(f"experiment {name!r} in {uri} has no sweep parent run (tag {ROLE}=sweep)")
     if len(parents) > 1:
-        raise ValueError(f"experiment {name!r} in {uri} holds more than one sweep parent run; expected one")
+        raise UserError(f"experiment {name!r} in {uri} holds more than one sweep parent run; expected one")
     parent = parents[0]
     children = [
         run
@@ -158,6 +175,29 @@ def load_sweep(name: str, tracking_uri: str | None = None, *, client=None) -> Sw
         confirmations=confirmations,
         parent_metrics=dict(parent.data.metrics),
     )
+
+
+def load_predictions(sweep: SweepRuns, *, client=None) -> pd.DataFrame:
+    """The per-example dev predictions of the sweep's completed confirmation runs, one frame: the columns of
+    ``PREDICTION_COLUMNS`` plus ``config_key`` and ``run_id``. Runs without the artifact (written before
+    it existed) are left out: their configurations' comparisons stay open."""
+    import mlflow
+
+    runs = sweep.confirmations
+    if runs is None or not len(runs):
+        return pd.DataFrame(columns=[*PREDICTION_COLUMNS, "config_key", "run_id"])
+    client = client or mlflow.MlflowClient(tracking_uri=sweep.tracking_uri)
+    frames = []
+    with store_errors(sweep.tracking_uri), tempfile.TemporaryDirectory(prefix="peftune-predictions-") as tmp:
+        for run in runs[runs["status"] == COMPLETED].itertuples():
+            directory, name = PREDICTIONS_ARTIFACT.rsplit("/", 1)
+            if name not in {Path(f.path).name for f in client.list_artifacts(run.run_id, directory)}:
+                continue
+            local = client.download_artifacts(run.run_id, PREDICTIONS_ARTIFACT, tmp)
+            frame = pd.read_csv(local, compression="gzip")
+            frames.append(frame.assign(config_key=run.config_key, run_id=run.run_id))
+    columns = [*PREDICTION_COLUMNS, "config_key", "run_id"]
+    return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
 
 
 def _search_all(client, experiment_id: str, filter_string: str) -> list:
@@ -235,6 +275,7 @@ def trial_row(run, task_metrics: Sequence[str], history: dict[str, dict[int, flo
         "phase": run_phase(tags),
         "default": tags.get(DEFAULT) == "true",
         "config_key": run_config_key(run),
+        "seed_reason": tags.get(SEED_REASON, ""),
     }
     if "best_score" in metrics:
         row["best_epoch"] = _int_or_none(metrics.get("best_epoch"))
@@ -248,6 +289,7 @@ def trial_row(run, task_metrics: Sequence[str], history: dict[str, dict[int, flo
         row["score"] = scores[best] if best is not None else math.nan
         for key in task_metrics:
             row[key] = history.get(key, {}).get(best, math.nan) if best is not None else math.nan
+    row.update(split_numbers(metrics, row, task_metrics))
     for key in COUNT_COLUMNS:
         row[key] = metrics.get(key, math.nan)
     for key in HYPERPARAMETERS:
@@ -259,6 +301,21 @@ def trial_row(run, task_metrics: Sequence[str], history: dict[str, dict[int, flo
     row["end_time"] = _timestamp(run.info.end_time)
     row["has_checkpoint"] = bool(tags.get(CHECKPOINT_TAG))
     return row
+
+
+def split_numbers(metrics: dict[str, float], row: dict[str, Any], task_metrics: Sequence[str]) -> dict[str, Any]:
+    """Which split a run's ``score`` and task metrics come from, and what they are (see ``peftune.record``).
+
+    A confirmation run that evaluated dev reports dev's numbers, at the epoch the selection split chose
+    (its ``best_dev_*``), and keeps its selection score as ``selection_score``. A search trial's numbers
+    are the selection split's. A record written before the selection split existed selected on dev.
+    """
+    if f"best_{DEV}_score" in metrics:
+        dev = {key: metrics.get(f"best_{DEV}_{key}", math.nan) for key in ["score", *task_metrics]}
+        return {**dev, "selection_score": row.get("score", math.nan), "split": DEV}
+    if f"best_{SELECTION}_score" in metrics or f"{SELECTION}_score" in metrics:
+        return {"selection_score": row.get("score", math.nan), "split": SELECTION}
+    return {"selection_score": math.nan, "split": DEV}
 
 
 def trial_status(tag: str | None, mlflow_status: str) -> str:
@@ -286,9 +343,12 @@ def _column_order(rows: list[dict], task_metrics: Sequence[str]) -> list[str]:
         "phase",
         "default",
         "config_key",
+        "seed_reason",
         "best_epoch",
         "score",
         *task_metrics,
+        "split",
+        "selection_score",
         *COUNT_COLUMNS,
         *HYPERPARAMETERS,
         "tasks",

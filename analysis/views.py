@@ -1,4 +1,4 @@
-"""Comparison views of a sweep: parallel coordinates and hyperparameter importance.
+"""Comparison views of a sweep: parallel coordinates, hyperparameter importance, and what tuning buys.
 
 These are what users of sweep tools look at first: which settings the good trials share
 (parallel coordinates) and which settings matter (importance).
@@ -19,6 +19,11 @@ PED-ANOVA compares the distribution of each parameter in the top ``target_quanti
 all trials. The quantile here is ``max(0.1, 5 / n)`` (at most 0.5), so at least five trials form the
 top group when the sweep has that many (Optuna advises five): small sweeps are judged on their top
 half rather than on one or two trials. Fewer than :data:`MIN_TRIALS` completed trials: no importance.
+
+What tuning buys (Dodge et al. 2019, "Show Your Work"): per method, the expected best selection score
+of the first n search trials, n = 1 .. the trials it got, with its default as trial 1 and the searched
+trials as draws with replacement from those observed (``analysis.decisions.expected_max_with_default``):
+the curve shows how much each further trial is worth, and where tuning stops paying.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from analysis import pareto
+from analysis import decisions, pareto
 from analysis.plots import TASK_NAMES, method_color, zero_floor
 
 log = logging.getLogger("analysis.views")
@@ -40,6 +45,55 @@ log = logging.getLogger("analysis.views")
 MIN_TRIALS = 4
 COMMON_PARAMS = ("lr", "dropout", "weight_decay")
 LOG_PARAMS = ("lr",)
+
+
+# ----------------------------------------------------------------------------- what tuning buys
+
+
+def expected_max_table(trials: pd.DataFrame) -> pd.DataFrame:
+    """One row per (method, n): the expected best selection score of n search trials (module docstring).
+
+    The trials counted are the finished ones with a score (completed, and early-stopped at their rung);
+    a method without a recorded default starts from its searched trials alone.
+    """
+    rows = []
+    scored = trials[trials["status"].isin(("completed", "early_stopped")) & trials["score"].notna()]
+    for method in pareto.ordered_methods(scored["method"]) if len(scored) else []:
+        mine = scored[scored["method"] == method]
+        default = mine[mine["default"]]["score"] if "default" in mine else mine.iloc[0:0]["score"]
+        searched = mine[~mine["default"]]["score"].to_numpy(float) if "default" in mine else mine["score"]
+        if len(default) and len(searched):
+            curve = decisions.expected_max_with_default(float(default.max()), searched, len(mine))
+        elif len(searched):
+            curve = decisions.expected_max_curve(searched, len(mine))
+        else:
+            curve = np.full(len(mine), float(default.max()))
+        rows += [{"method": method, "n": n, "expected_best": v, "default": bool(len(default))} for n, v in
+                 enumerate(curve, start=1)]  # fmt: skip
+    return pd.DataFrame(rows, columns=["method", "n", "expected_best", "default"])
+
+
+def expected_max_png(table: pd.DataFrame, path: str | Path, *, sweep: str, backbone: str) -> Path:
+    """One line per method: the expected best selection score against the number of search trials."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(8, 4.8), dpi=150, layout="constrained")
+    for method, rows in table.groupby("method", sort=False):
+        ax.plot(rows["n"], rows["expected_best"], marker="o", ms=3.5, color=method_color(method), label=method)
+    ax.set_xlabel("search trials (trial 1: the method's published default)")
+    ax.set_ylabel("expected best selection score")
+    ax.set_title(f"Sweep {sweep}: what tuning buys (expected maximum, Dodge et al. 2019)\nbackbone {backbone}",
+                 fontsize=11)  # fmt: skip
+    ax.grid(True, alpha=0.3)
+    if len(table):
+        ax.legend(loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8.5, frameon=False)
+    path = Path(path)
+    fig.savefig(path)
+    plt.close(fig)
+    return path
 
 
 # ----------------------------------------------------------------------------- importance
@@ -199,11 +253,11 @@ def importance_png(importances: pd.DataFrame, path: str | Path, *, sweep: str, b
 
 def importance_target_label(target: str) -> str:
     if target == "score":
-        return "dev score"
+        return "score"
     if target == "pareto":
         return "reaching the frontier (score up, params down)"
     task, _, metric = target.partition("_")
-    return f"dev {TASK_NAMES.get(task, task)} {metric}"
+    return f"{TASK_NAMES.get(task, task)} {metric}"
 
 
 def importance_figure(importances: pd.DataFrame, *, sweep: str, backbone: str):

@@ -15,13 +15,13 @@ On a Ray cluster, from the repository root (token authentication on, dashboard a
     python jobs/sst_tuning.py --data-dir /data --budget gpu --model bert-base-uncased
 
 Running it again resumes the sweep; it ends by printing the MLflow parent run id, the MLflow UI
-address and where the report goes. All logic lives in ``peftune.sweep``.
+address and where the report goes. All logic lives in the library (``peftune.cli.job_main``, ``peftune.sweep``).
 """
 
 import sys
 
-from analysis.report import on_sweep_finished
-from peftune import sweep
+from analysis.report import on_sweep_finished, open_decisions
+from peftune import cli
 
 if __name__ == "__main__":
-    sys.exit(sweep.job_main("sst_tuning", __doc__, on_finished=on_sweep_finished))
+    sys.exit(cli.job_main("sst_tuning", __doc__, on_finished=on_sweep_finished, open_decisions=open_decisions))

@@ -111,7 +111,8 @@ def tiny_prepared(tiny_data_dir):
     )
     torch.manual_seed(0)
     backbone = BertModel(config)
-    tasks = load_tasks(tiny_data_dir, parse_tasks("sst,para,sts"), tokenizer, max_length=32)
+    # a selection split as a sweep carves it (as many train rows as dev has): search trials select on it
+    tasks = load_tasks(tiny_data_dir, parse_tasks("sst,para,sts"), tokenizer, max_length=32, selection_examples=None)
     return PreparedData(
         backbone=PretrainedBackbone("tiny-random-bert", config, backbone.state_dict()),
         tasks=tasks,

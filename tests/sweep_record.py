@@ -32,10 +32,12 @@ class TrialSpec:
     checkpoint_dir: Path | None = None  # a peftune checkpoint directory to log under checkpoint/
     mlflow_status: str | None = None  # override the MLflow run status (e.g. "KILLED")
     extra_params: dict = field(default_factory=dict)
+    # a confirmation run's dev predictions: task -> (example ids, predictions, labels), logged as the writer does
+    predictions: dict | None = None
 
     def config_key(self) -> str:
         """The key the searcher tags a trial with: its method and sampled hyperparameters (not the seed)."""
-        from peftune.search import config_key
+        from peftune.record import config_key
 
         sampled = {"lr": self.lr, "dropout": self.dropout, "weight_decay": self.weight_decay, **self.options}
         return config_key(self.method, sampled)
@@ -160,6 +162,8 @@ def record_sweep(
             best_metrics = [Metric("best_score", scores[best], now, 0), Metric("best_epoch", best + 1, now, 0)]
             best_metrics += [Metric(f"best_{k}", float(trial.epochs[best][k]), now, 0) for k in metric_names]
             client.log_batch(run_id, metrics=best_metrics)
+        if trial.predictions is not None:
+            log_predictions(client, run_id, trial.predictions, trial.seed, artifact_dir)
         if trial.checkpoint_dir is not None:
             for file in ("trainable.safetensors", "peftune.json"):
                 client.log_artifact(run_id, str(Path(trial.checkpoint_dir) / file), "checkpoint")
@@ -174,6 +178,21 @@ def record_sweep(
     client.set_tag(parent_id, "peftune.status", "completed")
     client.set_terminated(parent_id, status="FINISHED")
     return experiment_id, parent_id, runs
+
+
+def log_predictions(client, run_id: str, predictions: dict, seed: int, scratch: Path) -> None:
+    """The ``predictions/dev.csv.gz`` artifact, in the writer's format (``peftune.record.predictions_csv``)."""
+    import gzip
+
+    from peftune.record import PREDICTIONS_ARTIFACT, predictions_csv
+
+    values = {task: list(p) for task, (_, p, _) in predictions.items()}
+    examples = {task: (list(ids), list(labels)) for task, (ids, _, labels) in predictions.items()}
+    directory, name = PREDICTIONS_ARTIFACT.rsplit("/", 1)
+    local = Path(scratch) / f"upload-{run_id}" / name
+    local.parent.mkdir(parents=True, exist_ok=True)
+    local.write_bytes(gzip.compress(predictions_csv(values, examples, seed).encode()))
+    client.log_artifact(run_id, str(local), directory)
 
 
 def counts(trainable: int, stored: int | None = None, backbone: int = 1_000_000) -> dict:

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import sweep_command
-from peftune import services
+from peftune import record, services
 from test_fresh_machine import free_ports
 
 pytestmark = pytest.mark.slow
@@ -93,7 +93,6 @@ def test_a_sweep_runs_trials_on_both_nodes(two_nodes, tiny_data_dir, tmp_path):
 
     import mlflow
 
-    from peftune import tracking
     from test_sweep import definition
 
     env, ports = two_nodes
@@ -122,8 +121,8 @@ def test_a_sweep_runs_trials_on_both_nodes(two_nodes, tiny_data_dir, tmp_path):
 
     client = mlflow.MlflowClient(uri)
     experiment = client.get_experiment_by_name("two_nodes")
-    trials = [r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get(tracking.ROLE) == "trial"]
-    assert sorted(Counter(r.data.tags[tracking.TRIAL_ID] for r in trials).values()) == [1, 1]  # once each
+    trials = [r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get(record.ROLE) == "trial"]
+    assert sorted(Counter(r.data.tags[record.TRIAL_ID] for r in trials).values()) == [1, 1]  # once each
 
 
 KILL_SWEEP = """\
@@ -164,8 +163,6 @@ def test_killing_the_worker_node_mid_sweep_loses_and_duplicates_nothing(two_node
 
     import mlflow
 
-    from peftune import tracking
-
     env, ports = two_nodes
     (tmp_path / "methods").mkdir()
     (tmp_path / "methods" / "frozen.yaml").write_text(
@@ -192,9 +189,9 @@ def test_killing_the_worker_node_mid_sweep_loses_and_duplicates_nothing(two_node
 
     client = mlflow.MlflowClient(uri)
     experiment = client.get_experiment_by_name("node_kill")
-    trials = [r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get(tracking.ROLE) == "trial"]
-    assert sorted(Counter(r.data.tags[tracking.TRIAL_ID] for r in trials).values()) == [1, 1, 1, 1]
-    assert {r.data.tags.get(tracking.STATUS) for r in trials} == {"completed"}
+    trials = [r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get(record.ROLE) == "trial"]
+    assert sorted(Counter(r.data.tags[record.TRIAL_ID] for r in trials).values()) == [1, 1, 1, 1]
+    assert {r.data.tags.get(record.STATUS) for r in trials} == {"completed"}
     retried = [r for r in trials if int(r.data.tags.get("peftune.retries", "0")) >= 1]
     assert retried  # the kill hit a running trial, and Ray ran it again on the head
     for run in trials:  # every epoch logged once, the retried trials' included

@@ -19,7 +19,7 @@ import pytest
 import ray
 from ray import tune
 
-from peftune import confirm, spaces, sweep, tracking
+from peftune import confirm, record, spaces, sweep, tracking
 
 FROZEN = """\
     method: frozen
@@ -45,19 +45,19 @@ SWEEP = """\
     resources: {{cpus_per_trial: 1, max_concurrent_trials: {concurrency}}}
     max_failures: 0
     checkpoints_per_method: 0
-    confirm: {{top_k: 1, seeds: 2}}
+    confirm: {{top_k: 1, seeds: 2{confirm}}}
     budget: tiny
     budgets:
       tiny: {{num_samples: 4, epochs: 2, batch_size: 16, max_length: 32, max_train_examples: 48, max_dev_examples: 32}}
 """
 
 
-def definition(directory: Path, name: str, concurrency: int):
+def definition(directory: Path, name: str, concurrency: int, confirm: str = ""):
     (directory / "methods").mkdir(parents=True, exist_ok=True)
     (directory / "methods" / "frozen.yaml").write_text(textwrap.dedent(FROZEN))
     (directory / "methods" / "top_k.yaml").write_text(textwrap.dedent(TOP_K))
     path = directory / f"{name}.yaml"
-    path.write_text(textwrap.dedent(SWEEP).format(name=name, concurrency=concurrency))
+    path.write_text(textwrap.dedent(SWEEP).format(name=name, concurrency=concurrency, confirm=confirm))
     return spaces.load_sweep(path)
 
 
@@ -80,8 +80,8 @@ def children(uri: str, parent_run_id: str) -> list:
 
 
 def split(runs) -> tuple[list, list]:
-    search = [r for r in runs if r.data.tags.get(confirm.PHASE, "search") == "search"]
-    return search, [r for r in runs if r.data.tags.get(confirm.PHASE) == "confirm"]
+    search = [r for r in runs if r.data.tags.get(record.PHASE, "search") == "search"]
+    return search, [r for r in runs if r.data.tags.get(record.PHASE) == "confirm"]
 
 
 def best_of_method(search: list) -> dict:
@@ -108,12 +108,12 @@ def test_confirmation_trains_seeds_of_each_methods_best(local_ray, workdir, tiny
     assert set(best) == {"frozen", "top_k"}
     for method, trial in best.items():
         runs = [r for r in confirmed if r.data.params["method"] == method]
-        key = confirm.run_config_key(trial)  # the key recorded on the search trial it confirms
-        assert {r.data.tags[confirm.CONFIG_KEY] for r in runs} == {key}
-        assert {r.data.tags[confirm.CONFIRMS] for r in runs} == {trial.info.run_id}
-        assert sorted(r.data.tags[confirm.SEED] for r in runs) == ["4", "5"]  # new seeds: the search used 3
+        key = record.run_config_key(trial)  # the key recorded on the search trial it confirms
+        assert {r.data.tags[record.CONFIG_KEY] for r in runs} == {key}
+        assert {r.data.tags[record.CONFIRMS] for r in runs} == {trial.info.run_id}
+        assert sorted(r.data.tags[record.SEED] for r in runs) == ["4", "5"]  # new seeds: the search used 3
         for run in runs:
-            assert run.data.params["seed"] == run.data.tags[confirm.SEED]
+            assert run.data.params["seed"] == run.data.tags[record.SEED]
             same = {k: v for k, v in trial.data.params.items() if k != "seed"}
             assert {k: run.data.params[k] for k in same} == same, "a confirmation trains another configuration"
             assert run.data.tags["peftune.status"] == "completed" and run.info.status == "FINISHED"
@@ -130,22 +130,47 @@ def test_confirmation_trains_seeds_of_each_methods_best(local_ray, workdir, tiny
     configs = built.configs.set_index("method")
     assert set(configs.index) == {"frozen", "top_k"} and set(configs["seeds"]) == {2}
     for method in ("frozen", "top_k"):
-        scores = [r.data.metrics["best_score"] for r in confirmed if r.data.params["method"] == method]
+        # the report's numbers are dev's, at the epoch the selection split chose (best_score is selection's)
+        scores = [r.data.metrics["best_dev_score"] for r in confirmed if r.data.params["method"] == method]
         assert configs.loc[method, "score_mean"] == pytest.approx(statistics.mean(scores))
         assert configs.loc[method, "score_std"] == pytest.approx(statistics.stdev(scores))
+        assert configs.loc[method, "split"] == "dev"
     assert len(built.recommendation) == 3 and len(built.fairness) == 2
+    assert set(built.decisions["decision"]) <= {"better", "equivalent", "inconclusive"} and len(built.decisions)
+    assert not (built.decisions["note"] == "no per-example predictions on both sides").any()
+
+    # each confirmation run keeps its dev predictions at that epoch: they give back its dev accuracy
+    predictions = runs.load_predictions(runs.load_sweep("confirmed", uri))
+    for run in confirmed:
+        mine = predictions[predictions["run_id"] == run.info.run_id]
+        assert len(mine) == 32 and set(mine["seed"]) == {int(run.data.tags[record.SEED])}  # the 32 dev rows
+        accuracy = (mine["prediction"] == mine["label"]).mean()
+        assert accuracy == pytest.approx(run.data.metrics["best_dev_sst_accuracy"])
+    # search trials select on the selection split and never see dev
+    for trial in search:
+        assert "selection_score" in trial.data.metrics and "dev_score" not in trial.data.metrics
 
 
 class InterruptAfterConfirmation(tune.Callback):
-    """Stops the experiment as Ctrl+C does once the first confirmation trial has completed."""
+    """Stops the experiment as Ctrl+C does once the first confirmation trial has completed; ``added_only``:
+    once a trial of an added seed has reported its first epoch (it is then cut short)."""
 
-    def __init__(self):
-        self.fired = None
+    def __init__(self, added_only: bool = False):
+        self.fired, self.added_only = None, added_only
 
-    def on_trial_complete(self, iteration, trials, trial, **info):
-        if self.fired is None and (trial.config.get("peftune") or {}).get("phase") == "confirm":
+    def _fire(self, trial) -> None:
+        marks = trial.config.get("peftune") or {}
+        if self.fired is None and marks.get("phase") == "confirm" and (marks.get("seed_reason") or not self.added_only):
             self.fired = trial.trial_id
             os.kill(os.getpid(), signal.SIGUSR1)
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        if self.added_only:
+            self._fire(trial)
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        if not self.added_only:
+            self._fire(trial)
 
 
 class Recorder(tune.Callback):
@@ -167,7 +192,7 @@ def test_interrupted_confirmation_resumes_exactly_once(local_ray, workdir, tiny_
     search, confirmed = split(children(uri, first.parent_run_id))
     assert len(search) == 4
     done = {
-        (r.data.tags[confirm.CONFIG_KEY], r.data.tags[confirm.SEED]): r.info.run_id
+        (r.data.tags[record.CONFIG_KEY], r.data.tags[record.SEED]): r.info.run_id
         for r in confirmed
         if r.data.tags.get("peftune.status") == "completed"
     }
@@ -182,10 +207,10 @@ def test_interrupted_confirmation_resumes_exactly_once(local_ray, workdir, tiny_
 
     search_after, confirmed = split(children(uri, first.parent_run_id))
     assert sorted(r.info.run_id for r in search_after) == sorted(r.info.run_id for r in search)
-    pairs = [(r.data.tags[confirm.CONFIG_KEY], r.data.tags[confirm.SEED]) for r in confirmed]
+    pairs = [(r.data.tags[record.CONFIG_KEY], r.data.tags[record.SEED]) for r in confirmed]
     assert len(pairs) == 4 and len(set(pairs)) == 4, "a confirmation trial has two child runs"
     assert all(r.data.tags.get("peftune.status") == "completed" for r in confirmed)
-    kept = {(r.data.tags[confirm.CONFIG_KEY], r.data.tags[confirm.SEED]): r.info.run_id for r in confirmed}
+    kept = {(r.data.tags[record.CONFIG_KEY], r.data.tags[record.SEED]): r.info.run_id for r in confirmed}
     assert all(kept[pair] == run_id for pair, run_id in done.items()), "a completed run was replaced"
 
     # a third run finds everything done: nothing trains
@@ -193,6 +218,82 @@ def test_interrupted_confirmation_resumes_exactly_once(local_ray, workdir, tiny_
     again = sweep.run_sweep(spec, tiny_data_dir, uri, storage_path=storage, callbacks=[third], verbose=0)
     assert again.status == "completed" and not third.started
     assert len(split(children(uri, first.parent_run_id))[1]) == 4
+
+
+# ----------------------------------------------------------------------------- seeds where the answer is open
+
+
+def seeds_by_config(uri: str, parent_run_id: str) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for run in split(children(uri, parent_run_id))[1]:
+        out.setdefault(run.data.tags[record.CONFIG_KEY], []).append(int(run.data.tags[record.SEED]))
+    return {key: sorted(seeds) for key, seeds in out.items()}
+
+
+class AlwaysOpen:
+    """An ``open_decisions`` that keeps one method's best configuration open, as an inconclusive decision would."""
+
+    def __init__(self, method: str):
+        self.method = method
+
+    def __call__(self, tracking_uri: str, name: str) -> dict[str, str]:
+        client = mlflow.MlflowClient(tracking_uri)
+        parent = tracking.find_parent_run(client, tracking.find_experiment_id(client, name), name)
+        search, _ = split(children(tracking_uri, parent.info.run_id))
+        key = record.run_config_key(best_of_method(search)[self.method])
+        return {key: f"best_vs_cheaper: {self.method} vs another, inconclusive"}
+
+
+@pytest.mark.slow
+def test_an_open_decision_gets_seeds_up_to_the_cap_and_resume_keeps_the_count(local_ray, workdir, tiny_data_dir):
+    uri = f"sqlite:///{workdir / 'mlflow.db'}"
+    spec = definition(workdir / "defs", "adaptive", concurrency=2, confirm=", max_seeds: 4")
+    storage = workdir / "ray_results"
+    open_decisions = AlwaysOpen("top_k")
+    interrupter = InterruptAfterConfirmation(added_only=True)
+    run = {"storage_path": storage, "verbose": 0, "open_decisions": open_decisions}
+    first = sweep.run_sweep(spec, tiny_data_dir, uri, callbacks=[interrupter], **run)
+    assert interrupter.fired and first.status == "interrupted"  # stopped inside a round of added seeds
+    second = sweep.run_sweep(spec, tiny_data_dir, uri, **run)
+    assert second.status == "completed"
+    assert second.confirmation["stopped_by"] == "max_seeds"
+    seeds = seeds_by_config(uri, first.parent_run_id)
+    search, confirmed = split(children(uri, first.parent_run_id))
+    best = {m: record.run_config_key(r) for m, r in best_of_method(search).items()}
+    assert seeds[best["top_k"]] == [4, 5, 6, 7]  # the open one: seeds 4, 5 then one a round up to max_seeds 4
+    assert seeds[best["frozen"]] == [4, 5]  # decided (never open): its first seeds only
+    added = [r for r in confirmed if r.data.tags.get("peftune.seed_reason")]
+    assert sorted(int(r.data.tags[record.SEED]) for r in added) == [6, 7]
+    assert all("inconclusive" in r.data.tags["peftune.seed_reason"] for r in added)
+    pairs = [(r.data.tags[record.CONFIG_KEY], r.data.tags[record.SEED]) for r in confirmed]
+    assert len(pairs) == len(set(pairs)), "a (configuration, seed) pair has two child runs"
+
+
+@pytest.mark.slow
+def test_seeds_stop_as_soon_as_the_report_decides(local_ray, workdir, tiny_data_dir):
+    """With the report's own rule: every configuration left in an inconclusive decision has max_seeds."""
+    from analysis import report, runs
+
+    uri = f"sqlite:///{workdir / 'mlflow.db'}"
+    spec = definition(workdir / "defs", "adaptive_real", concurrency=2, confirm=", max_seeds: 3")
+    calls = []
+
+    def open_decisions(tracking_uri, name):
+        calls.append(report.open_decisions(tracking_uri, name))
+        return calls[-1]
+
+    result = sweep.run_sweep(
+        spec, tiny_data_dir, uri, storage_path=workdir / "ray_results", verbose=0, open_decisions=open_decisions
+    )
+    assert result.status == "completed" and calls
+    built = report.build_report(runs.load_sweep("adaptive_real", uri), reference=False)
+    seeds = built.configs.set_index("config_key")["seeds"]
+    still_open = report.confirmed.open_configurations(built.decisions)
+    assert all(seeds[key] == 3 for key in still_open), "an open decision stopped before the cap"
+    if not still_open:
+        assert result.confirmation["stopped_by"] in ("decided", "")
+    else:
+        assert result.confirmation["stopped_by"] == "max_seeds"
 
 
 # ----------------------------------------------------------------------------- definition and selection (fast)
@@ -241,7 +342,7 @@ def test_candidates_are_each_methods_best_distinct_configurations(tmp_path):
     trials[2].lr = trials[1].lr
     _, parent, runs = record_sweep(uri, "select", ["sst"], trials, artifact_dir=tmp_path / "artifacts")
     client = mlflow.MlflowClient(uri)
-    client.set_tag(runs["a"], confirm.DEFAULT, "true")
+    client.set_tag(runs["a"], record.DEFAULT, "true")
     experiment = client.get_run(parent).info.experiment_id
     children = client.search_runs([experiment], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'")
 

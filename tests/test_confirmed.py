@@ -1,7 +1,10 @@
-"""Seed means, the within-noise rule, the recommendation and the fairness table, on hand-made records.
+"""Seed means, paired decisions, the recommendation and the fairness table, on hand-made records.
 
 The record is written with real MLflow (``tests/sweep_record.py``) with the tags the search and the
-confirmation write: ``peftune.phase``, ``peftune.default``, ``peftune.config_key``, ``peftune.seed``.
+confirmation write (``peftune.phase``, ``peftune.default``, ``peftune.config_key``, ``peftune.seed``) and,
+for confirmation runs, their per-example dev predictions (``predictions/dev.csv.gz``), made here so that
+the truth is known: on 550 SST dev examples each with a fixed difficulty, a run is right on an example
+when the difficulty (plus a little seed noise) lies under the configuration's skill.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import math
 import statistics
 
 import mlflow
+import numpy as np
 import pandas as pd
 import pytest
 
@@ -17,68 +21,64 @@ from analysis import confirmed, report, runs
 from sweep_record import TrialSpec, counts, record_sweep
 
 BACKBONE = 1_000_000
-
-
-# ----------------------------------------------------------------------------- the rule, on numbers
-
-
-def config(seeds: list[float] | None = None, *, mean=None, se=math.nan) -> pd.Series:
-    values = seeds or [mean]
-    s = confirmed.seed_stats(values)
-    return pd.Series({"seeds": s["n"], "score_mean": s["mean"], "score_std": s["std"], "score_se": se})
-
-
-def test_welch_rule_separates_a_clear_win_from_noise():
-    better, p, rule = confirmed.beats(config([0.50, 0.51, 0.52]), config([0.40, 0.41, 0.40]))
-    assert better is True and p < 0.001 and rule.startswith("Welch")
-    better, p, _ = confirmed.beats(config([0.45, 0.40, 0.50]), config([0.44, 0.47, 0.43]))
-    assert better is False and p > 0.05  # a higher mean, within the seeds' spread
-    better, _, _ = confirmed.beats(config([0.40, 0.41, 0.40]), config([0.50, 0.51, 0.52]))
-    assert better is False  # significant, but the other way
-
-
-def test_single_runs_use_the_standard_error_of_the_dev_set():
-    n = 550
-    se = confirmed.metric_se("sst_accuracy", 0.40, n)
-    assert se == pytest.approx(math.sqrt(0.4 * 0.6 / n))  # about 0.021, as the issue measured
-    close = confirmed.beats(config(mean=0.42, se=se), config(mean=0.40, se=se))
-    far = confirmed.beats(config(mean=0.50, se=se), config(mean=0.40, se=se))
-    assert close[0] is False and far[0] is True and far[2].startswith("binomial")
-    assert confirmed.beats(config(mean=0.50), config(mean=0.40))[0] is None  # no dev size: left open
-    r = confirmed.metric_se("sts_pearson", 0.6, 101)
-    assert r == pytest.approx((1 - 0.36) / 10)
-    # the score of two tasks: sqrt(se1^2 + se2^2) / 2
-    both = confirmed.score_se({"sst_accuracy": 0.4, "sts_pearson": 0.6}, {"sst": n, "sts": 101})
-    assert both == pytest.approx(math.hypot(se, r) / 2)
+N_DEV = 550
+RNG = np.random.default_rng(7)
+LABELS = RNG.integers(0, 5, N_DEV).astype(float)
+DIFFICULTY = RNG.random(N_DEV)
 
 
 def test_seed_stats_interval_is_t_based():
     s = confirmed.seed_stats([0.46, 0.47, 0.48])
-    assert s["std"] == pytest.approx(0.01) and s["mean"] == pytest.approx(0.47)
-    assert s["ci_high"] - s["mean"] == pytest.approx(4.302652729911275 * 0.01 / math.sqrt(3))  # t(0.975, 2)
+    assert s["mean"] == pytest.approx(0.47) and s["std"] == pytest.approx(0.01)
+    half = 4.302652729911275 * 0.01 / math.sqrt(3)  # t(0.975, 2)
+    assert s["ci_low"] == pytest.approx(0.47 - half) and s["ci_high"] == pytest.approx(0.47 + half)
     one = confirmed.seed_stats([0.5])
     assert one["n"] == 1 and math.isnan(one["std"]) and math.isnan(one["ci_low"])
 
 
 # ----------------------------------------------------------------------------- a hand-made record
 
-# search trials: (id, method, options, score, default, lr, trainable params per task)
+# search trials: (id, method, options, selection score, default, lr, trainable params per task)
 SEARCH = [
     ("l1", "lora", {"rank": 8}, 0.30, True, 1e-5, 5_000),
     ("l2", "lora", {"rank": 8}, 0.45, False, 1e-3, 5_000),
-    ("l3", "lora", {"rank": 8}, 0.40, False, 2e-3, 5_000),
+    ("r1", "lora", {"rank": 1}, 0.44, False, 1e-3, 700),  # under 0.1%: confirmed for that budget
     ("a1", "adapter", {"bottleneck": 64}, 0.42, False, 1e-3, 8_000),
-    ("b1", "bitfit", {}, 0.28, True, 1e-5, 500),
+    ("b1", "bitfit", {}, 0.40, True, 1e-5, 500),  # bitfit's default won its search
     ("b2", "bitfit", {}, 0.38, False, 1e-3, 500),
     ("f1", "full", {}, 0.47, True, 1e-5, BACKBONE),
 ]
-# confirmation seeds of some of them
-SEEDS = {
-    "l2": [0.46, 0.47, 0.48],
-    "a1": [0.45, 0.47, 0.44],  # below lora's mean, within noise of it
-    "b2": [0.36, 0.37, 0.38],  # clearly below lora
-    "f1": [0.48, 0.50, 0.46],  # 200x lora's parameters for a gain within noise
-}
+# confirmed configurations: skill, and (for r1) a copy of another's predictions with a few flips
+SKILL = {"l2": 0.50, "a1": 0.44, "b1": 0.36, "b2": 0.34, "f1": 0.505}
+SEEDS = (1, 2, 3)
+
+
+def predictions(skill: float, seed: int) -> np.ndarray:
+    """A run's SST predictions: right where difficulty + seed noise < skill, else a wrong class."""
+    noise = np.random.default_rng(seed * 1000 + int(skill * 1000)).normal(0, 0.005, N_DEV)
+    right = DIFFICULTY + noise < skill
+    return np.where(right, LABELS, (LABELS + 1) % 5)
+
+
+def near_copy(values: np.ndarray, seed: int) -> np.ndarray:
+    """The same predictions with 3 right answers made wrong and 2 wrong made right: 1/550 lower, equivalent."""
+    out = values.copy()
+    rng = np.random.default_rng(100 + seed)
+    spoiled = rng.choice(np.flatnonzero(out == LABELS), 3, replace=False)
+    mended = rng.choice(np.flatnonzero(out != LABELS), 2, replace=False)
+    out[spoiled] = (LABELS[spoiled] + 1) % 5
+    out[mended] = LABELS[mended]
+    return out
+
+
+def confirmed_predictions() -> dict[str, dict[int, np.ndarray]]:
+    out = {key: {s: predictions(skill, s) for s in SEEDS} for key, skill in SKILL.items()}
+    out["r1"] = {s: near_copy(out["l2"][s], s) for s in SEEDS}
+    return out
+
+
+def accuracy(values: np.ndarray) -> float:
+    return float(np.mean(values == LABELS))
 
 
 @pytest.fixture(scope="module")
@@ -91,21 +91,22 @@ def record(tmp_path_factory):
         specs.append(TrialSpec(trial_id, method, options, [{"sst_accuracy": score}], counts(trainable), lr=lr))
         tags[trial_id] = {"peftune.phase": "search", "peftune.default": str(default).lower()}
         tags[trial_id]["peftune.config_key"] = f"key-{trial_id}"
-    for trial_id, scores in SEEDS.items():
+    for trial_id, by_seed in confirmed_predictions().items():
         _, method, options, _, default, lr, trainable = by_id[trial_id]
-        for i, score in enumerate(scores):
-            run = f"{trial_id}-seed{i + 1}"
-            specs.append(
-                TrialSpec(run, method, options, [{"sst_accuracy": score}], counts(trainable), lr=lr, seed=i + 1)
-            )
+        for seed, values in by_seed.items():
+            run = f"{trial_id}-seed{seed}"
+            ids = list(range(N_DEV))
+            spec = TrialSpec(run, method, options, [{"sst_accuracy": accuracy(values)}], counts(trainable), lr=lr)
+            spec.seed, spec.predictions = seed, {"sst": (ids, values.tolist(), LABELS.tolist())}
+            specs.append(spec)
             tags[run] = {
                 "peftune.phase": "confirm",
                 "peftune.config_key": f"key-{trial_id}",
-                "peftune.seed": str(i + 1),
+                "peftune.seed": str(seed),
                 "peftune.default": str(default).lower(),
             }
     _, parent, run_ids = record_sweep(
-        uri, "noise", ["sst"], specs, artifact_dir=tmp / "artifacts", budget={"max_dev_examples": 550}
+        uri, "noise", ["sst"], specs, artifact_dir=tmp / "artifacts", budget={"max_dev_examples": N_DEV}
     )
     client = mlflow.MlflowClient(uri)
     for trial_id, values in tags.items():
@@ -116,74 +117,103 @@ def record(tmp_path_factory):
     return uri, tmp
 
 
-def test_report_draws_seed_means_with_the_seeds_std(record):
+@pytest.fixture(scope="module")
+def built(record):
+    uri, tmp = record
+    return report.write_report(runs.load_sweep("noise", uri), tmp / "report", reference=False)
+
+
+def seed_means() -> dict[str, float]:
+    return {
+        key: statistics.mean(accuracy(v) for v in by_seed.values()) for key, by_seed in confirmed_predictions().items()
+    }
+
+
+def test_report_draws_seed_means_with_the_seeds_std(record, built):
     uri, tmp = record
     sweep = runs.load_sweep("noise", uri)
-    assert len(sweep.trials) == len(SEARCH) and len(sweep.confirmations) == 12
-    assert set(sweep.trials["phase"]) == {"search"} and sweep.trials["default"].sum() == 3
-
-    written = report.write_report(sweep, tmp / "report", reference=False)
-    configs = written.configs.set_index("config_key")
-    for trial_id, seeds in SEEDS.items():
+    assert len(sweep.trials) == len(SEARCH) and len(sweep.confirmations) == 3 * len(SKILL) + 3
+    configs = built.configs.set_index("config_key")
+    for trial_id, by_seed in confirmed_predictions().items():
+        values = [accuracy(v) for v in by_seed.values()]
         row = configs.loc[f"key-{trial_id}"]
-        assert row["seeds"] == len(seeds) and row["source"] == "confirmed"
-        assert row["score_mean"] == pytest.approx(statistics.mean(seeds))
-        assert row["score_std"] == pytest.approx(statistics.stdev(seeds))
-    # the figure's error bars are exactly those stds (read back from the plotly figure)
-    figure = report.plots.confirmed_figure(written.configs, written.confirmed_front, sweep="noise")
+        assert row["seeds"] == 3 and row["source"] == "confirmed"
+        assert row["score_mean"] == pytest.approx(statistics.mean(values))
+        assert row["score_std"] == pytest.approx(statistics.stdev(values))
+    figure = report.plots.confirmed_figure(built.configs, built.confirmed_front, sweep="noise")
     bars = {}
     for trace in figure.data:
         if trace.meta and trace.meta.get("error") == "std":
             for y, std in zip(trace.y, trace.error_y.array, strict=True):
                 bars[round(y, 6)] = std
-    for seeds in SEEDS.values():
-        assert bars[round(statistics.mean(seeds), 6)] == pytest.approx(statistics.stdev(seeds))
-    # and the CSV the report wrote holds the same numbers
-    csv = pd.read_csv(tmp / "report" / "configurations.csv").set_index("config_key")
-    assert csv.loc["key-f1", "score_std"] == pytest.approx(statistics.stdev(SEEDS["f1"]))
+    assert bars[round(configs.loc["key-f1", "score_mean"], 6)] == pytest.approx(configs.loc["key-f1", "score_std"])
     assert (tmp / "report" / "confirmed_frontier.png").stat().st_size > 10_000
 
-    # the frontier on seed means: bitfit, then lora (beyond noise), then full (within noise of lora)
-    front = written.confirmed_front
-    assert list(front["config_key"]) == ["key-b2", "key-l2", "key-f1"]
-    assert list(front["within_noise_of"]) == ["", "", "lora r=8"]
+
+def test_decisions_csv_holds_every_comparison_with_its_interval(built, record):
+    _, tmp = record
+    table = pd.read_csv(tmp / "report" / "decisions.csv")
+    expected = ["comparison", "budget", "a", "b", "diff_mean", "ci_low", "ci_high", "decision", "seeds_a", "seeds_b"]
+    assert list(table.columns[: len(expected)]) == expected
+    assert set(table["decision"]) <= {"better", "equivalent", "inconclusive"}
+    assert (table["ci_low"] <= table["diff_mean"]).all() and (table["diff_mean"] <= table["ci_high"]).all()
+    assert (table["seeds_a"] == 3).all() and (table["seeds_b"] == 3).all()
+    means = seed_means()
+    # lora r=8 against bitfit's tuned configuration: 0.16 apart on the same 550 examples -> better
+    row = table[
+        (table["key_a"] == "key-l2") & (table["key_b"] == "key-b2") & (table["comparison"] == "best_vs_cheaper")
+    ]
+    assert len(row) and set(row["decision"]) == {"better"}
+    assert row["diff_mean"].iloc[0] == pytest.approx(means["l2"] - means["b2"])
+    # Holm: the levels are at least the unadjusted 95%
+    assert (table["level"] >= 0.95 - 1e-12).all()
 
 
-def test_recommendation_and_fairness_tables(record):
-    uri, tmp = record
-    written = report.build_report(runs.load_sweep("noise", uri), reference=False)
-    rec = written.recommendation.set_index("budget_pct")
-    assert rec.loc[0.1, "method"] == "bitfit" and pd.isna(rec.loc[0.1, "runner_up"])
-    assert rec.loc[1.0, "method"] == "lora" and rec.loc[1.0, "runner_up"] == "adapter m=64"
-    assert rec.loc[1.0, "mean"] == pytest.approx(0.47) and rec.loc[1.0, "std"] == pytest.approx(0.01)
-    assert rec.loc[1.0, "beats_runner_up"] is False  # lora 0.47 ± 0.010 vs adapter 0.453 ± 0.015: within noise
-    assert rec.loc[1.0, "p_value"] > 0.05
+def test_the_pick_is_the_cheapest_configuration_not_worse_than_the_best(built):
+    rec = built.recommendation.set_index("budget_pct")
+    # under 1%: lora r=8 is the best; lora r=1 (7x fewer parameters) has nearly its predictions: equivalent
+    assert rec.loc[1.0, "best"] == "lora r=8"
+    assert rec.loc[1.0, "label"] == "lora r=1" and rec.loc[1.0, "vs_best"] == "equivalent"
+    # under 0.1% only r=1 and bitfit fit; r=1 is the best there and is its own pick
+    assert rec.loc[0.1, "label"] == "lora r=1" and rec.loc[0.1, "best"] == "lora r=1"
+    assert rec.loc[0.1, "runner_up"] == "bitfit" and rec.loc[0.1, "vs_runner_up"] == "better"
+    text = report.markdown_report(built)
+    assert "| ≤ 1% | lora r=1 |" in text and "equivalent" in text
 
-    fair = written.fairness.set_index("method")
+
+def test_every_method_tried_under_a_budget_is_in_its_rows(built):
+    rows = built.by_budget
+    under_01 = rows[rows["budget_pct"] == 0.1]
+    assert set(under_01["method"]) == {"lora", "bitfit"}  # adapter (0.8%) and full do not fit
+    assert set(rows[rows["budget_pct"] == 1.0]["method"]) == {"lora", "bitfit", "adapter"}
+    assert (under_01.set_index("method").loc["lora", "vs_best"]) == "the best"
+    assert under_01.set_index("method").loc["bitfit", "vs_best"] == "worse"
+
+
+def test_the_tuning_gain_is_shown_with_its_interval_also_when_the_default_won(built):
+    fair = built.fairness.set_index("method")
+    means = seed_means()
+    # bitfit's default won its search and was confirmed beside the tuned configuration: the gain is negative
+    assert fair.loc["bitfit", "default_source"] == "confirmed"
+    assert (
+        fair.loc["bitfit", "tuning_gain"] == pytest.approx(means["b2"] - means["b1"])
+        and fair.loc["bitfit", "tuning_gain"] < 0
+    )
+    assert fair.loc["bitfit", "gain_ci_low"] <= fair.loc["bitfit", "tuning_gain"] <= fair.loc["bitfit", "gain_ci_high"]
+    assert fair.loc["bitfit", "gain_decision"] in ("worse", "inconclusive", "equivalent")
+    # lora's default was not confirmed: its gain is against the one search run, with no interval
+    assert fair.loc["lora", "default_source"] == "search" and fair.loc["lora", "default_score"] == pytest.approx(0.30)
+    assert math.isnan(fair.loc["lora", "gain_ci_low"]) and fair.loc["lora", "tuning_gain"] > 0
     assert fair.loc["lora", "trials"] == 3 and fair.loc["lora", "steps"] == 1200  # from the parent's budget metrics
-    assert fair.loc["lora", "default_score"] == pytest.approx(0.30) and fair.loc["lora", "default_source"] == "search"
-    assert fair.loc["lora", "tuned_mean"] == pytest.approx(0.47)
-    assert fair.loc["lora", "tuned_std"] == pytest.approx(0.01)
-    assert fair.loc["lora", "tuning_gain"] == pytest.approx(0.17)
-    assert fair.loc["lora", "score_iqr"] == pytest.approx(0.075)  # quartiles of 0.30, 0.40, 0.45
-    assert fair.loc["bitfit", "tuning_gain"] == pytest.approx(0.37 - 0.28)
-    # full's only configuration is its default, confirmed: the control arm is a seed mean, nothing tuned beats it
-    assert fair.loc["full", "default_source"] == "confirmed" and math.isnan(fair.loc["full", "tuning_gain"])
-
-    text = report.markdown_report(written)
+    text = report.markdown_report(built)
     sections = [line for line in text.splitlines() if line.startswith("## ")]
     assert sections[:3] == [
         "## Recommendation per parameter budget",
         "## Fairness per method",
         "## Confirmed configurations (seed means)",
     ]
-    assert "| ≤ 1% | lora | lora r=8 |" in text and "no (within noise)" in text
-    assert "0.470 ± 0.010" in text
-    assert "- confirmation: 12 runs of 4 configurations (12 completed)" in text
-    page = report.html_report(written)
+    page = report.html_report(built)
     assert page.index("Recommendation per parameter budget") < page.index("Fairness per method")
-    assert "<h2>Confirmed configurations (seed means)</h2>" in page and "no (within noise)" in page
-    assert page.count('"error_y"') >= 2 * len(SEEDS)  # per method: the std bars and the 95% intervals
 
 
 def test_control_arm_is_the_search_default_whatever_a_confirmation_run_says(record):
@@ -194,23 +224,23 @@ def test_control_arm_is_the_search_default_whatever_a_confirmation_run_says(reco
     sweep.confirmations["default"] = True  # as the faulty record had it
     fair = report.build_report(sweep, reference=False).fairness.set_index("method")
     assert fair.loc["lora", "default_source"] == "search" and fair.loc["lora", "default_score"] == pytest.approx(0.30)
-    assert fair.loc["lora", "tuned_mean"] == pytest.approx(0.47)
-    assert fair.loc["lora", "tuning_gain"] == pytest.approx(0.17)
-    assert fair.loc["full", "default_source"] == "confirmed" and math.isnan(fair.loc["full", "tuning_gain"])
+    assert fair.loc["lora", "tuned_label"] == "lora r=8"
 
 
-def test_without_confirmation_the_search_trials_answer_with_the_binomial_rule(tmp_path):
+def test_without_predictions_every_decision_stays_open(tmp_path):
+    """A record written before predictions were kept (or without confirmation) decides nothing."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     specs = [
         TrialSpec("x", "lora", {"rank": 8}, [{"sst_accuracy": 0.47}], counts(5_000)),
-        TrialSpec("y", "bitfit", {}, [{"sst_accuracy": 0.46}], counts(500)),
+        TrialSpec("y", "bitfit", {}, [{"sst_accuracy": 0.30}], counts(500)),
     ]
     record_sweep(uri, "plain", ["sst"], specs, artifact_dir=tmp_path / "a", budget={"max_dev_examples": 550})
     built = report.build_report(runs.load_sweep("plain", uri), reference=False)
     assert set(built.configs["source"]) == {"search"} and set(built.configs["seeds"]) == {1}
     rec = built.recommendation.set_index("budget_pct")
-    assert rec.loc[1.0, "method"] == "lora" and rec.loc[1.0, "runner_up"] == "bitfit"
-    assert rec.loc[1.0, "noise_rule"].startswith("binomial") and not rec.loc[1.0, "beats_runner_up"]
+    assert rec.loc[1.0, "label"] == "lora r=8" and rec.loc[1.0, "runner_up"] == "bitfit"
+    assert set(built.decisions["decision"]) == {"inconclusive"}
+    assert set(built.decisions["note"]) == {confirmed.NO_PREDICTIONS}
     assert "No confirmation runs recorded" in report.markdown_report(built)
 
 
@@ -220,21 +250,17 @@ def test_evaluate_reuses_the_confirmed_configurations_and_seeds(record):
     uri, _ = record
     sweep = runs.load_sweep("noise", uri)
     chosen = evaluate.select_configurations(sweep)
-    assert list(chosen["config_key"]) == ["key-b2", "key-l2", "key-f1"]  # the frontier of the seed means
-    assert list(chosen["trial_id"]) == ["b2", "l2", "f1"]  # represented by their search trials
-    assert evaluate.evaluation_seeds(sweep, chosen.iloc[1], 2) == [1, 2]  # the confirmation's seeds
-    assert list(evaluate.select_configurations(sweep, top=1)["config_key"]) == ["key-f1"]
+    front = confirmed.frontier(confirmed.configurations(sweep))
+    assert list(chosen["config_key"]) == list(front["config_key"])  # the frontier of the seed means
+    assert evaluate.evaluation_seeds(sweep, chosen.iloc[0], 2) == [1, 2]  # the confirmation's seeds
 
-    summary = evaluate.summarize(
-        pd.DataFrame(
-            [
-                {"run_id": "r", "label": "x", "method": "lora", "size": "", "split": "dev", "score": v}
-                | {confirmed.pareto.COST: 1, confirmed.pareto.COST_PCT: 0.1}
-                for v in SEEDS["l2"]
-            ]
-        ),
-        ["score"],
-    )
-    stats = confirmed.seed_stats(SEEDS["l2"])
-    assert summary.loc[0, "score_ci_low"] == pytest.approx(stats["ci_low"])
-    assert summary.loc[0, "score_ci_high"] == pytest.approx(stats["ci_high"])
+
+def test_what_tuning_buys_starts_at_the_default(built, record):
+    _, tmp = record
+    curve = built.expected_max[built.expected_max["method"] == "lora"].set_index("n")["expected_best"]
+    assert list(curve.index) == [1, 2, 3]  # lora had 3 search trials
+    assert curve[1] == pytest.approx(0.30)  # trial 1 is its published default
+    assert curve[2] == pytest.approx((0.45 + 0.44) / 2)  # the default or one searched draw, whichever is better
+    assert curve.is_monotonic_increasing and curve[3] <= 0.45
+    assert (tmp / "report" / "expected_max.png").stat().st_size > 10_000
+    assert "### What tuning buys" in report.markdown_report(built)

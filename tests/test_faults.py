@@ -23,14 +23,14 @@ import ray
 import torch
 from ray import tune
 
-from peftune import spaces, sweep
+from peftune import cli, spaces, sweep
 from peftune.train import DivergenceGuard, TrainConfig, TrainingDiverged
 
-# lr 1e30 blows the heads up on the second step: a deterministic divergence; top_k with k = 8 > the
+# lr 10 (the largest a space accepts) blows the heads up: a deterministic divergence; top_k with k = 8 > the
 # 6 layers of MiniLM fails when the trial builds its model (a failure, retried once by max_failures: 1)
 DIVERGING = """\
     method: frozen
-    lr: 1.0e+30
+    lr: 10.0
     dropout: 0.0
     weight_decay: 0.0
 """
@@ -130,10 +130,10 @@ def test_sweep_status_tells_failures_apart(statuses, status):
 
 
 def test_exit_codes():
-    assert sweep.exit_code("completed") == 0 and sweep.exit_code("interrupted") == 3
-    assert sweep.exit_code("completed_with_failures") == 4
-    assert sweep.exit_code("completed_with_failures", allow_failures=True) == 0
-    assert sweep.exit_code("failed", allow_failures=True) == 4  # never all
+    assert cli.exit_code("completed") == 0 and cli.exit_code("interrupted") == 3
+    assert cli.exit_code("completed_with_failures") == 4
+    assert cli.exit_code("completed_with_failures", allow_failures=True) == 0
+    assert cli.exit_code("failed", allow_failures=True) == 4  # never all
 
 
 # ----------------------------------------------------------------------------- real sweeps
@@ -167,7 +167,7 @@ def test_diverged_trials_are_results_failed_ones_make_the_sweep_fail(local_ray, 
         if status == "diverged":  # a result: never retried, its reason recorded
             assert view.ended[trial_id] == "complete" and view.failures[trial_id] == 0
             assert view.started.count(trial_id) == 1
-            assert "lr 1e+30" in run["tags.peftune.error"] and run["status"] == "FINISHED"
+            assert "lr 10 may be too high" in run["tags.peftune.error"] and run["status"] == "FINISHED"
             assert pd_missing(run.get("tags.peftune.retries"))
         if status == "failed":  # retried once by max_failures: 1; the tag agrees with Ray
             assert view.ended[trial_id] == "error" and view.failures[trial_id] == 2
@@ -178,7 +178,7 @@ def test_diverged_trials_are_results_failed_ones_make_the_sweep_fail(local_ray, 
     assert parents.iloc[0]["tags.peftune.status"] == "completed_with_failures"
     assert parents.iloc[0]["status"] == "FINISHED"
     assert "trial(s) failed" in result.summary()
-    assert sweep.exit_code(result.status) == 4
+    assert cli.exit_code(result.status) == 4
 
     # a re-run does not run the diverged trials again (Ray retries the failed ones: resume_errored)
     again_view = RayView()
@@ -203,7 +203,7 @@ def test_diverged_trials_are_results_failed_ones_make_the_sweep_fail(local_ray, 
         str(storage),
     ]
     capsys.readouterr()
-    assert sweep.job_main(str(path), "a test job", argv=argv) == 2
+    assert cli.job_main(str(path), "a test job", argv=argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no record in" in err[0] and not other.exists()
 

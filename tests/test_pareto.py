@@ -69,7 +69,8 @@ def test_equal_score_at_higher_cost_is_dominated():
 def test_one_point_is_its_own_frontier():
     frame = trials([("only", "lora", 0.5, 100)])
     assert labels(pareto.frontier(frame)) == ["only"]
-    assert pareto.hypervolume(frame["score"], frame["trainable_params_per_task"] / 1000) == pytest.approx(0.5 * 0.9)
+    # cost 0.1 of the backbone: one decade below it, on a five-decade log axis
+    assert pareto.hypervolume(frame["score"], frame["trainable_params_per_task"] / 1000) == pytest.approx(0.5 * 0.2)
 
 
 def test_one_point_dominating_all_others():
@@ -116,27 +117,43 @@ def test_per_task_frontier_uses_that_task_metric():
     assert labels(pareto.frontier(frame, "sst_accuracy")) == ["a"]
 
 
+def u(c: float) -> float:
+    """The hypervolume's log-cost axis by hand: 0 at 1e-5 of the backbone, 1 at all of it."""
+    return (math.log10(c) + 5) / 5
+
+
 def test_hypervolume_by_hand():
-    # frontier (cost fraction, score): (0.1, 0.5), (0.5, 0.8); reference (1.0, 0)
-    # strips: [0.1, 0.5) x 0.5 + [0.5, 1.0) x 0.8 = 0.2 + 0.4
-    assert pareto.hypervolume([0.5, 0.8], [0.1, 0.5]) == pytest.approx(0.6)
+    # frontier (cost fraction, score): (0.1, 0.5), (0.5, 0.8); reference (1.0, 0); strips on the log axis
+    by_hand = (u(0.5) - u(0.1)) * 0.5 + (1 - u(0.5)) * 0.8
+    assert pareto.hypervolume([0.5, 0.8], [0.1, 0.5]) == pytest.approx(by_hand)
     # a dominated point changes nothing; a point at the reference cost (full fine-tuning) adds nothing
-    assert pareto.hypervolume([0.5, 0.8, 0.4, 0.95], [0.1, 0.5, 0.6, 1.0]) == pytest.approx(0.6)
+    assert pareto.hypervolume([0.5, 0.8, 0.4, 0.95], [0.1, 0.5, 0.6, 1.0]) == pytest.approx(by_hand)
     # ties count once
-    assert pareto.hypervolume([0.5, 0.5], [0.1, 0.1]) == pytest.approx(0.45)
+    assert pareto.hypervolume([0.5, 0.5], [0.1, 0.1]) == pytest.approx(0.5 * (1 - u(0.1)))
     # scores below the reference score (a negative Pearson r) add nothing
     assert pareto.hypervolume([-0.2], [0.1]) == 0.0
     # another reference point
-    assert pareto.hypervolume([0.5], [0.2], reference_score=0.25, reference_cost=0.6) == pytest.approx(0.1)
+    assert pareto.hypervolume([0.5], [0.2], reference_score=0.25, reference_cost=0.6) == pytest.approx(
+        0.25 * (u(0.6) - u(0.2))
+    )
+
+
+def test_every_decade_of_parameters_weighs_the_same():
+    # the same score one decade cheaper gains the same area, at 1% as at 0.01%
+    gain_high = pareto.hypervolume([0.5], [0.01]) - pareto.hypervolume([0.5], [0.1])
+    gain_low = pareto.hypervolume([0.5], [0.0001]) - pareto.hypervolume([0.5], [0.001])
+    assert gain_high == pytest.approx(gain_low) == pytest.approx(0.5 * 0.2)
+    # the frozen backbone (no trainable parameters) sits at the floor: the whole axis
+    assert pareto.hypervolume([0.4], [0.0]) == pytest.approx(0.4)
 
 
 def test_hypervolume_is_the_dominated_area_on_a_grid():
     rng = np.random.default_rng(0)
-    scores, costs = rng.uniform(0, 1, 12), rng.uniform(0, 1, 12)
-    xs, ys = np.meshgrid(np.linspace(0, 1, 801), np.linspace(0, 1, 801))
+    scores, costs = rng.uniform(0, 1, 12), 10 ** rng.uniform(-6, 0, 12)  # costs over six decades
+    xs, ys = np.meshgrid(np.linspace(0, 1, 801), np.linspace(0, 1, 801))  # xs: the log-cost axis
     dominated = np.zeros_like(xs, dtype=bool)
     for s, c in zip(scores, costs, strict=True):
-        dominated |= (xs >= c) & (ys <= s)
+        dominated |= (xs >= u(max(c, 1e-5))) & (ys <= s)
     assert pareto.hypervolume(scores, costs) == pytest.approx(dominated.mean(), abs=5e-3)
 
 
@@ -148,8 +165,8 @@ def test_frontier_summary_reports_each_scope_and_objective():
     assert list(summary["scope"]) == ["all", "lora", "adapter"]
     everything = summary.iloc[0]
     assert everything["trials"] == 3 and everything["frontier_size"] == 2
-    # (0.1, 0.7), (0.5, 0.75): 0.4 * 0.7 + 0.5 * 0.75
-    assert everything["hypervolume"] == pytest.approx(0.4 * 0.7 + 0.5 * 0.75)
+    # (0.1, 0.7), (0.5, 0.75) on the log-cost axis
+    assert everything["hypervolume"] == pytest.approx((u(0.5) - u(0.1)) * 0.7 + (1 - u(0.5)) * 0.75)
     assert everything["best_label"] == "adapter m=64" and everything["cheapest_label"] == "lora r=8"
 
 

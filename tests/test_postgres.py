@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 from conftest import sweep_command
-from peftune import services
+from peftune import record, services
 from test_fresh_machine import free_ports
 from test_sweep import definition
 
@@ -116,14 +116,14 @@ def test_two_sweeps_a_resume_and_reports_on_postgres(mlflow_server, tiny_data_di
     for name, (_, work) in runs.items():
         experiment = client.get_experiment_by_name(name)
         assert experiment.tags.get(tracking.EXPERIMENT_KIND_TAG) == tracking.EXPERIMENT_KIND
-        parents = client.search_runs([experiment.experiment_id], f"tags.`{tracking.ROLE}` = 'sweep'")
+        parents = client.search_runs([experiment.experiment_id], f"tags.`{record.ROLE}` = 'sweep'")
         assert len(parents) == 1  # the resume found the parent run again
         parent_id = parents[0].info.run_id
         children = [r for r in client.search_runs([experiment.experiment_id]) if r.info.run_id != parent_id]
-        trial_ids = Counter(r.data.tags.get(tracking.TRIAL_ID) for r in children)
+        trial_ids = Counter(r.data.tags.get(record.TRIAL_ID) for r in children)
         assert len(trial_ids) == 2 and set(trial_ids.values()) == {1}  # each trial once, none of the other sweep's
         assert all(r.data.tags.get("mlflow.parentRunId") == parent_id for r in children)
-        assert all(r.data.tags.get(tracking.STATUS) in ("completed", "early_stopped", "failed") for r in children)
+        assert all(r.data.tags.get(record.STATUS) in ("completed", "early_stopped", "failed") for r in children)
         assert parents[0].data.metrics["sweep_trials"] == 2
         assert (work / "reports" / name / "report.md").exists()
         if name == "pg_a":

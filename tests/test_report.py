@@ -167,7 +167,8 @@ def test_report_end_to_end(store, tmp_path):
     # (0, 0.35), (0.002, 0.62), (0.009, 0.66), (0.02, 0.70); reference (1, 0)
     summary = pd.read_csv(output / "frontier_summary.csv")
     everything = summary[(summary["scope"] == "all") & (summary["objective"] == "score")].iloc[0]
-    expected_hv = 0.002 * 0.35 + 0.007 * 0.62 + 0.011 * 0.66 + 0.98 * 0.70
+    u = [0.0, *((math.log10(c) + 5) / 5 for c in (0.002, 0.009, 0.02)), 1.0]  # the log-cost axis, floor 1e-5
+    expected_hv = sum((u[i + 1] - u[i]) * s for i, s in enumerate((0.35, 0.62, 0.66, 0.70)))
     assert everything["hypervolume"] == pytest.approx(expected_hv) and everything["frontier_size"] == 4
 
     report_md = (output / "report.md").read_text()

@@ -22,7 +22,7 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 from ray.tune.search import Searcher
 
-from peftune import search, spaces, sweep
+from peftune import record, search, spaces, sweep
 
 SPACES_DIR = spaces.SEARCH_SPACES_DIR / "methods"
 
@@ -31,7 +31,10 @@ def shipped_space(method: str) -> spaces.MethodSpace:
     return spaces.load_method_space(SPACES_DIR / f"{method}.yaml")
 
 
-def make_searcher(tmp_path: Path, methods: list[str], num_samples: int, seed: int = 0) -> search.PerMethodSearcher:
+def make_searcher(
+    tmp_path: Path, methods: list[str], num_samples: int, seed: int = 0, asynchronous: bool = True
+) -> search.PerMethodSearcher:
+    """Asynchronous by default here: these tests hand out many trials before any reports."""
     return search.PerMethodSearcher(
         {m: shipped_space(m) for m in methods},
         sweep="s",
@@ -39,6 +42,7 @@ def make_searcher(tmp_path: Path, methods: list[str], num_samples: int, seed: in
         storage_url=f"sqlite:///{tmp_path / 'optuna.db'}",
         seed=seed,
         n_startup_trials=2,
+        asynchronous=asynchronous,
     )
 
 
@@ -63,7 +67,7 @@ def test_trials_are_split_equally_and_each_method_starts_with_its_published_defa
         assert config["peftune"] == {
             "phase": "search",
             "default": True,
-            "config_key": search.config_key(method, config[method]),
+            "config_key": record.config_key(method, config[method]),
         }
         published = shipped_space(method).default
         assert {k: config[method][k] for k in published} == published
@@ -121,11 +125,39 @@ def test_data_fidelity_rungs():
     assert search.rung_fractions(3, 3) == pytest.approx([1 / 9, 1 / 3])
     assert search.rung_fractions(1, 3) == []
     definition = spaces.load_sweep(spaces.resolve_sweep_path("sst_tuning"))
-    scheduler = sweep.make_scheduler(definition)
+    scheduler = search.make_scheduler(definition)
     assert scheduler.settings["time_attr"] == "progress" and scheduler.settings["max_t"] == 1.0
-    assert sweep.TrialSettings.from_definition(definition).train["report_fractions"] == search.rung_fractions(
+    assert sweep.trial_settings(definition).train["report_fractions"] == search.rung_fractions(
         definition.scheduler.rungs, definition.scheduler.reduction_factor
     )
+
+
+def test_synchronous_search_waits_for_a_method_s_trial_before_its_next(tmp_path):
+    searcher = make_searcher(tmp_path, ["frozen", "lora"], num_samples=4, asynchronous=False)
+    first = hand_out(searcher, 0, 2)
+    assert [c["method"] for c in first] == ["frozen", "lora"]
+    assert searcher.suggest("t2") is None  # both methods have a trial running: wait, do not draw
+    searcher.on_trial_complete("t1", {"score": 0.4})  # lora reports first: lora goes on, frozen still waits
+    assert searcher.suggest("t2")["method"] == "lora"
+    assert searcher.suggest("t3") is None
+    searcher.on_trial_complete("t0", {"score": 0.3})
+    assert searcher.suggest("t3")["method"] == "frozen"
+    for trial in ("t2", "t3"):
+        searcher.on_trial_complete(trial, {"score": 0.5})
+    assert searcher.suggest("t4") == Searcher.FINISHED
+
+
+def test_a_rung_under_the_step_floor_is_dropped_not_left_dead():
+    # the cpu preset: 2 epochs of 2,400 rows in batches of 32 = 150 steps; 1/9 of them (17) is under min_steps 20
+    definition = spaces.load_sweep(spaces.resolve_sweep_path("sst_tuning"), budget="cpu")
+    assert definition.scheduler.min_steps == 20
+    assert search.live_rungs(definition, 150) == pytest.approx([1 / 3])
+    assert sweep.trial_settings(definition, 150).train["report_fractions"] == pytest.approx([1 / 3])
+    scheduler = search.make_scheduler(definition, steps_per_run=150)
+    assert scheduler.settings["grace_period"] == pytest.approx(1 / 3)  # the first live rung is ASHA's grace
+    # a longer run keeps every rung; a run too short for any rung is judged at its end only
+    assert search.live_rungs(definition, 1000) == pytest.approx([1 / 9, 1 / 3])
+    assert search.live_rungs(definition, 50) == []
 
 
 def test_a_trial_handed_out_after_the_last_saved_state_is_handed_out_again_not_asked_anew(tmp_path):

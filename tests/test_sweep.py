@@ -20,7 +20,7 @@ import ray
 import yaml
 from ray import tune
 
-from peftune import checkpoint, spaces, sweep, tracking
+from peftune import checkpoint, record, search, spaces, sweep
 
 # frozen with a vanishing lr cannot learn: it scores below top_k after epoch 1, so ASHA stops it
 # there; top_k with k = 8 > the 6 layers of MiniLM fails when the trial builds its model.
@@ -286,17 +286,17 @@ def _result_lines(experiment: Path, trial_id: str) -> int:
 
 def test_multi_objective_mode_searches_score_and_size_without_a_scheduler():
     spec = spaces.load_sweep(spaces.resolve_sweep_path("smoke")).with_overrides(multi_objective=True)
-    searcher = sweep.make_searcher(spec)
+    searcher = search.make_searcher(spec)
     assert searcher.metric == ["score", "trainable_params_per_task"] and searcher.mode == ["max", "min"]
-    assert sweep.make_scheduler(spec) is None
+    assert search.make_scheduler(spec) is None
     single = spaces.load_sweep(spaces.resolve_sweep_path("smoke"))
-    assert type(sweep.make_scheduler(single)).__name__ == "PerMethodScheduler"
+    assert type(search.make_scheduler(single)).__name__ == "PerMethodScheduler"
 
 
 def test_tracking_uri_defaults_to_sqlite_in_the_working_directory(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    assert tracking.resolve_tracking_uri() == f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert record.resolve_tracking_uri() == f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
-    assert tracking.resolve_tracking_uri() == "http://127.0.0.1:5000"
-    assert tracking.resolve_tracking_uri("sqlite:///x.db") == f"sqlite:///{tmp_path / 'x.db'}"
+    assert record.resolve_tracking_uri() == "http://127.0.0.1:5000"
+    assert record.resolve_tracking_uri("sqlite:///x.db") == f"sqlite:///{tmp_path / 'x.db'}"

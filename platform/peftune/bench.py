@@ -26,6 +26,7 @@ import torch
 
 from peftune import train
 from peftune.backbone import BertConfig, resolve_model_dir
+from peftune.errors import UserError
 
 LORA = {"rank": 8, "alpha": 16.0, "targets": ["query", "key", "value"]}
 
@@ -226,9 +227,17 @@ def run(prepared, model_dir, batch_size: int, repeats: int, output_dir: str, ech
     return best
 
 
+def check_args(args) -> None:
+    """The numeric flags, before ~20 s of loading: a zero would end in a KeyError (no round, no best)."""
+    for flag, value in (("--examples", args.examples), ("--batch-size", args.batch_size), ("--repeats", args.repeats)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise UserError(f"{flag} must be a positive integer, got {value!r}")
+
+
 def main(args) -> None:
     import tempfile
 
+    check_args(args)
     model_dir = resolve_model_dir(args.model)
     prepared = train.prepare(
         args.data_dir, ["sst"], model=args.model, max_train_examples=args.examples, max_dev_examples=64

@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 
 from peftune import methods
 from peftune.backbone import BertModel, fingerprint, load_pretrained, read_json, read_safetensors
+from peftune.errors import UserError
 from peftune.model import MultitaskModel
 from peftune.tasks import get_task
 
@@ -28,7 +29,7 @@ OPTIMIZER = "optimizer.safetensors"
 META = "peftune.json"
 
 
-class CheckpointError(ValueError):
+class CheckpointError(UserError):
     pass
 
 

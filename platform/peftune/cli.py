@@ -9,13 +9,20 @@ from __future__ import annotations
 import argparse
 import logging
 import math
+import os
 import signal
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
+from peftune import record, spaces, sweep
 from peftune.backbone import DEFAULT_MODEL
+from peftune.errors import UserError, one_line, user_errors
+
+log = logging.getLogger("peftune.cli")
 
 # method size/options settable by flag: flag dest -> config field name
 SIZE_FLAGS = {
@@ -79,16 +86,58 @@ def method_options(args) -> dict:
             continue
         if key not in valid:
             flag = "--" + dest.replace("_", "-")
-            raise ValueError(f"{flag} does not apply to method {args.method!r} (its options: {', '.join(valid)})")
+            raise UserError(f"{flag} does not apply to method {args.method!r} (its options: {', '.join(valid)})")
         options[key] = value
+    # options a flag of their own sets: as --option they would clash with it (--dropout's default wins)
+    dedicated = {"dropout": "--dropout", **{key: "--" + dest.replace("_", "-") for dest, key in SIZE_FLAGS.items()}}
     for item in args.option:
         key, sep, raw = item.partition("=")
         if not sep:
-            raise ValueError(f"--option {item!r}: expected KEY=VALUE")
+            raise UserError(f"--option {item!r}: expected KEY=VALUE")
         if key not in valid:
-            raise ValueError(f"method {args.method!r} has no option {key!r}; valid options: {', '.join(valid)}")
+            raise UserError(f"method {args.method!r} has no option {key!r}; valid options: {', '.join(valid)}")
+        if key in dedicated:
+            raise UserError(f"--option {item[:80]!r}: {key} has its own flag; use {dedicated[key]} {raw[:40]}")
         options[key] = _parse_value(raw)
     return options
+
+
+def check_output_dir(flag: str, output: Path) -> None:
+    """``output`` is a directory, or one that can be created, and written: checked before any work, creating nothing."""
+    for place in (output, *output.absolute().parents):
+        if not place.exists():
+            continue
+        if not place.is_dir():
+            what = "is an existing file" if place == output else f"lies under {place}, a file"
+            raise UserError(f"{flag} {output}: {what}; expected a directory (or one that can be created)")
+        if not os.access(place, os.W_OK | os.X_OK):
+            raise UserError(f"{flag} {output}: {place} is not writable; expected a directory that can be written")
+        return
+
+
+def check_device(device: str):
+    """``--device`` against what this machine has (a form torch refuses, a missing GPU), before any work."""
+    from peftune import train
+
+    try:
+        return train.select_device(device)
+    except UserError as error:
+        raise UserError(f"--device: {error}") from None
+
+
+def check_model(config, model: str) -> None:
+    """The model before the data: its tokenizer files, and the method's sizes against its shape (config.json
+    alone), so a LoRA rank of 10**12 is refused here, not by the allocator after the data is read."""
+    from peftune import methods
+    from peftune.backbone import BertConfig, check_tokenizer_files, read_json, resolve_model_dir
+
+    model_dir = resolve_model_dir(model)
+    bert = BertConfig.from_dict(read_json(model_dir / "config.json"))
+    check_tokenizer_files(model_dir)  # whether its vocabulary fits the model: load_tokenizer, once the weights are read
+    try:
+        methods.make_method_config(config.method, config.method_options_with_dropout()).check_backbone(bert)
+    except UserError as error:
+        raise UserError(f"--method {config.method} on --model {model}: {error}") from None
 
 
 def _parse_value(raw: str):
@@ -98,7 +147,7 @@ def _parse_value(raw: str):
     try:
         value = yaml.safe_load(raw)
     except yaml.YAMLError:
-        raise ValueError(f"--option value {raw[:80]!r}: not a valid value (a number, a word, or [a, b])") from None
+        raise UserError(f"--option value {raw[:80]!r}: not a valid value (a number, a word, or [a, b])") from None
     return value if isinstance(value, (int, float, bool, str, list)) else raw
 
 
@@ -124,15 +173,14 @@ def cmd_train(args) -> int:
     output = Path(args.output or f"runs/{config.method}-{time.strftime('%Y%m%d-%H%M%S')}")
     # everything a user can get wrong is checked before the data is read and the model trained
     if output.exists() and not output.is_dir():
-        raise ValueError(f"--output {output}: is an existing file; expected a checkpoint directory")
+        raise UserError(f"--output {output}: is an existing file; expected a checkpoint directory")
+    check_output_dir("--output", output)
     if (output / checkpoint.META).exists() and not args.overwrite:
-        raise ValueError(f"{output} already holds a checkpoint; pass --overwrite or another --output")
+        raise UserError(f"{output} already holds a checkpoint; pass --overwrite or another --output")
     if args.export_peft and config.method != "lora":
-        raise ValueError(f"--export-peft needs --method lora (got --method {config.method})")
-    try:
-        train.select_device(config.device)
-    except RuntimeError as error:
-        raise ValueError(f"--device: {error}") from None
+        raise UserError(f"--export-peft needs --method lora (got --method {config.method})")
+    check_device(config.device)
+    check_model(config, args.model)
     logging.info("reading and tokenizing %s from %s", ",".join(config.tasks), args.data_dir)
     prepared = train.prepare(
         args.data_dir,
@@ -218,10 +266,9 @@ def cmd_bench(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from analysis.report import on_sweep_finished
-    from peftune import sweep
+    from analysis.report import on_sweep_finished, open_decisions  # deferred: pandas and plotting load slowly
 
-    return sweep.main_from_args(args, on_finished=on_sweep_finished)
+    return main_from_args(args, on_finished=on_sweep_finished, open_decisions=open_decisions)
 
 
 def cmd_report(args) -> int:
@@ -230,7 +277,9 @@ def cmd_report(args) -> int:
 
     args.tracking_uri = record.existing_store_uri(args.tracking_uri)
     if args.output and Path(args.output).exists() and not Path(args.output).is_dir():
-        raise ValueError(f"--output {args.output}: is an existing file; expected a report directory")
+        raise UserError(f"--output {args.output}: is an existing file; expected a report directory")
+    if args.output:
+        check_output_dir("--output", Path(args.output))
 
     report = report_sweep(
         args.sweep, args.tracking_uri, args.output, reference=args.reference, log_artifacts=args.log_artifacts
@@ -248,7 +297,10 @@ def cmd_evaluate(args) -> int:
 
     args.tracking_uri = record.existing_store_uri(args.tracking_uri)
     if args.output and Path(args.output).exists() and not Path(args.output).is_dir():
-        raise ValueError(f"--output {args.output}: is an existing file; expected a directory")
+        raise UserError(f"--output {args.output}: is an existing file; expected a directory")
+    if args.output:
+        check_output_dir("--output", Path(args.output))
+    check_device(args.device)
 
     evaluation = evaluate_sweep(
         args.sweep,
@@ -333,10 +385,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_methods)
 
     p = sub.add_parser("sweep", help="run or resume a hyperparameter sweep (Ray Tune + Optuna, logged to MLflow)")
-    from peftune import sweep
-
-    sweep.add_arguments(p)
-    p.epilog = sweep.EXIT_CODES_HELP
+    add_arguments(p)
+    p.epilog = EXIT_CODES_HELP
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("report", help="a sweep's Pareto report (tables, plots, HTML), logged to its MLflow parent run")
@@ -408,32 +458,215 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    return run_command(f"peftune {args.command}", lambda: args.func(args), verbose=args.verbose)
+
+
+def run_command(prog: str, command: Callable[[], int], verbose: bool = False) -> int:
+    """``command()``'s exit status; a user error is one line on stderr and status 2 (with ``verbose``, its
+    traceback), a bug keeps its traceback (status 1), and a second Ctrl-C during a sweep, whose records
+    are closed by then, is status 3."""
     try:
-        return args.func(args)
+        return command()
     except user_errors() as error:
-        if args.verbose:
+        if verbose:
             raise
-        print(f"peftune {args.command}: error: {one_line(error)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:  # a second Ctrl-C during a sweep: its records are closed (interrupted)
-        signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ray shuts down at exit; a third must not break that
-        print(f"peftune {args.command}: interrupted", file=sys.stderr)
-        return 3
+        print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt:
+        ignore_further_interrupts()  # Ray shuts down at exit; a third Ctrl-C must not break that
+        print(f"{prog}: interrupted; run the same command again to resume", file=sys.stderr)
+        return EXIT_INTERRUPTED
 
 
-def user_errors() -> tuple[type[BaseException], ...]:
-    """What a user's input raises (a bad file, flag, value or store), as opposed to a bug: one line, exit 2."""
-    from mlflow.exceptions import MlflowException  # a store that refuses or cannot be reached
-    from safetensors import SafetensorError
+EXIT_OK, EXIT_USER_ERROR, EXIT_INTERRUPTED, EXIT_FAILURES = 0, 2, 3, 4
+EXIT_CODES_HELP = (
+    "exit status: 0 completed (or completed_with_failures with --allow-failures); 2 bad input, nothing started; "
+    "3 interrupted (run the same command again to resume); 4 some trials failed (completed_with_failures) "
+    "or all did (failed)"
+)
 
-    return (ValueError, KeyError, TypeError, OSError, SafetensorError, MlflowException)
+
+# ----------------------------------------------------------------------------- sweeps (jobs/*.py, peftune sweep)
 
 
-def one_line(error: BaseException, limit: int = 500) -> str:
-    """The error's message on one line, at most ``limit`` characters (a KeyError's without its quotes)."""
-    message = str(error.args[0]) if isinstance(error, KeyError) and error.args else str(error)
-    message = " ".join(message.split()) or type(error).__name__
-    return message if len(message) <= limit else message[: limit - 3] + "..."
+def add_arguments(parser, definition_default: str | None = None) -> None:
+    """The sweep flags shared by ``jobs/*.py`` and ``peftune sweep``."""
+    if definition_default is None:
+        parser.add_argument(
+            "definition",
+            help="a sweep definition: a name under search_spaces/ (sst_tuning, "
+            "multitask_tuning, smoke) or a path to a YAML file",
+        )
+    else:
+        parser.set_defaults(definition=definition_default)
+    parser.add_argument("--data-dir", required=True, help="directory holding the task files (read by the driver only)")
+    parser.add_argument(
+        "--smoke-test",
+        action="store_true",
+        help="the tiny 'smoke' budget: a few trials on a sliver of the data, minutes on 2 CPU cores",
+    )
+    parser.add_argument(
+        "--budget", help="a budget preset of the definition (e.g. smoke, cpu, gpu; default: the definition's own)"
+    )
+    parser.add_argument("--num-samples", type=int, help="number of trials (overrides the budget's)")
+    parser.add_argument(
+        "--model",
+        help=f"backbone: a local HF BERT directory, a hub name or {DEFAULT_MODEL!r} (default: the definition's)",
+    )
+    parser.add_argument("--name", help="sweep name (default: the definition's); a new name starts a new sweep")
+    parser.add_argument(
+        "--multi-objective",
+        action="store_true",
+        help="search (max score, min trainable parameters) with Optuna directly, no scheduler",
+    )
+    parser.add_argument(
+        "--tracking-uri",
+        help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory)",
+    )
+    parser.add_argument(
+        "--storage-path",
+        default=sweep.DEFAULT_STORAGE_PATH,
+        help="where Ray Tune keeps the sweep's state and checkpoints (a directory, or s3://... on a "
+        f"multi-node cluster; default ./{sweep.DEFAULT_STORAGE_PATH})",
+    )
+    parser.add_argument(
+        "--optuna-storage",
+        help="database URL of the per-method Optuna studies (default: optuna.db beside a SQLite MLflow store, "
+        "else under --storage-path)",
+    )
+    parser.add_argument(
+        "--reports-dir", default=sweep.REPORTS_DIR, help=f"reports go to <dir>/<sweep>/ (default ./{sweep.REPORTS_DIR})"
+    )
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--resume",
+        action="store_true",
+        help="resume the sweep of this name (an error if there is none); running a sweep again resumes it anyway",
+    )
+    group.add_argument("--fresh", action="store_true", help="refuse to resume: an error if the sweep exists")
+    parser.add_argument(
+        "--invalid-rows",
+        choices=["raise", "skip"],
+        help="a malformed data row stops the sweep (raise) or is dropped and recorded in the parent run (skip); "
+        "default: the definition's invalid_rows",
+    )
+    parser.add_argument(
+        "--ray-address", help="Ray cluster to join (default: $RAY_ADDRESS, as `ray job submit` sets; else a local Ray)"
+    )
+    parser.add_argument(
+        "--shared-storage",
+        action="store_true",
+        help="--storage-path is a directory every node of the cluster mounts (NFS); needed for a local "
+        "path on a multi-node cluster",
+    )
+    parser.add_argument(
+        "--allow-failures",
+        action="store_true",
+        help="exit 0 when some (not all) trials failed; without it such a sweep exits 4",
+    )
+
+
+def definition_from_args(args) -> spaces.SweepDefinition:
+    budget = "smoke" if args.smoke_test else args.budget
+    if args.smoke_test and args.budget not in (None, "smoke"):
+        raise UserError(f"--smoke-test uses the smoke budget; it cannot be combined with --budget {args.budget}")
+    definition = spaces.load_sweep(spaces.resolve_sweep_path(args.definition), budget=budget)
+    overrides = {"num_samples": args.num_samples} if args.num_samples is not None else {}
+    return definition.with_overrides(
+        name=args.name,
+        model=args.model,
+        multi_objective=True if args.multi_objective else None,
+        invalid_rows=getattr(args, "invalid_rows", None),
+        **overrides,
+    )
+
+
+def main_from_args(
+    args,
+    on_finished: Callable[[sweep.SweepResult], None] | None = None,
+    open_decisions: Callable[[str, str], dict[str, str]] | None = None,
+) -> int:
+    """Run the sweep the flags describe; ``on_finished`` and ``open_decisions``: ``run_sweep``'s report hooks."""
+    definition = definition_from_args(args)  # validated before anything starts
+    record.check_tracking_uri(record.resolve_tracking_uri(args.tracking_uri))
+    _warn_relative_paths_in_job(args)
+    result = sweep.run_sweep(
+        definition,
+        args.data_dir,
+        args.tracking_uri,
+        storage_path=args.storage_path,
+        resume=True if args.resume else (False if args.fresh else None),
+        ray_address=args.ray_address,
+        shared_storage=args.shared_storage,
+        reports_dir=args.reports_dir,
+        on_finished=on_finished,
+        optuna_storage=getattr(args, "optuna_storage", None),
+        open_decisions=open_decisions,
+    )
+    ignore_further_interrupts()  # the records are closed: a late Ctrl-C must not turn the exit status into a lie
+    print("\n" + result.summary(), flush=True)
+    return exit_code(result.status, allow_failures=getattr(args, "allow_failures", False))
+
+
+def ignore_further_interrupts() -> None:
+    """The command is ending (Ray shuts down at exit): Ctrl-C from now on is ignored."""
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def exit_code(status: str, allow_failures: bool = False) -> int:
+    """See :data:`EXIT_CODES_HELP`; ``allow_failures`` forgives some failed trials, never all."""
+    if status == sweep.COMPLETED or (status == sweep.COMPLETED_WITH_FAILURES and allow_failures):
+        return EXIT_OK
+    return EXIT_INTERRUPTED if status == sweep.INTERRUPTED else EXIT_FAILURES
+
+
+def job_main(
+    definition: str,
+    description: str,
+    argv: list[str] | None = None,
+    on_finished: Callable[[sweep.SweepResult], None] | None = None,
+    open_decisions: Callable[[str, str], dict[str, str]] | None = None,
+) -> int:
+    """What ``jobs/*.py`` run: parse the flags, run the sweep, print where everything is.
+
+    ``on_finished(result)`` runs when the sweep has completed: where the report is written;
+    ``open_decisions``: the report's inconclusive decisions, which get more confirmation seeds.
+    """
+    parser = argparse.ArgumentParser(
+        description=description, epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    add_arguments(parser, definition_default=definition)
+    args = parser.parse_args(argv)
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
+    )
+    return run_command(parser.prog, lambda: main_from_args(args, on_finished, open_decisions))
+
+
+def _warn_relative_paths_in_job(args) -> None:
+    """Under ``ray job submit --working-dir .`` the working directory is a temporary copy of yours."""
+    if "RAY_JOB_CONFIG_JSON_ENV_VAR" not in os.environ:
+        return
+    relative = [
+        flag
+        for flag, value in (
+            ("--data-dir", args.data_dir),
+            ("--storage-path", args.storage_path),
+            ("--reports-dir", args.reports_dir),
+        )
+        if "://" not in str(value) and not Path(value).is_absolute()
+    ]
+    uri = record.resolve_tracking_uri(args.tracking_uri)
+    if args.tracking_uri is None and record.sqlite_path(uri) is not None:
+        relative.append("--tracking-uri")
+    if relative:
+        log.warning(
+            "running as a Ray job in %s (a copy of the submitted working directory): %s resolve there; "
+            "pass absolute paths to keep the results",
+            os.getcwd(),
+            ", ".join(relative),
+        )
 
 
 if __name__ == "__main__":

@@ -8,10 +8,17 @@ the global frontier: a method's rank must not rest on one lucky run), and re-tra
 trainable, resources, ``TrialLogger`` and concurrency as the search: the cluster stays full),
 recorded as child runs of the sweep's parent run.
 
-Which trials are candidates: search trials with a best score, ``completed`` ones first (they ran
-the full budget), then ``early_stopped`` ones, each group by best dev score; one per configuration
-key (a configuration tried twice counts once). With ``confirm.defaults`` each method's default
-(control-arm) trial is confirmed as well, so the tuning gain compares seed means on both sides.
+Which trials are candidates: search trials with a best (selection) score, ``completed`` ones first
+(they ran the full budget), then ``early_stopped`` ones, each group by best score; one per configuration
+key (a configuration tried twice counts once). Besides its best ``top_k``, each method's best
+configuration under each parameter budget of the report (0.1%, 1%, 10% of the backbone trained per
+task) is confirmed, so a method tried at a small size competes at that size even when a larger one
+scored higher. With ``confirm.defaults`` each method's default (control-arm) trial is confirmed as
+well, with the same seeds, so the tuning gain compares seed means on both sides.
+
+What a confirmation run reports: it evaluates the selection split (which picks the epoch kept) and
+dev after every epoch; its ``dev_score`` at the kept epoch is the report's number, and its per-example
+dev predictions there (``predictions/dev.csv.gz``) feed the report's paired comparisons.
 
 Seeds: ``definition.seed + 1 .. + S``. The search trained every trial with ``definition.seed``, and
 the candidates were chosen because that run scored well: re-using its seed would re-count the lucky
@@ -39,39 +46,38 @@ import math
 import time
 import types
 import typing
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-from peftune.record import COMPLETED, EARLY_STOPPED, FAILED, ROLE, STATUS
+import mlflow
+from mlflow.entities import Metric
+from ray import tune
+from ray.tune.search import Searcher
+
+from peftune.methods import get_method
+from peftune.record import (
+    BUDGETS_PCT,
+    COMPLETED,
+    CONFIRM,
+    DEFAULT,
+    EARLY_STOPPED,
+    FAILED,
+    ROLE,
+    SEARCH,
+    SEED,
+    STATUS,
+    run_config_key,
+    run_phase,
+    trial_name,
+)
+from peftune.tracking import child_runs
 
 log = logging.getLogger("peftune.confirm")
 
-PHASE, DEFAULT, CONFIG_KEY, SEED, CONFIRMS = (
-    "peftune.phase",
-    "peftune.default",
-    "peftune.config_key",
-    "peftune.seed",
-    "peftune.confirms",
-)
-SEARCH, CONFIRM = "search", "confirm"
 COMMON = ("lr", "dropout", "weight_decay")  # the hyperparameters every method has
 
 
 # ----------------------------------------------------------------------------- configurations
-
-
-def run_phase(tags: Mapping[str, str]) -> str:
-    """A child run's phase; runs written before the tag existed are search trials."""
-    return tags.get(PHASE) or SEARCH
-
-
-def run_config_key(run) -> str:
-    """The run's ``peftune.config_key`` tag (see :func:`peftune.search.config_key`).
-
-    A run without the tag (written before it existed) is its own configuration: re-hashing logged
-    params would not give the key the search computed from the sampled ones.
-    """
-    return run.data.tags.get(CONFIG_KEY) or f"run:{run.info.run_id}"
 
 
 @dataclass(frozen=True)
@@ -85,31 +91,24 @@ class Candidate:
     status: str
     default: bool  # the method's control-arm (default) trial
     params: dict  # its MLflow params, as logged (strings)
+    trainable_pct: float = math.inf  # trainable parameters per task, % of the backbone (inf: not recorded)
 
 
-def select_candidates(runs: Sequence, top_k: int, defaults: bool = False) -> list[Candidate]:
-    """The best ``top_k`` configurations of every method among the search trials ``runs`` (MLflow child runs).
+def select_candidates(
+    runs: Sequence, top_k: int, defaults: bool = False, budgets_pct: Sequence[float] = BUDGETS_PCT
+) -> list[Candidate]:
+    """The configurations of every method to confirm, among the search trials ``runs`` (MLflow child runs):
+    its best ``top_k``, and its best under each parameter budget of ``budgets_pct`` (% of the backbone
+    trained per task), so that every method tried under a budget competes in that budget's answer.
 
-    Order within a method: completed before early-stopped, then best dev score, then start time; failed
-    and unfinished trials are never candidates. With ``defaults``, each method's default trial is added.
+    Order within a method: completed before early-stopped, then best selection score, then start time;
+    failed and unfinished trials are never candidates. With ``defaults``, each method's default trial is added.
     """
     by_method: dict[str, dict[str, Candidate]] = {}
     for run in sorted(runs, key=lambda r: (r.info.start_time or 0, r.info.run_id)):
-        tags, metrics = run.data.tags, run.data.metrics
-        if tags.get(ROLE, "trial") != "trial" or run_phase(tags) != SEARCH:
+        candidate = _candidate(run)
+        if candidate is None:
             continue
-        score, status = metrics.get("best_score"), tags.get(STATUS)
-        if status not in (COMPLETED, EARLY_STOPPED) or score is None or not math.isfinite(score):
-            continue
-        candidate = Candidate(
-            run_config_key(run),
-            run.data.params.get("method") or tags.get("peftune.method", ""),
-            run.info.run_id,
-            float(score),
-            status,
-            tags.get(DEFAULT, "false") == "true",
-            dict(run.data.params),
-        )
         known = by_method.setdefault(candidate.method, {})
         if candidate.config_key not in known or _rank(candidate) < _rank(known[candidate.config_key]):
             known[candidate.config_key] = candidate
@@ -117,10 +116,32 @@ def select_candidates(runs: Sequence, top_k: int, defaults: bool = False) -> lis
     for candidates in by_method.values():
         ranked = sorted(candidates.values(), key=_rank)  # stable: the earlier trial first on a tie
         picked = ranked[:top_k]
+        for budget in budgets_pct:
+            picked += [c for c in ranked if c.trainable_pct <= budget][:1]
         if defaults:
-            picked += [c for c in ranked[top_k:] if c.default][:1]
-        chosen += picked
+            picked += [c for c in ranked if c.default][:1]
+        chosen += list({c.config_key: c for c in picked}.values())  # each once, in the order picked
     return chosen
+
+
+def _candidate(run) -> Candidate | None:
+    """A finished search trial with a finite score, as a candidate; None for anything else."""
+    tags, metrics = run.data.tags, run.data.metrics
+    if tags.get(ROLE, "trial") != "trial" or run_phase(tags) != SEARCH:
+        return None
+    score, status = metrics.get("best_score"), tags.get(STATUS)
+    if status not in (COMPLETED, EARLY_STOPPED) or score is None or not math.isfinite(score):
+        return None
+    return Candidate(
+        run_config_key(run),
+        run.data.params.get("method") or tags.get("peftune.method", ""),
+        run.info.run_id,
+        float(score),
+        status,
+        tags.get(DEFAULT, "false") == "true",
+        dict(run.data.params),
+        metrics.get("trainable_params_per_task_pct", math.inf),
+    )
 
 
 def _rank(candidate: Candidate) -> tuple:
@@ -134,8 +155,6 @@ def confirm_seeds(base_seed: int, seeds: int) -> list[int]:
 
 def method_options(method: str, params: Mapping[str, str]) -> dict:
     """The ``method.<field>`` params of a run, typed back into the method config's fields."""
-    from peftune.methods import get_method
-
     config_cls = get_method(method).config_cls
     hints = typing.get_type_hints(config_cls)
     options = {}
@@ -164,8 +183,9 @@ def parse_value(text: str, hint):
     return text
 
 
-def trial_config(candidate: Candidate, seed: int) -> dict:
-    """The Ray trial config that re-trains ``candidate`` with ``seed`` (the shape the search's trials have)."""
+def trial_config(candidate: Candidate, seed: int, why: str = "") -> dict:
+    """The Ray trial config that re-trains ``candidate`` with ``seed`` (the shape the search's trials have);
+    ``why``: for a seed added to an open decision, the decision (tagged ``peftune.seed_reason``)."""
     params, method = candidate.params, candidate.method
     sampled = {key: float(params[key]) for key in COMMON}
     sampled.update(method_options(method, params))
@@ -178,6 +198,7 @@ def trial_config(candidate: Candidate, seed: int) -> dict:
             "seed": seed,
             "default": candidate.default,  # a bool: the record tag is written from it
             "confirms": candidate.run_id,
+            **({"seed_reason": why} if why else {}),
         },
     }
 
@@ -188,37 +209,33 @@ def trial_config(candidate: Candidate, seed: int) -> dict:
 @dataclass
 class ConfirmationResult:
     status: str  # completed | interrupted | skipped (confirm.seeds or top_k is 0)
-    wanted: int  # confirmation trials the definition asks for: candidates x seeds
+    wanted: int  # confirmation trials asked for: candidates x seeds, and the seeds added for open decisions
     finished: int  # of those, with a final status (completed or failed) in the record
     ran: int  # trials started by this call
     deleted: list[str]  # partial runs of interrupted or failed pairs, deleted before they ran again
+    added: int = 0  # seeds added to configurations of inconclusive decisions (in ``wanted`` too)
+    stopped_by: str = ""  # why adding seeds stopped: decided | max_seeds | max_seconds ("" when none was added)
 
 
-def config_list_searcher(configs: Sequence[dict]):
+class ConfigList(Searcher):
     """A Tune ``Searcher`` that hands out ``configs`` in order, then reports itself finished.
 
     A ``Searcher`` (not a variant generator) so that Tune applies ``max_concurrent_trials`` to it.
     """
-    from ray.tune.search import Searcher
 
-    class ConfigList(Searcher):
-        def __init__(self, configs):
-            super().__init__(metric="score", mode="max")
-            self.configs = [dict(c) for c in configs]
+    def __init__(self, configs: Sequence[dict]):
+        super().__init__(metric="score", mode="max")
+        self.configs = [dict(c) for c in configs]
 
-        def suggest(self, trial_id: str):
-            return self.configs.pop(0) if self.configs else Searcher.FINISHED
+    def suggest(self, trial_id: str):
+        return self.configs.pop(0) if self.configs else Searcher.FINISHED
 
-        def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
-            pass  # nothing to learn: every configuration is fixed
-
-    return ConfigList(configs)
+    def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
+        pass  # nothing to learn: every configuration is fixed
 
 
 def confirmation_runs(client, record) -> list:
     """The confirmation child runs of the sweep (active ones)."""
-    from peftune.tracking import child_runs
-
     runs = child_runs(client, record.experiment_id, record.parent_run_id)
     return [r for r in runs if run_phase(r.data.tags) == CONFIRM]
 
@@ -233,49 +250,122 @@ def run_confirmation(
     callbacks: Sequence = (),
     verbose: int = 1,
     flush_s: float = 600.0,
+    open_decisions: Callable[[str, str], Mapping[str, str]] | None = None,
 ) -> ConfirmationResult:
     """Confirm the best configurations of every method of the finished search (see the module docstring).
 
     ``runnable``: the search's trainable with its parameters and resources; ``trial_logger``: the search's
     ``TrialLogger`` (it records these trials too); ``storage``: the search's Tune storage URI;
-    ``callbacks``: extra ``tune.Callback`` objects for this run.
+    ``callbacks``: extra ``tune.Callback`` objects for this run. ``open_decisions(tracking URI, sweep)``: the
+    configurations (config key -> why) of the decisions the report would leave inconclusive; while it
+    names any under ``confirm.max_seeds`` and ``confirm.max_seconds`` is not spent, each gets one more
+    seed, all of a round as parallel trials. The count lives in the record, so a resume continues it.
     """
-    from ray import tune
-
-    from peftune.sweep import trial_name
-    from peftune.tracking import child_runs
-
     settings = definition.confirm
     if settings.seeds == 0 or (settings.top_k == 0 and not settings.defaults):
         return ConfirmationResult("skipped", 0, 0, 0, [])
     client = _mlflow_client(record.tracking_uri)
     runs = child_runs(client, record.experiment_id, record.parent_run_id)
     candidates = select_candidates(runs, settings.top_k, settings.defaults)
-    seeds = confirm_seeds(definition.seed, settings.seeds)
-    wanted = [(c, s) for c in candidates for s in seeds]
-    existing = {(run_config_key(r), r.data.tags.get(SEED)): r for r in runs if run_phase(r.data.tags) == CONFIRM}
-    todo, deleted = [], []
-    for candidate, seed in wanted:
-        run = existing.get((candidate.config_key, str(seed)))
-        if run is not None and run.data.tags.get(STATUS) == COMPLETED:
-            continue
-        if run is not None:  # interrupted or failed: it trains again from the start, in one run only
-            client.delete_run(run.info.run_id)
-            deleted.append(run.info.run_id)
-        todo.append(trial_config(candidate, seed))
-    log.info(
-        "confirmation: %d configuration(s) x %d seed(s); %d trial(s) to run%s",
-        len(candidates),
-        len(seeds),
-        len(todo),
-        f", {len(deleted)} partial run(s) replaced" if deleted else "",
-    )
-    if todo:
+    wanted = [(c, s, "") for c in candidates for s in confirm_seeds(definition.seed, settings.seeds)]
+    log.info("confirmation: %d configuration(s) x %d seed(s)", len(candidates), settings.seeds)
+    rounds = Round(definition, record, runnable, client, trial_logger, storage, callbacks, verbose, flush_s)
+    result = rounds.run(wanted)
+    if result.status != COMPLETED or open_decisions is None:
+        return result
+    searched = {c.config_key: c for c in map(_candidate, runs) if c is not None}
+    started = time.monotonic()
+    while True:
+        grow, stopped_by = _more_seeds(
+            rounds.completed_seeds(), open_decisions(record.tracking_uri, definition.name), searched, settings
+        )
+        if grow and settings.max_seconds is not None and time.monotonic() - started > settings.max_seconds:
+            grow, stopped_by = [], "max_seconds"
+        if not grow:
+            return dataclasses.replace(result, stopped_by=stopped_by if result.added else "")
+        log.info("confirmation: %d inconclusive configuration(s) get another seed", len(grow))
+        more = rounds.run(grow)
+        result = ConfirmationResult(
+            more.status, result.wanted + more.wanted, result.finished + more.finished, result.ran + more.ran,
+            result.deleted + more.deleted, result.added + more.wanted,
+        )  # fmt: skip
+        if more.status != COMPLETED:
+            return result
+
+
+def _more_seeds(
+    done: Mapping[str, set[int]], open_keys: Mapping[str, str], searched: Mapping[str, Candidate], settings
+) -> tuple[list[tuple[Candidate, int, str]], str]:
+    """(candidate, next seed, why) for every open configuration under ``max_seeds``; and, when there is none,
+    why adding stops: ``decided`` (nothing open) or ``max_seeds``."""
+    grow = [
+        (searched[key], max(done[key]) + 1, why)
+        for key, why in open_keys.items()
+        if key in searched and done.get(key) and len(done[key]) < settings.max_seeds
+    ]
+    return grow, "" if grow else ("max_seeds" if open_keys else "decided")
+
+
+@dataclass
+class Round:
+    """Runs a list of (candidate, seed, why) confirmation trials as one Tune experiment, skipping the pairs
+    the record has completed and replacing the partial runs of the others (see the module docstring)."""
+
+    definition: object
+    record: object
+    runnable: object
+    client: object
+    trial_logger: object
+    storage: str
+    callbacks: Sequence
+    verbose: int
+    flush_s: float
+
+    def confirmations(self) -> list:
+        return confirmation_runs(self.client, self.record)
+
+    def completed_seeds(self) -> dict[str, set[int]]:
+        """config key -> the seeds of its completed confirmation runs."""
+        done: dict[str, set[int]] = {}
+        for run in self.confirmations():
+            if run.data.tags.get(STATUS) == COMPLETED and run.data.tags.get(SEED, "").isdigit():
+                done.setdefault(run_config_key(run), set()).add(int(run.data.tags[SEED]))
+        return done
+
+    def run(self, wanted: Sequence[tuple[Candidate, int, str]]) -> ConfirmationResult:
+        existing = {(run_config_key(r), r.data.tags.get(SEED)): r for r in self.confirmations()}
+        todo, deleted = [], []
+        for candidate, seed, why in wanted:
+            run = existing.get((candidate.config_key, str(seed)))
+            if run is not None and run.data.tags.get(STATUS) == COMPLETED:
+                continue
+            if run is not None:  # interrupted or failed: it trains again from the start, in one run only
+                self.client.delete_run(run.info.run_id)
+                deleted.append(run.info.run_id)
+            todo.append(trial_config(candidate, seed, why))
+        log.info(
+            "confirmation: %d trial(s) to run%s",
+            len(todo),
+            f", {len(deleted)} partial run(s) replaced" if deleted else "",
+        )
+        if todo:
+            self._fit(todo)
+        final = {
+            (run_config_key(r), r.data.tags.get(SEED))
+            for r in self.confirmations()
+            if r.data.tags.get(STATUS) in (COMPLETED, FAILED)
+        }
+        finished = sum((c.config_key, str(s)) in final for c, s, _ in wanted)
+        status = COMPLETED if finished == len(wanted) else "interrupted"
+        return ConfirmationResult(status, len(wanted), finished, len(todo), deleted)
+
+    def _fit(self, todo: list[dict]) -> None:
+        definition = self.definition
         tuner = tune.Tuner(
-            runnable,
+            self.runnable,
             param_space={},
             tune_config=tune.TuneConfig(
-                search_alg=config_list_searcher(todo),
+                search_alg=ConfigList(todo),
                 num_samples=len(todo),
                 max_concurrent_trials=definition.resources.max_concurrent_trials,
                 reuse_actors=True,
@@ -284,45 +374,36 @@ def run_confirmation(
             ),
             run_config=tune.RunConfig(
                 name=f"{definition.name}-confirm-{time.strftime('%Y%m%d-%H%M%S')}",  # a fresh experiment per run
-                storage_path=storage,
-                callbacks=[trial_logger, *callbacks],
+                storage_path=self.storage,
+                callbacks=[self.trial_logger, *self.callbacks],
                 failure_config=tune.FailureConfig(max_failures=definition.max_failures),
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
-                verbose=verbose,
+                verbose=self.verbose,
             ),
         )
         tuner.fit()
         # the record is read next, so its buffered writes go first; what a tracking outage still holds
         # back leaves those runs unfinished: the confirmation says interrupted and the next run completes it
-        trial_logger.flush(flush_s)
-    final = {
-        (run_config_key(r), r.data.tags.get(SEED))
-        for r in confirmation_runs(client, record)
-        if r.data.tags.get(STATUS) in (COMPLETED, FAILED)
-    }
-    finished = sum((c.config_key, str(s)) in final for c, s in wanted)
-    status = COMPLETED if finished == len(wanted) else "interrupted"
-    return ConfirmationResult(status, len(wanted), finished, len(todo), deleted)
+        self.trial_logger.flush(self.flush_s)
 
 
-def log_dev_sizes(record, prepared) -> None:
-    """Parent metrics ``dev_examples.<task>``: the dev set sizes the report's noise rule needs without seeds."""
-    from mlflow.entities import Metric
-
+def log_dev_sizes(record, prepared, seed: int) -> None:
+    """Parent metrics ``dev_examples.<task>`` and ``selection_examples.<task>`` (the split sizes; the report's
+    noise rule needs dev's without seeds) and ``selection_seed`` (the seed that carved the selection split)."""
     now = int(time.time() * 1000)
-    metrics = [Metric(f"dev_examples.{task}", len(data.dev), now, 0) for task, data in prepared.tasks.items()]
+    metrics = [Metric("selection_seed", seed, now, 0)]
+    for task, data in prepared.tasks.items():
+        metrics.append(Metric(f"dev_examples.{task}", len(data.dev), now, 0))
+        if data.selection is not None:
+            metrics.append(Metric(f"selection_examples.{task}", len(data.selection), now, 0))
     _mlflow_client(record.tracking_uri).log_batch(record.parent_run_id, metrics=metrics)
 
 
 def search_run_ids(record) -> set[str]:
     """Run ids of the sweep's search trials (every child run that is not a confirmation trial)."""
-    from peftune.tracking import child_runs
-
     runs = child_runs(_mlflow_client(record.tracking_uri), record.experiment_id, record.parent_run_id)
     return {r.info.run_id for r in runs if run_phase(r.data.tags) == SEARCH}
 
 
 def _mlflow_client(uri: str):
-    import mlflow
-
     return mlflow.MlflowClient(tracking_uri=uri)

@@ -36,6 +36,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from peftune.errors import UserError
 from peftune.tasks import TaskSpec, get_task
 
 logger = logging.getLogger(__name__)
@@ -48,7 +49,7 @@ DEFAULT_MAX_LENGTH = 128
 MAX_TEXT_CHARS = 20_000
 
 
-class DataError(ValueError):
+class DataError(UserError):
     """A data file is missing or malformed; the message says where (file, line) and what was expected."""
 
     def __init__(self, path: str | os.PathLike, problem: str, line: int | None = None, expected: str | None = None):
@@ -159,8 +160,23 @@ class Batch:
 
 @dataclass
 class TaskData:
+    """A task's splits, each in one role: ``train`` trains; ``selection`` (rows of the train file that
+    ``train`` does not hold) is what a search selects on (TPE, rungs, the epoch kept); ``dev`` is only
+    reported. ``selection`` is None where nothing is selected (``peftune train``)."""
+
     train: EncodedSplit
     dev: EncodedSplit
+    selection: EncodedSplit | None = None
+
+    def split(self, name: str) -> EncodedSplit:
+        """``train``, ``selection`` or ``dev``; a missing selection split is an error, never dev instead."""
+        split = getattr(self, name, None) if name in SPLITS else None
+        if split is None:
+            raise UserError(f"no {name!r} split prepared for task {self.train.task!r}")
+        return split
+
+
+SPLITS = ("train", "selection", "dev")
 
 
 # --------------------------------------------------------------------------- reading and validation
@@ -223,6 +239,9 @@ def _parse(
     reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t")
     try:
         header = [name.strip() for name in next(reader)]
+        nul = [name for name in header if "\x00" in name]
+        if nul:  # "id\x00" is not "id": the column would silently go unchecked
+            raise DataError(path, f"column name {nul[0]!r} holds a NUL character", line=1, expected=header_expected)
         repeated = sorted({name for name in header if name and header.count(name) > 1})
         if repeated:
             raise DataError(
@@ -284,7 +303,7 @@ def _parse(
 
 def _check_policy(invalid_rows: str) -> None:
     if invalid_rows not in INVALID_ROW_POLICIES:
-        raise ValueError(f"invalid_rows={invalid_rows!r}, expected one of {INVALID_ROW_POLICIES}")
+        raise UserError(f"invalid_rows={invalid_rows!r}, expected one of {INVALID_ROW_POLICIES}")
 
 
 def _check_row(row, num_fields, text_at, label_at, spec, header, spans) -> Example | tuple[str, str]:
@@ -306,6 +325,9 @@ def _check_row(row, num_fields, text_at, label_at, spec, header, spans) -> Examp
             return f"text of {len(value):,} characters in column {header[i]!r}", f"at most {MAX_TEXT_CHARS:,}"
         if not any(char.isprintable() and not char.isspace() for char in value):
             return f"text in column {header[i]!r} has no printable character", "a sentence of words"
+    nul = [header[i] for i, value in enumerate(row) if "\x00" in value]
+    if nul:  # invisible in a terminal, and a NUL in an id makes another id
+        return f"column {nul[0]!r} holds a NUL character", "text without NUL (\\x00) characters: is it a binary file?"
     raw = row[label_at].strip()
     try:
         label = float(raw)
@@ -350,7 +372,7 @@ def tokenizer_fingerprint(tokenizer) -> str:
     """
     backend = getattr(tokenizer, "backend_tokenizer", None)
     if backend is None:
-        raise TypeError(f"{type(tokenizer).__name__} is not a fast (Rust-backed) tokenizer; load one with use_fast")
+        raise UserError(f"{type(tokenizer).__name__} is not a fast (Rust-backed) tokenizer; load one with use_fast")
     state = _without_call_state(backend.to_str())
     # Python-side settings: where __call__ truncates, and the pad id batches use
     state += f"\ntruncation_side={tokenizer.truncation_side}\npad_token_id={tokenizer.pad_token_id}"
@@ -476,12 +498,12 @@ def _limited(split: EncodedSplit, key: tuple, limit: int | None, seed: int) -> E
 def _check_encoding_args(spec: TaskSpec, tokenizer, max_length: int, limit: int | None) -> None:
     room = tokenizer.num_special_tokens_to_add(pair=spec.is_pair) + len(spec.text_columns)
     if not isinstance(max_length, int) or max_length < room:
-        raise ValueError(f"max_length={max_length!r}: task {spec.name!r} needs at least {room} tokens")
+        raise UserError(f"max_length={max_length!r}: task {spec.name!r} needs at least {room} tokens")
     model_max = getattr(tokenizer, "model_max_length", None)
     if model_max is not None and model_max < 1_000_000 and max_length > model_max:  # HF uses 1e30 for "unknown"
-        raise ValueError(f"max_length={max_length} exceeds the tokenizer's model_max_length {model_max}")
+        raise UserError(f"max_length={max_length} exceeds the tokenizer's model_max_length {model_max}")
     if limit is not None and (not isinstance(limit, int) or limit < 1):
-        raise ValueError(f"an example budget must be a positive integer or None, got {limit!r}")
+        raise UserError(f"an example budget must be a positive integer or None, got {limit!r}")
 
 
 def encode_split(
@@ -516,19 +538,22 @@ def load_tasks(
     seed: int = 0,
     *,
     invalid_rows: str = "raise",
+    selection_examples: int | None | bool = False,
 ) -> dict[str, TaskData]:
     """Train and dev splits of every task, keyed by task name, in the order given.
 
     All files are read and validated before any is tokenized, so a bad last
     file fails in a fraction of a second and nothing is returned half-loaded.
     ``max_*_examples`` cap each task with a seeded random subset (see ``_limited``).
+    ``selection_examples``: carve a selection split of that many train rows per task (``None``: as
+    many as the task's dev split; ``False``: none), disjoint from the train rows (see :func:`carve`).
     """
     data_dir = Path(data_dir)
     specs = [get_task(s) if isinstance(s, str) else s for s in specs]
     if not specs:
-        raise ValueError("no task to load")
+        raise UserError("no task to load")
     if len({s.name for s in specs}) != len(specs):
-        raise ValueError(f"a task is named twice in {[s.name for s in specs]}")
+        raise UserError(f"a task is named twice in {[s.name for s in specs]}")
     if not data_dir.is_dir():
         problem = "is not a directory" if data_dir.exists() else "data directory not found"
         files = ", ".join(f for s in specs for f in (s.train_file, s.dev_file))
@@ -542,11 +567,37 @@ def load_tasks(
         for spec in specs
         for part, filename in (("train", spec.train_file), ("dev", spec.dev_file))
     }
+    selecting = selection_examples is not False
+    limits = {"train": None if selecting else max_train_examples, "dev": max_dev_examples}
     splits = {  # phase 2: tokenize what the cache did not have
-        (name, part): _finish(key, item, tokenizer, max_train_examples if part == "train" else max_dev_examples, seed)
+        (name, part): _finish(key, item, tokenizer, limits[part], seed)
         for (name, part), (key, item) in prepared.items()
     }
-    return {s.name: TaskData(train=splits[s.name, "train"], dev=splits[s.name, "dev"]) for s in specs}
+    tasks = {s.name: TaskData(train=splits[s.name, "train"], dev=splits[s.name, "dev"]) for s in specs}
+    if selecting:
+        for data in tasks.values():
+            size = len(data.dev) if selection_examples is None else selection_examples
+            data.train, data.selection = carve(data.train, max_train_examples, size, seed)
+    return tasks
+
+
+def carve(train: EncodedSplit, limit: int | None, selection: int, seed: int) -> tuple[EncodedSplit, EncodedSplit]:
+    """(train, selection): disjoint seeded subsets of a train file, each in file order.
+
+    One seeded permutation of the rows: the selection split is its last ``selection`` rows, train its
+    first ``limit`` rows of the rest (all of the rest with ``limit`` None). Where the budget leaves
+    enough unused rows, train is exactly the subset ``_limited`` gives without a selection split, so
+    the selection split costs the training nothing; where the budget uses the whole file, the
+    selection rows are held out of it.
+    """
+    n = len(train)
+    if not isinstance(selection, int) or isinstance(selection, bool) or not 1 <= selection < n:
+        raise DataError(
+            train.source, f"selection_examples {selection!r} of {n} rows", expected=f"an integer from 1 to {n - 1}"
+        )
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
+    kept = order[: min(limit or n, n - selection)]
+    return train.subset(kept.sort().values), train.subset(order[n - selection :].sort().values)
 
 
 # --------------------------------------------------------------------------- batching
@@ -575,7 +626,7 @@ def bucketed_batches(
     put outputs back in file order. Only the last batch may be smaller.
     """
     if batch_size < 1 or bucket_size_in_batches < 1:
-        raise ValueError(f"batch_size={batch_size} and bucket_size_in_batches={bucket_size_in_batches}: need >= 1")
+        raise UserError(f"batch_size={batch_size} and bucket_size_in_batches={bucket_size_in_batches}: need >= 1")
     pad_id = split.pad_id if pad_id is None else pad_id
     lengths = split.lengths  # (N,)
     if shuffle:
@@ -612,13 +663,13 @@ def _make_batch(split: EncodedSplit, indices: torch.Tensor, pad_id: int) -> Batc
 def restore_order(batches: Sequence[Batch], values: Sequence[torch.Tensor]) -> torch.Tensor:
     """Per-batch outputs (each (B_i, ...)) -> one (N, ...) tensor in the split's (file) order."""
     if len(batches) != len(values):
-        raise ValueError(f"{len(batches)} batches but {len(values)} output tensors")
+        raise UserError(f"{len(batches)} batches but {len(values)} output tensors")
     if not values:
-        raise ValueError("no batches")
+        raise UserError("no batches")
     indices = torch.cat([batch.indices for batch in batches])  # (N,)
     flat = torch.cat([v.detach().cpu() for v in values])  # (N, ...)
     if len(flat) != len(indices):
-        raise ValueError(f"{len(flat)} outputs for {len(indices)} examples")
+        raise UserError(f"{len(flat)} outputs for {len(indices)} examples")
     out = torch.empty_like(flat)
     out[indices] = flat
     return out
@@ -652,19 +703,19 @@ def multitask_schedule(
     and starts a new pass (reshuffled) over a task whose batches ran out.
     """
     if strategy not in SCHEDULES:
-        raise ValueError(f"unknown schedule strategy {strategy!r}; valid: {', '.join(SCHEDULES)}")
+        raise UserError(f"unknown schedule strategy {strategy!r}; valid: {', '.join(SCHEDULES)}")
     for name, n in num_batches.items():
         if not isinstance(n, int) or n < 0:
-            raise ValueError(f"task {name!r}: {n!r} batches, expected an integer >= 0")
+            raise UserError(f"task {name!r}: {n!r} batches, expected an integer >= 0")
     tasks = [name for name, n in num_batches.items() if n > 0]
     counts = [num_batches[name] for name in tasks]
     total = sum(counts) if total is None else total
     if total < 0:
-        raise ValueError(f"total={total}, expected >= 0")
+        raise UserError(f"total={total}, expected >= 0")
     if total == 0:
         return []
     if not tasks:
-        raise ValueError(f"no task has a batch: {dict(num_batches)}")
+        raise UserError(f"no task has a batch: {dict(num_batches)}")
 
     if strategy == "round_robin":
         one_pass = []
@@ -678,7 +729,7 @@ def multitask_schedule(
             schedule.extend(one_pass[i] for i in torch.randperm(len(one_pass), generator=generator).tolist())
         return schedule[:total]
     if temperature <= 0:
-        raise ValueError(f"temperature={temperature}, expected > 0")
+        raise UserError(f"temperature={temperature}, expected > 0")
     weights = torch.tensor(counts, dtype=torch.float64) ** (1.0 / temperature)  # (K,)
     draws = torch.multinomial(weights, total, replacement=True, generator=generator)  # (total,)
     return [tasks[i] for i in draws.tolist()]

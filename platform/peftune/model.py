@@ -14,6 +14,7 @@ from torch import nn
 
 from peftune import methods
 from peftune.backbone import BertModel, fingerprint
+from peftune.errors import UserError
 from peftune.methods.base import MethodConfig, TaskContext
 from peftune.tasks import TaskSpec
 
@@ -32,7 +33,7 @@ class MultitaskModel(nn.Module):
     ):
         super().__init__()
         if pooling not in POOLINGS:
-            raise ValueError(f"pooling {pooling!r}, expected one of {POOLINGS}")
+            raise UserError(f"pooling {pooling!r}, expected one of {POOLINGS}")
         spec = methods.get_method(method)
         self.method = method
         self.method_config = method_config if method_config is not None else spec.config_cls()

@@ -6,9 +6,16 @@ apart. The record's layout is described in ``peftune.tracking``'s docstring.
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
+import json
 import os
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
+
+from peftune.errors import StoreError, UserError
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 
@@ -21,6 +28,49 @@ ROLE, SWEEP, TRIAL_ID, STATUS, ERROR = (
 )
 PARENT_TAG = "mlflow.parentRunId"
 CHECKPOINT_TAG = "peftune.checkpoint"
+
+# a trial run's tags of its place in the sweep (see peftune.confirm): its phase, the configuration it
+# trains (peftune.search.config_key), its seed, whether it is the method's default (control arm), and
+# for a confirmation run the search trial it confirms
+PHASE, DEFAULT, CONFIG_KEY, SEED, CONFIRMS = (
+    "peftune.phase",
+    "peftune.default",
+    "peftune.config_key",
+    "peftune.seed",
+    "peftune.confirms",
+)
+SEARCH, CONFIRM = "search", "confirm"  # the phases
+SEED_REASON = "peftune.seed_reason"  # on a confirmation run of a seed added to an open decision: which one
+
+# the splits a trial's numbers come from (peftune.data.SPLITS): a search trial's plain metrics (score,
+# sst_accuracy, ...) are on the selection split and repeated as selection_score; a confirmation run also
+# logs dev_score and dev_<task metric> (the report's numbers, at the epoch the selection split chose)
+SELECTION, DEV = "selection", "dev"
+# a confirmation run's per-example dev predictions at that epoch: gzip CSV, one row per example and seed
+PREDICTIONS_ARTIFACT = "predictions/dev.csv.gz"
+PREDICTION_COLUMNS = ("task", "example_id", "seed", "prediction", "label")
+
+
+def split_metric_names(task_metrics: Sequence[str]) -> list[str]:
+    """The per-split metrics a trial logs beside its task metrics (see the names above)."""
+    return [f"{SELECTION}_score", f"{DEV}_score", *(f"{DEV}_{m}" for m in task_metrics)]
+
+
+def predictions_csv(predictions: dict[str, list[float]], examples: dict[str, tuple[list, list]], seed: int) -> str:
+    """One run's per-example predictions as CSV text in :data:`PREDICTION_COLUMNS`; ``examples``: per task, the
+    (example ids, labels) of the split the predictions were made on, in their order."""
+    lines = [",".join(PREDICTION_COLUMNS)]
+    for task, values in predictions.items():
+        ids, labels = examples[task]
+        if len(ids) != len(values):
+            raise ValueError(f"task {task}: {len(values)} predictions for {len(ids)} dev examples")
+        lines += [f"{task},{i},{seed},{p!r},{y!r}" for i, p, y in zip(ids, values, labels, strict=True)]
+    return "\n".join(lines) + "\n"
+
+
+# the parameter budgets (trainable parameters per task, % of the backbone) the report answers for, and
+# under each of which confirmation takes every method's best configuration
+BUDGETS_PCT = (0.1, 1.0, 10.0)
 
 # a trial's final statuses; a diverged trial (non-finite or exploding loss) is a result, not a failure
 COMPLETED, EARLY_STOPPED, FAILED = "completed", "early_stopped", "failed"
@@ -36,6 +86,42 @@ COUNT_METRICS = (
     "checkpoint_params",
     "head_params",
 )
+
+
+def run_phase(tags: Mapping[str, str]) -> str:
+    """A child run's phase; runs written before the tag existed are search trials."""
+    return tags.get(PHASE) or SEARCH
+
+
+def config_key(method: str, params: Mapping[str, Any]) -> str:
+    """A stable short hash of a configuration: the same method and parameters give the same key."""
+    text = json.dumps({"method": method, "params": params}, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def run_config_key(run) -> str:
+    """The run's ``peftune.config_key`` tag (see :func:`config_key`).
+
+    A run without the tag (written before it existed) is its own configuration: re-hashing logged
+    params would not give the key the search computed from the sampled ones.
+    """
+    return run.data.tags.get(CONFIG_KEY) or f"run:{run.info.run_id}"
+
+
+def trial_name(trial) -> str:
+    """``lora_3f2a1c0d``: the method and Ray's trial id (Ray's default name lists every parameter)."""
+    return f"{trial.config.get('method', 'trial')}_{trial.trial_id}"
+
+
+@contextlib.contextmanager
+def store_errors(uri: str):
+    """MLflow's errors from the store at ``uri`` (it refuses, or cannot be reached) as one-line user errors."""
+    from mlflow.exceptions import MlflowException  # deferred: this module is read without MLflow's import cost
+
+    try:
+        yield
+    except MlflowException as error:
+        raise StoreError(f"tracking store {uri[:200]}: {error.message}") from error
 
 
 def sqlite_path(uri: str) -> Path | None:
@@ -65,10 +151,27 @@ def check_tracking_uri(uri: str) -> str:
     """Refuse a URI MLflow cannot open (``garbage://x``) before anything starts."""
     scheme = urlparse(uri).scheme.split("+")[0]  # postgresql+psycopg://...
     if scheme not in TRACKING_SCHEMES:
-        raise ValueError(
+        raise UserError(
             f"tracking URI {uri[:80]!r}: unsupported scheme {scheme[:20]!r}; expected one of "
             f"sqlite:///path, file:///path, http(s)://host, postgresql://..., mysql://..."
         )
+    return check_sqlite_file(uri)
+
+
+SQLITE_HEADER = b"SQLite format 3\x00"  # the first 16 bytes of every SQLite database file
+
+
+def check_sqlite_file(uri: str) -> str:
+    """Refuse a ``sqlite:///`` URI naming an existing file that is not a SQLite database (a CSV, notes, an
+    empty file): MLflow would write its tables into it, or fail deep in SQLAlchemy."""
+    path = sqlite_path(uri)
+    if path is not None and path.is_file():
+        with open(path, "rb") as file:
+            if file.read(len(SQLITE_HEADER)) != SQLITE_HEADER:
+                raise UserError(
+                    f"tracking URI {uri[:200]}: {path} is an existing file but not a SQLite database; "
+                    "expected an MLflow SQLite store or a path that does not exist yet"
+                )
     return uri
 
 

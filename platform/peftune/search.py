@@ -25,29 +25,26 @@ sweep (``tracking.result_history``) the first time it sees a trial after it was 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import math
 import warnings
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+import optuna
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 from ray.tune.search import Searcher
+from ray.tune.search.optuna import OptunaSearch
 
 from peftune import spaces
+from peftune.errors import UserError
+from peftune.record import SEARCH, config_key, sqlite_path
 from peftune.spaces import MethodSpace
 
 METRIC, MODE = "score", "max"
-SEARCH_PHASE = "search"
 DEFAULT_ATTR = "peftune.default"  # user attribute of an enqueued default trial in its Optuna study
 ALL = "*"  # the one group of a scheduler shared by all methods (the joint search)
-
-
-def config_key(method: str, params: dict[str, Any]) -> str:
-    """A stable short hash of a configuration: the same method and parameters give the same key."""
-    text = json.dumps({"method": method, "params": params}, sort_keys=True, default=str)
-    return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 def study_name(sweep: str, method: str) -> str:
@@ -56,15 +53,11 @@ def study_name(sweep: str, method: str) -> str:
 
 def default_storage_url(tracking_uri: str, storage_path: str) -> str:
     """SQLite beside the MLflow store when that is SQLite, else ``<storage path>/optuna.db`` (a local path)."""
-    from pathlib import Path
-
-    from peftune.record import sqlite_path
-
     db = sqlite_path(tracking_uri)
     if db is not None:
         return f"sqlite:///{db.parent / 'optuna.db'}"
     if "://" in storage_path:
-        raise ValueError(
+        raise UserError(
             f"the Optuna studies need a database: the tracking store ({tracking_uri}) is not SQLite and the "
             f"storage path {storage_path} is not local; pass --optuna-storage <database URL>"
         )
@@ -96,6 +89,14 @@ class PerMethodSearcher(Searcher):
 
     A fresh sweep seeds method ``i``'s sampler with ``seed + i``; a resumed one adds a multiple of
     the trials its study already holds, so that the restarted sampler draws new configurations.
+
+    Reproducible by default: a method's next trial is asked only once its earlier trials have all
+    reported, so each study's draws (TPE counts only finished trials, also to end its random start)
+    and each method's ASHA decisions (taken on earlier trials that all finished) do not depend on
+    timing or on the number of workers; the methods run side by side, so the slots stay busy while
+    there are at least as many methods as slots. ``asynchronous``: hand out the next trial of a
+    method while others of it still run (more parallel for few methods on many workers; the draws
+    then depend on which results came first).
     """
 
     def __init__(
@@ -107,8 +108,10 @@ class PerMethodSearcher(Searcher):
         storage_url: str,
         seed: int = 0,
         n_startup_trials: int = 10,
+        asynchronous: bool = False,
     ):
         super().__init__(metric=METRIC, mode=MODE)
+        self.asynchronous = asynchronous
         self.spaces = dict(method_spaces)
         self.sweep, self.storage_url, self.seed = sweep, storage_url, seed
         self.n_startup_trials = n_startup_trials
@@ -125,8 +128,6 @@ class PerMethodSearcher(Searcher):
 
     def study(self, method: str):
         if method not in self._studies:
-            import optuna
-
             warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning, module="optuna")
             index = list(self.spaces).index(method)
             storage = optuna.storages.RDBStorage(self.storage_url)
@@ -151,14 +152,22 @@ class PerMethodSearcher(Searcher):
         return self._studies[method]
 
     def next_method(self) -> str | None:
-        """The method with the fewest trials handed out among those with budget left (listed order breaks ties)."""
-        open_methods = [m for m in self.spaces if self.handed[m] < self.budget[m]]
-        return min(open_methods, key=lambda m: self.handed[m]) if open_methods else None
+        """The method with the fewest trials handed out among those with budget left (listed order breaks ties),
+        and, unless ``asynchronous``, none of its trials running; None when every open method is running."""
+        asynchronous = getattr(self, "asynchronous", True)  # a searcher pickled before the option was async
+        running = set() if asynchronous else {method for method, _ in self.live.values()}
+        ready = [m for m in self.spaces if self.handed[m] < self.budget[m] and m not in running]
+        return min(ready, key=lambda m: self.handed[m]) if ready else None
+
+    def finished(self) -> bool:
+        return all(self.handed[m] >= self.budget[m] for m in self.spaces)
 
     def suggest(self, trial_id: str) -> dict | str | None:
+        if self.finished():
+            return Searcher.FINISHED
         method = self.next_method()
         if method is None:
-            return Searcher.FINISHED
+            return None  # every open method has a trial running: Tune asks again when one reports
         orphan = self.orphan(method)
         if orphan is not None:  # asked after Tune's last state save, then the driver died: the same trial again
             known = {**orphan.params, **_fixed(self.spaces[method])}
@@ -172,7 +181,7 @@ class PerMethodSearcher(Searcher):
             number, is_default = optuna_trial.number, bool(optuna_trial.user_attrs.get(DEFAULT_ATTR))
         self.handed[method] += 1
         self.live[trial_id] = [method, number]
-        marks = {"phase": SEARCH_PHASE, "default": is_default, "config_key": config_key(method, params)}
+        marks = {"phase": SEARCH, "default": is_default, "config_key": config_key(method, params)}
         return {"method": method, method: params, "peftune": marks}
 
     def orphan(self, method: str):
@@ -181,7 +190,6 @@ class PerMethodSearcher(Searcher):
         That is a trial handed out after Tune's last saved state, by a driver that was then killed:
         handing it out again (same parameters, same Optuna trial) runs no configuration twice.
         """
-        import optuna
 
         held = {number for m, number in self.live.values() if m == method}
         searched = set(self.spaces[method].params()) - set(_fixed(self.spaces[method]))
@@ -195,7 +203,6 @@ class PerMethodSearcher(Searcher):
         return None
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-        import optuna
 
         entry = self.live.pop(trial_id, None)
         if entry is None:
@@ -350,3 +357,84 @@ class PerMethodScheduler(FIFOScheduler):
 
     def debug_string(self) -> str:
         return "Per-method ASHA: " + "; ".join(f"{m}: {a.debug_string()}" for m, a in self.by_method.items())
+
+
+# ----------------------------------------------------------------------------- building them for a sweep
+
+
+def per_method(definition: spaces.SweepDefinition) -> bool:
+    """An equal budget per method (``peftune.search``); the multi-objective search stays joint."""
+    return definition.search.allocation == "per_method" and not definition.multi_objective
+
+
+def make_searcher(definition: spaces.SweepDefinition, storage_url: str | None = None):
+    """``storage_url``: the Optuna storage of the per-method studies (needed with ``allocation: per_method``)."""
+    if per_method(definition):
+        if storage_url is None:
+            raise UserError("a per-method search needs an Optuna storage URL")
+        return PerMethodSearcher(
+            definition.spaces,
+            sweep=definition.name,
+            num_samples=definition.budget.num_samples,
+            storage_url=storage_url,
+            seed=definition.seed,
+            n_startup_trials=definition.search.n_startup_trials,
+            asynchronous=definition.search.asynchronous,
+        )
+
+    # TPE's `group` (conditional spaces) is flagged experimental; it is what a per-method space needs
+    warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning, module="optuna")
+
+    search, seed = definition.search, definition.seed
+    space = spaces.ConditionalSpace(definition.spaces)
+    if definition.multi_objective:
+        metric, mode = (list(x) for x in zip(*spaces.MULTI_OBJECTIVE, strict=True))
+        if search.sampler == "nsga2":
+            population = max(4, min(50, definition.budget.num_samples // 4))
+            sampler = optuna.samplers.NSGAIISampler(seed=seed, population_size=population)
+        else:
+            sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=search.n_startup_trials)
+        return OptunaSearch(space, metric=metric, mode=mode, sampler=sampler)
+    # multivariate + group: TPE models each method's parameters jointly, conditioned on the method
+    sampler = optuna.samplers.TPESampler(
+        seed=seed, n_startup_trials=search.n_startup_trials, multivariate=True, group=True
+    )
+    return OptunaSearch(space, metric="score", mode="max", sampler=sampler)
+
+
+def live_rungs(definition: spaces.SweepDefinition, steps_per_run: int | None = None) -> list[float]:
+    """The data-fidelity rungs (fractions of the run) a trial of ``steps_per_run`` optimizer steps can be judged
+    at: those under the ``min_steps`` floor are dropped, so a cheap budget gets fewer rungs, not dead ones
+    (the cpu preset's 1/9 of 150 steps is 17, under its floor of 20). ``steps_per_run`` None: all of them."""
+    scheduler = definition.scheduler
+    fractions = rung_fractions(scheduler.rungs, scheduler.reduction_factor)
+    if not steps_per_run:
+        return fractions
+    return [f for f in fractions if f * steps_per_run >= scheduler.min_steps]
+
+
+def fidelity_settings(definition: spaces.SweepDefinition, steps_per_run: int | None = None) -> dict[str, Any]:
+    """The TrainConfig settings a data-fidelity scheduler needs: reports at its rungs within the run."""
+    if definition.scheduler.type == "none" or definition.multi_objective or definition.scheduler.fidelity != "data":
+        return {}
+    return {"report_fractions": live_rungs(definition, steps_per_run)}
+
+
+def make_scheduler(definition: spaces.SweepDefinition, history=None, steps_per_run: int | None = None):
+    """``history``: ``tracking.RecordedResults`` of the sweep, from which a per-method scheduler refills its rungs;
+    ``steps_per_run``: a trial's optimizer steps, which decides the rungs that stay (:func:`live_rungs`)."""
+    if definition.scheduler.type == "none" or definition.multi_objective:
+        return None
+    # ASHA per method (or one for all, in the joint search) that refills its rungs from the record on a restore
+    data = definition.scheduler.fidelity == "data"  # rungs in the fraction of the run's examples seen
+    fractions = live_rungs(definition, steps_per_run)
+    return PerMethodScheduler(
+        definition.methods,
+        max_t=1.0 if data else definition.budget.epochs,
+        grace_period=(fractions[0] if fractions else 1.0) if data else definition.scheduler.grace_period,
+        time_attr="progress" if data else "epoch",
+        reduction_factor=definition.scheduler.reduction_factor,
+        min_steps=definition.scheduler.min_steps,
+        history=history,
+        per_method=per_method(definition),
+    )

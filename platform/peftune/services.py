@@ -31,6 +31,8 @@ import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
 
+from peftune.errors import PeftuneError, UserError
+
 LOOPBACK = "127.0.0.1"
 READY_TIMEOUT_S = 300.0  # a loaded 2-core machine needs minutes for a fresh MLflow store
 
@@ -44,7 +46,7 @@ class Ports:
     agent: int = 52365  # the dashboard agent's HTTP port (job submission goes through it)
 
 
-class ServiceError(RuntimeError):
+class ServiceError(PeftuneError, RuntimeError):
     """A service could not be started or stopped; the message says which and why."""
 
 
@@ -317,11 +319,11 @@ def ports_from_args(args) -> Ports:
     ports = Ports(args.ray_port, args.dashboard_port, args.client_port, args.mlflow_port, args.agent_port)
     for name, port in vars(ports).items():
         if not 0 < port < 65536:
-            raise ValueError(f"--{name}-port: expected a TCP port (1-65535), got {port}")
+            raise UserError(f"--{name}-port: expected a TCP port (1-65535), got {port}")
     if len(set(vars(ports).values())) != len(vars(ports)):
-        raise ValueError(f"the ports must differ, got {ports}")
+        raise UserError(f"the ports must differ, got {ports}")
     if getattr(args, "num_cpus", None) is not None and args.num_cpus < 1:
-        raise ValueError(f"--num-cpus: expected a positive integer, got {args.num_cpus}")
+        raise UserError(f"--num-cpus: expected a positive integer, got {args.num_cpus}")
     return ports
 
 

@@ -46,6 +46,8 @@ from typing import Any
 
 import yaml
 
+from peftune.errors import UserError
+
 MAX_SEED = 2**32 - 1  # numpy's seed range; torch takes it too
 SEARCH_SPACES_DIR = Path(__file__).resolve().parents[2] / "search_spaces"
 METHODS_SUBDIR = "methods"
@@ -71,7 +73,7 @@ _TRAIN_FIELDS_SET_ELSEWHERE = {
 }
 
 
-class SpaceError(ValueError):
+class SpaceError(UserError):
     """A search space or sweep file is invalid: names the file, the key and what was expected."""
 
     def __init__(self, path: str | Path, key: str | None, problem: str):
@@ -94,6 +96,17 @@ _REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, MAX_SHOWN, MAX_SHOWN
 def _show(value) -> str:
     """``repr(value)`` cut to MAX_SHOWN characters: an error message never echoes an unbounded value."""
     return _one_line(_REPR.repr(value), MAX_SHOWN)
+
+
+def _got(value) -> str:
+    """What a user wrote, for "expected a number, got ...": a quoted number is named a string, not shown as one."""
+    if isinstance(value, str):
+        try:
+            float(value)
+        except ValueError:
+            return _show(value)
+        return f"a string, {_show(value)} (write a number without quotes)"
+    return _show(value)
 
 
 def _one_line(text: str, limit: int) -> str:
@@ -230,11 +243,11 @@ def _check_scalar(path, key, value, kind: type | None):
         raise SpaceError(path, key, f"expected a finite number, got {_show(value)}")
     if kind is float:
         if not _is_number(value):
-            raise SpaceError(path, key, f"expected a number, got {_show(value)}")
+            raise SpaceError(path, key, f"expected a number, got {_got(value)}")
         return float(value)
     if kind is int:
         if isinstance(value, bool) or not isinstance(value, int):
-            raise SpaceError(path, key, f"expected an integer, got {_show(value)}")
+            raise SpaceError(path, key, f"expected an integer, got {_got(value)}")
         return value
     if kind is not None and not isinstance(value, kind):
         raise SpaceError(path, key, f"expected a {kind.__name__}, got {_show(value)}")
@@ -300,8 +313,21 @@ def parse_param(path, key: str, raw, kind: type | None) -> Param:
 
 # ----------------------------------------------------------------------------- method spaces
 
-# the hyperparameters every method searches, with their valid intervals
-_COMMON = {"lr": (0.0, None, False), "dropout": (0.0, 1.0, True), "weight_decay": (0.0, None, True)}
+# the hyperparameters every method searches, with their valid intervals: (low, high, low included, high included);
+# the upper bounds of lr and weight_decay are sane bounds (beyond them a trial only diverges or erases its weights)
+_COMMON = {
+    "lr": (0.0, 10.0, False, True),
+    "dropout": (0.0, 1.0, True, False),
+    "weight_decay": (0.0, 10.0, True, True),
+}
+
+
+def _out_of_range(key: str, value) -> str | None:
+    """The interval of common parameter ``key`` when ``value`` lies outside it, else None."""
+    low, high, low_included, high_included = _COMMON[key]
+    if (value < low if low_included else value <= low) or (value > high if high_included else value >= high):
+        return ("[" if low_included else "(") + f"{low:g}, {high:g}" + ("]" if high_included else ")")
+    return None
 
 
 @dataclass(frozen=True)
@@ -365,14 +391,13 @@ def load_method_space(path: str | Path) -> MethodSpace:
     spec = methods.get_method(name)
 
     common = {}
-    for key, (low, high, low_inclusive) in _COMMON.items():
+    for key in _COMMON:
         if key not in data:
             raise SpaceError(path, key, "missing (every method space searches or fixes lr, dropout, weight_decay)")
         param = parse_param(path, key, data[key], float)
         for value in param.values():
-            too_low = value < low if low_inclusive else value <= low
-            if too_low or (high is not None and value >= high):
-                interval = ("[" if low_inclusive else "(") + f"{low}, " + ("inf)" if high is None else f"{high})")
+            interval = _out_of_range(key, value)
+            if interval:
                 raise SpaceError(path, key, f"{_show(value)} is out of range; expected values in {interval}")
         common[key] = param
 
@@ -440,10 +465,12 @@ def parse_default(path, method: str, raw, params: dict[str, Param]) -> tuple[dic
             raise SpaceError(path, f"default.{key}", f"expected a finite number, got {value!r}")
         if isinstance(param, (Fixed, Choice)) and value not in param.values():
             raise SpaceError(path, f"default.{key}", f"{value!r} is not among {param.values()}")
-        if key in _COMMON:
-            low, high, low_inclusive = _COMMON[key]
-            if (value < low if low_inclusive else value <= low) or (high is not None and value >= high):
-                raise SpaceError(path, f"default.{key}", f"{value!r} is out of range")
+        if key in _COMMON and _out_of_range(key, value):
+            raise SpaceError(
+                path,
+                f"default.{key}",
+                f"{_show(value)} is out of range; expected a value in {_out_of_range(key, value)}",
+            )
         values[key] = value
     options = {k: v for k, v in values.items() if k not in _COMMON}
     try:
@@ -466,6 +493,9 @@ class Budget:
     max_length: int = 128
     max_train_examples: int | None = None  # per task, a seeded subset; None = all
     max_dev_examples: int | None = None
+    # per task, the selection split (TPE, rungs, the epoch kept): train-file rows the trials do not train
+    # on (peftune.data.carve); None: as many as the task's dev split
+    selection_examples: int | None = None
 
 
 @dataclass(frozen=True)
@@ -476,6 +506,9 @@ class SearchSettings:
     # per_method: one seeded TPE study per method, num_samples split equally (±1) across the methods;
     # joint: one TPE over a categorical method (num_samples trials in all, shared as TPE likes)
     allocation: str = "per_method"
+    # false (reproducible): a method's next trial starts once its earlier ones have reported, so the same
+    # definition gives the same trials and stops whatever the timing; true: no waiting (big clusters)
+    asynchronous: bool = False
 
 
 @dataclass(frozen=True)
@@ -506,6 +539,12 @@ class ConfirmSettings:
     top_k: int = 2
     seeds: int = 3
     defaults: bool = False
+    # two configurations whose difference's 95% interval lies inside +-margin are "equivalent"
+    margin: float = 0.01
+    # while a decision of the report is inconclusive, its configurations get one more seed a round, up to
+    # max_seeds each, and no new round starts after max_seconds of added seeds (null: no time cap)
+    max_seeds: int = 10
+    max_seconds: int | None = None
 
 
 @dataclass(frozen=True)
@@ -592,7 +631,7 @@ class SweepDefinition:
         if budget:
             unknown = sorted(set(budget) - {f.name for f in dataclasses.fields(Budget)}, key=str)
             if unknown:
-                raise ValueError(f"unknown budget field {unknown[0]!r}")
+                raise UserError(f"unknown budget field {unknown[0]!r}")
             changes["budget"] = _check_budget(self.source, "budget", dataclasses.replace(self.budget, **budget))
         return dataclasses.replace(self, **changes)
 
@@ -650,7 +689,7 @@ def _section(path, raw, key: str, cls):
                 path,
                 f"{key}.{name}",
                 f"expected {'a' if kind is not int else 'an'} "
-                f"{kind.__name__}{' or null' if nullable else ''}, got {_show(value)}",
+                f"{kind.__name__}{' or null' if nullable else ''}, got {_got(value)}",
             )
         values[name] = value
     for name, spec in kinds.items():
@@ -672,27 +711,59 @@ def _check_allocation(path, search: SearchSettings) -> None:
         raise SpaceError(path, "search.allocation", f"{search.allocation!r}; expected one of {ALLOCATIONS}")
 
 
+def _check_trial_device(path, device: str, resources: Resources) -> None:
+    """``train.device`` as a trial sees it (its form is TrainConfig's check): Ray shows a trial only the GPUs it
+    was given, numbered from 0, so ``cuda:1`` with ``gpus_per_trial: 0.25`` (or ``cuda:99``) never exists there."""
+    import torch
+
+    if device == "auto" or torch.device(device).type != "cuda" or torch.device(device).index is None:
+        return
+    visible = max(1, math.ceil(resources.gpus_per_trial))
+    if torch.device(device).index >= visible:
+        raise SpaceError(
+            path,
+            "train.device",
+            f"{_show(device)}: a trial sees only the GPU(s) Ray gives it, cuda:0 to cuda:{visible - 1} with "
+            f"resources.gpus_per_trial {resources.gpus_per_trial:g}; expected cuda or auto",
+        )
+
+
 def _check_name(path, key: str, name) -> str:
     if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}", name):
         raise SpaceError(path, key, f"expected a name of letters, digits, '_', '-', '.', got {_show(name)}")
     return name
 
 
-def _positive_int(path, key: str, value, *, allow_none: bool = False, minimum: int = 1):
+def _positive_int(path, key: str, value, *, allow_none: bool = False, minimum: int = 1, maximum=None):
+    """An integer >= ``minimum`` (or None with ``allow_none``); ``maximum``: (bound, why), one of :data:`_MAXIMA`."""
     if value is None and allow_none:
         return None
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise SpaceError(
-            path, key, f"expected an integer >= {minimum}{' or null' if allow_none else ''}, got {_show(value)}"
+            path, key, f"expected an integer >= {minimum}{' or null' if allow_none else ''}, got {_got(value)}"
         )
+    if maximum is not None and value > maximum[0]:
+        bound, why = maximum
+        raise SpaceError(path, key, f"expected an integer from {minimum} to {bound:,} ({why}), got {value:,}")
     return value
+
+
+# upper bounds of a sweep's counts, and why: beyond them a value is a typo, not a plan
+MAX_LENGTH = 512  # BERT's position embeddings; `peftune train --max-length` has the same bound
+_MAXIMA = {
+    "num_samples": (100_000, "a sane bound on a sweep's trials"),
+    "epochs": (1_000, "a sane bound on a trial's epochs"),
+    "batch_size": (8_192, "a sane bound on a batch"),
+    "max_length": (MAX_LENGTH, "BERT's position embeddings"),
+    "seeds": (1_000, "a sane bound on the seeds per configuration"),
+}
 
 
 def _check_budget(path, key: str, budget: Budget) -> Budget:
     for name in ("num_samples", "epochs", "batch_size"):
-        _positive_int(path, f"{key}.{name}", getattr(budget, name))
-    _positive_int(path, f"{key}.max_length", budget.max_length, minimum=8)
-    for name in ("max_train_examples", "max_dev_examples"):
+        _positive_int(path, f"{key}.{name}", getattr(budget, name), maximum=_MAXIMA[name])
+    _positive_int(path, f"{key}.max_length", budget.max_length, minimum=8, maximum=_MAXIMA["max_length"])
+    for name in ("max_train_examples", "max_dev_examples", "selection_examples"):
         _positive_int(path, f"{key}.{name}", getattr(budget, name), allow_none=True)
     return budget
 
@@ -795,19 +866,22 @@ def load_sweep(path: str | Path, budget: str | None = None, spaces_dir: str | Pa
         if not (isinstance(value, kind) or (kind is float and _is_number(value))) or isinstance(value, bool) != (
             kind is bool
         ):
-            raise SpaceError(path, f"train.{key}", f"expected a {kind.__name__}, got {_show(value)}")
+            raise SpaceError(path, f"train.{key}", f"expected a {kind.__name__}, got {_got(value)}")
     try:  # the fixed settings must make a valid TrainConfig
         TrainConfig(method=raw_methods[0], tasks=list(raw_tasks), **train)
     except (ValueError, TypeError) as error:
         field_name = re.match(r"TrainConfig\.(\w+)", str(error))  # name the key: train.<field>
         key = f"train.{field_name.group(1)}" if field_name and field_name.group(1) in train else "train"
         raise SpaceError(path, key, str(error)) from None
+    _check_trial_device(path, train.get("device", "auto"), resources)
 
     budgets = data.get("budgets")
     if not isinstance(budgets, dict) or not budgets:
         raise SpaceError(path, "budgets", "expected a mapping of named presets, e.g. smoke: {num_samples: 2, ...}")
     parsed_budgets = {}
     for preset in budgets:
+        if not isinstance(preset, str):  # `1:` is the integer 1, which `--budget 1` (a string) never names
+            raise SpaceError(path, f"budgets.{preset}", f"expected a preset name (text), got {_show(preset)}")
         parsed = _section(path, budgets[preset], f"budgets.{preset}", Budget) if budgets[preset] else None
         if parsed is None:
             raise SpaceError(path, f"budgets.{preset}", "empty preset")
@@ -849,11 +923,12 @@ def _confirm_section(path, raw, budget: str, presets) -> ConfirmSettings:
     if raw is None:
         raw = {}
     if not isinstance(raw, dict):
-        raise SpaceError(path, "confirm", f"expected a mapping, got {raw!r}")
+        raise SpaceError(path, "confirm", f"expected a mapping, got {_show(raw)}")
     raw = dict(raw)
-    by_budget = raw.pop("by_budget", None) or {}
+    by_budget = raw.pop("by_budget", None)
+    by_budget = {} if by_budget is None else by_budget  # '' or 0 is a mistake, not "no overrides"
     if not isinstance(by_budget, dict):
-        raise SpaceError(path, "confirm.by_budget", f"expected a mapping of budget presets, got {by_budget!r}")
+        raise SpaceError(path, "confirm.by_budget", f"expected a mapping of budget presets, got {_show(by_budget)}")
     settings = _checked_confirm(path, "confirm", _section(path, raw, "confirm", ConfirmSettings))
     for preset, override in by_budget.items():
         key = f"confirm.by_budget.{preset}"
@@ -866,8 +941,14 @@ def _confirm_section(path, raw, budget: str, presets) -> ConfirmSettings:
 
 
 def _checked_confirm(path, key: str, settings: ConfirmSettings) -> ConfirmSettings:
-    for name in ("top_k", "seeds"):
-        _positive_int(path, f"{key}.{name}", getattr(settings, name), minimum=0)
+    _positive_int(path, f"{key}.top_k", settings.top_k, minimum=0)
+    _positive_int(path, f"{key}.seeds", settings.seeds, minimum=0, maximum=_MAXIMA["seeds"])
+    _positive_int(
+        path, f"{key}.max_seeds", settings.max_seeds, minimum=max(settings.seeds, 1), maximum=_MAXIMA["seeds"]
+    )
+    _positive_int(path, f"{key}.max_seconds", settings.max_seconds, allow_none=True)
+    if not 0.0 < settings.margin < 1.0:  # a score lies in [0, 1]: a margin of 1 calls everything equivalent
+        raise SpaceError(path, f"{key}.margin", f"expected a number in (0, 1), got {_show(settings.margin)}")
     return settings
 
 

@@ -15,6 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
+from peftune.errors import UnknownNameError, UserError
+
 KINDS = ("multiclass", "binary", "regression")
 
 
@@ -40,13 +42,13 @@ class TaskSpec:
             test_file = self.dev_file.replace("-dev", "-test")
             object.__setattr__(self, "test_file", test_file if test_file != self.dev_file else f"test-{self.dev_file}")
         if self.kind not in KINDS:
-            raise ValueError(f"task {self.name!r}: kind {self.kind!r}, expected one of {KINDS}")
+            raise UserError(f"task {self.name!r}: kind {self.kind!r}, expected one of {KINDS}")
         if len(self.text_columns) not in (1, 2):
-            raise ValueError(f"task {self.name!r}: one or two text columns, got {self.text_columns}")
+            raise UserError(f"task {self.name!r}: one or two text columns, got {self.text_columns}")
         if self.kind == "multiclass" and self.num_labels < 2:
-            raise ValueError(f"task {self.name!r}: a multiclass task needs num_labels >= 2")
+            raise UserError(f"task {self.name!r}: a multiclass task needs num_labels >= 2")
         if self.metric not in ("accuracy", "pearson"):
-            raise ValueError(f"task {self.name!r}: metric {self.metric!r}, expected 'accuracy' or 'pearson'")
+            raise UserError(f"task {self.name!r}: metric {self.metric!r}, expected 'accuracy' or 'pearson'")
 
     @property
     def num_outputs(self) -> int:
@@ -100,7 +102,7 @@ _TASKS: dict[str, TaskSpec] = {}
 
 def register_task(spec: TaskSpec) -> TaskSpec:
     if spec.name in _TASKS:
-        raise ValueError(f"task {spec.name!r} is already registered")
+        raise UserError(f"task {spec.name!r} is already registered")
     _TASKS[spec.name] = spec
     return spec
 
@@ -109,7 +111,7 @@ def get_task(name: str) -> TaskSpec:
     try:
         return _TASKS[name]
     except KeyError:
-        raise KeyError(f"unknown task {name!r}; valid tasks: {', '.join(sorted(_TASKS))}") from None
+        raise UnknownNameError(f"unknown task {name!r}; valid tasks: {', '.join(sorted(_TASKS))}") from None
 
 
 def task_names() -> list[str]:
@@ -121,9 +123,9 @@ def parse_tasks(names: str | Sequence[str]) -> list[TaskSpec]:
     if isinstance(names, str):
         names = [n.strip() for n in names.split(",") if n.strip()]
     if not names:
-        raise ValueError("no task given; valid tasks: " + ", ".join(sorted(_TASKS)))
+        raise UserError("no task given; valid tasks: " + ", ".join(sorted(_TASKS)))
     if len(set(names)) != len(names):
-        raise ValueError(f"a task is named twice in {list(names)}")
+        raise UserError(f"a task is named twice in {list(names)}")
     return [get_task(n) for n in names]
 
 
@@ -134,7 +136,7 @@ SCORE_TASKS = ("sst", "para", "sts")
 def overall_score(metrics: dict[str, float]) -> float:
     """Mean of the per-task dev metrics; the AdaptBert average when all of sst/para/sts ran."""
     if not metrics:
-        raise ValueError("no task metrics to average")
+        raise UserError("no task metrics to average")
     return sum(metrics.values()) / len(metrics)
 
 

@@ -80,21 +80,28 @@ from pathlib import Path
 
 from ray import tune
 
-from peftune.record import (  # noqa: F401  (re-exported: the record's names)
+from peftune.errors import UserError
+from peftune.record import (
     CHECKPOINT_TAG,
     COMPLETED,
+    CONFIG_KEY,
     COUNT_METRICS,
-    DEFAULT_TRACKING_URI,
+    DEFAULT,
     DIVERGED,
     EARLY_STOPPED,
     ERROR,
     FAILED,
     PARENT_TAG,
+    PHASE,
+    PREDICTIONS_ARTIFACT,
     ROLE,
+    SEARCH,
     STATUS,
     SWEEP,
     TRIAL_ID,
-    resolve_tracking_uri,
+    config_key,
+    predictions_csv,
+    run_phase,
     sqlite_path,
 )
 
@@ -170,7 +177,7 @@ def find_experiment_id(client, name: str) -> str | None:
     if experiment is None:
         return None
     if experiment.lifecycle_stage == "deleted":
-        raise ValueError(
+        raise UserError(
             f"MLflow experiment {name!r} is deleted in this store: restore it "
             f"(mlflow experiments restore) or pick another sweep name"
         )
@@ -182,7 +189,7 @@ def find_parent_run(client, experiment_id: str, sweep: str):
         [experiment_id], filter_string=f"tags.`{ROLE}` = 'sweep' and tags.`{SWEEP}` = '{sweep}'", max_results=2
     )
     if len(runs) > 1:
-        raise ValueError(f"MLflow experiment {sweep!r} holds more than one parent run; expected one per sweep")
+        raise UserError(f"MLflow experiment {sweep!r} holds more than one parent run; expected one per sweep")
     return runs[0] if runs else None
 
 
@@ -259,19 +266,19 @@ def open_sweep(
     data_fp = fingerprint_hashes(data_hashes, getattr(definition, "invalid_rows", "raise"))
     if parent is not None:
         if not expect_existing:
-            raise ValueError(
+            raise UserError(
                 f"sweep {name!r} is already recorded in {tracking_uri} (parent run "
                 f"{parent.info.run_id}) but Ray has no state for it at {ray_experiment_path}: "
                 f"pick another sweep name (--name) or point --storage-path at its Ray results"
             )
         tags = parent.data.tags
         if tags.get("peftune.definition_fingerprint") != definition_fp:
-            raise ValueError(
+            raise UserError(
                 f"sweep {name!r} was started with another definition (methods, tasks, budget, spaces "
                 f"or settings differ): resume it with the same file and budget, or pick another name"
             )
         if tags.get("peftune.data_fingerprint") != data_fp:
-            raise ValueError(
+            raise UserError(
                 f"the data files differ from those sweep {name!r} started with: resume it on the same "
                 f"data, or pick another name"
             )
@@ -280,7 +287,7 @@ def open_sweep(
         return SweepRecord(tracking_uri, experiment_id, parent.info.run_id, resumed=True)
 
     if expect_existing:
-        raise ValueError(missing_record_error(name, tracking_uri, ray_experiment_path))
+        raise UserError(missing_record_error(name, tracking_uri, ray_experiment_path))
     if experiment_id is None:
         experiment_id = client.create_experiment(name, artifact_location=_artifact_location(tracking_uri, name))
     # MLflow 3's UI opens an experiment without this tag in its GenAI view (traces; runs collapsed)
@@ -308,6 +315,8 @@ def open_sweep(
         "scheduler": definition.scheduler.type,
         "objective": definition.search.objective,
         "sampler": definition.search.sampler,
+        "allocation": definition.search.allocation,
+        "asynchronous": definition.search.asynchronous,
         "seed": definition.seed,
         "model": definition.model,
         "budget": definition.budget_name,
@@ -316,6 +325,8 @@ def open_sweep(
         "max_length": budget.max_length,
         "max_train_examples": budget.max_train_examples,
         "max_dev_examples": budget.max_dev_examples,
+        "selection_examples": budget.selection_examples,
+        "decision_margin": definition.confirm.margin,
         "invalid_rows": getattr(definition, "invalid_rows", "raise"),
         "skipped_rows": len(skipped_rows or []),
     }
@@ -366,13 +377,11 @@ def search_tags(config: dict, method: str, sampled: dict) -> dict[str, str]:
 
     A trial without marks (the joint search) is a search trial, not a default, keyed by its method and params.
     """
-    from peftune.search import SEARCH_PHASE, config_key
-
     marks = config.get("peftune") or {}
     return {
-        "peftune.phase": str(marks.get("phase", SEARCH_PHASE)),
-        "peftune.default": "true" if marks.get("default") else "false",
-        "peftune.config_key": str(marks.get("config_key") or config_key(method, sampled)),
+        PHASE: str(marks.get("phase", SEARCH)),
+        DEFAULT: "true" if marks.get("default") else "false",
+        CONFIG_KEY: str(marks.get("config_key") or config_key(method, sampled)),
     }
 
 
@@ -388,7 +397,7 @@ class RecordedResults:
         out = {}
         for run in child_runs(client, self.record.experiment_id, self.record.parent_run_id):
             tags = run.data.tags
-            searched = tags.get(TRIAL_ID) and tags.get("peftune.phase", "search") == "search"
+            searched = tags.get(TRIAL_ID) and run_phase(tags) == SEARCH
             if not searched or "score" not in run.data.metrics:
                 continue
             histories = {
@@ -426,7 +435,7 @@ def log_method_budgets(record: SweepRecord) -> dict[str, dict[str, float]]:
     budgets: dict[str, dict[str, float]] = {}
     for run in child_runs(client, record.experiment_id, record.parent_run_id):
         tags, metrics = run.data.tags, run.data.metrics
-        if not tags.get(TRIAL_ID) or tags.get("peftune.phase", "search") != "search":
+        if not tags.get(TRIAL_ID) or run_phase(tags) != SEARCH:
             continue
         budget = budgets.setdefault(tags.get("peftune.method", ""), {"trials": 0, "steps": 0.0, "compute_s": 0.0})
         budget["trials"] += 1
@@ -484,7 +493,7 @@ def trial_records(record: SweepRecord) -> list[TrialRecord]:
                 tags.get(STATUS),
                 run.data.metrics.get("best_score"),
                 dict(run.data.params),
-                tags.get("peftune.phase") or "search",
+                run_phase(tags),
             )
         )
     return out
@@ -539,17 +548,26 @@ def error_text(raw: str | None) -> str:
 class TrialLogger(tune.Callback):
     """Logs each trial as a child run of the sweep's parent run (see the module docstring).
 
-    ``settings`` (``peftune.sweep.TrialSettings``) turns a trial's sampled config into its
+    ``settings`` (``peftune.worker.TrialSettings``) turns a trial's sampled config into its
     ``TrainConfig``, as the trainable does, so the params logged are exactly what the trial trains.
     The writes go through a durable write-ahead buffer (``peftune.tracking_buffer``, kept at
     ``pending_path``) drained by a background thread: a tracking-server outage never holds up a trial.
     """
 
-    def __init__(self, record: SweepRecord, settings, task_metrics: list[str], pending_path: str | Path | None = None):
+    def __init__(
+        self,
+        record: SweepRecord,
+        settings,
+        task_metrics: list[str],
+        pending_path: str | Path | None = None,
+        dev_examples: dict[str, tuple[list[int], list[float]]] | None = None,
+    ):
         self.record = record
         self.settings = settings
         self.task_metrics = list(task_metrics)
         self.pending_path = pending_path
+        # per task, (example ids, labels) of the dev split, in the order of a trial's dev predictions
+        self.dev_examples = dev_examples or {}
         self.buffer = None
         self._reset()
 
@@ -562,6 +580,7 @@ class TrialLogger(tune.Callback):
         self._counted: set[str] = set()  # trial ids whose parameter counts are logged
         self._partials: dict[str, set[int]] = {}  # trial id -> examples_seen of the rungs logged within epochs
         self._unfinished: dict[str, tuple[str, str]] = {}  # config key -> (trial id, run id) of unfinished runs
+        self._predicted: dict[str, float] = {}  # trial id -> score of the epoch whose predictions are logged
 
     def __getstate__(self):  # Ray pickles callbacks with the experiment; the client is rebuilt in setup()
         return {
@@ -569,6 +588,7 @@ class TrialLogger(tune.Callback):
             "settings": self.settings,
             "task_metrics": self.task_metrics,
             "pending_path": self.pending_path,
+            "dev_examples": self.dev_examples,
         }
 
     def __setstate__(self, state):
@@ -616,9 +636,9 @@ class TrialLogger(tune.Callback):
                 self._finished.add(trial_id)
             if run.data.tags.get(STATUS) == FAILED:
                 self._failed.add(trial_id)
-            searched = run.data.tags.get("peftune.phase", "search") == "search"  # confirmation has its own resume
-            if searched and not run.data.tags.get(STATUS) and run.data.tags.get("peftune.config_key"):
-                self._unfinished[run.data.tags["peftune.config_key"]] = (trial_id, run.info.run_id)
+            searched = run_phase(run.data.tags) == SEARCH  # confirmation has its own resume
+            if searched and not run.data.tags.get(STATUS) and run.data.tags.get(CONFIG_KEY):
+                self._unfinished[run.data.tags[CONFIG_KEY]] = (trial_id, run.info.run_id)
             if "trainable_params_per_task" in run.data.metrics:
                 self._counted.add(trial_id)
             if "score" in run.data.metrics:
@@ -687,7 +707,7 @@ class TrialLogger(tune.Callback):
         id, and its record continues that run (retagged) instead of a second one.
         """
         method, sampled = self.settings.split(trial.config)
-        key = search_tags(trial.config, method, sampled)["peftune.config_key"]
+        key = search_tags(trial.config, method, sampled)[CONFIG_KEY]
         old_id, run_id = self._unfinished.get(key, (None, None))
         if run_id is None or old_id in known or old_id == trial.trial_id:
             return
@@ -733,6 +753,8 @@ class TrialLogger(tune.Callback):
             self._counted.add(trial.trial_id)
         self._write("metrics", trial_id=trial.trial_id, metrics=metrics)
         self._last_epoch[trial.trial_id] = epoch
+        if "predictions" in result:
+            self._log_predictions(trial, result)
         shown = " ".join(f"{k} {result[k]:.4f}" for k in self.task_metrics if k in result)
         log.info(
             "trial %s (%s) epoch %d/%d: %s score %.4f, %.0fs",
@@ -744,6 +766,17 @@ class TrialLogger(tune.Callback):
             result.get("score", float("nan")),
             result.get("epoch_time_s", 0),
         )
+
+    def _log_predictions(self, trial, result: dict) -> None:
+        """The dev predictions of the trial's best epoch so far (by ``score``, the earliest on a tie, as
+        ``best_*``), as :data:`PREDICTIONS_ARTIFACT`: what the report's paired comparisons read."""
+        score = result.get("score")
+        if not _finite(score) or score <= self._predicted.get(trial.trial_id, -math.inf):
+            return
+        self._predicted[trial.trial_id] = score
+        seed = (trial.config.get("peftune") or {}).get("seed", self.settings.seed)
+        text = predictions_csv(result["predictions"], self.dev_examples, int(seed))
+        self._write("artifact", trial_id=trial.trial_id, path=PREDICTIONS_ARTIFACT, text=text)
 
     def _log_partial(self, trial_id: str, result: dict) -> None:
         """A rung within an epoch, once: ``fidelity_<score|steps|progress>`` at step = examples seen."""

@@ -264,6 +264,19 @@ class WriteBuffer:
             self.client.set_tag(run_id, key, value)
         self.client.set_terminated(run_id, status="FAILED" if status == "failed" else "FINISHED")
 
+    def _op_artifact(self, trial_id: str, path: str, text: str) -> None:
+        """A text file as the run's artifact ``path`` (gzip-compressed when it ends in ``.gz``); replaces it."""
+        import gzip
+        import tempfile
+
+        run_id = self._need(trial_id)
+        directory, name = os.path.split(path)
+        with tempfile.TemporaryDirectory(prefix="peftune-artifact-") as tmp:
+            local = Path(tmp) / name
+            data = text.encode()
+            local.write_bytes(gzip.compress(data, mtime=0) if name.endswith(".gz") else data)
+            self.client.log_artifact(run_id, str(local), artifact_path=directory or None)
+
     def _need(self, trial_id: str) -> str:
         run_id = self.run_id(trial_id)
         if run_id is None:  # its trial_run operation comes first in the order: this is not an outage

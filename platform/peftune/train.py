@@ -33,7 +33,8 @@ from peftune.backbone import (
     load_tokenizer,
     native_pooling,
 )
-from peftune.data import TaskData, bucketed_batches, load_tasks, multitask_schedule
+from peftune.data import TaskData, bucketed_batches, load_tasks, multitask_schedule, restore_order
+from peftune.errors import UserError
 from peftune.model import POOLINGS, MultitaskModel
 from peftune.params import count_parameters
 from peftune.tasks import get_task, overall_score, parse_tasks
@@ -75,6 +76,13 @@ class TrainConfig:
     # data-fidelity rungs: also evaluate and report (without a checkpoint) once this fraction of the
     # run's training examples is seen, e.g. [1/9, 1/3]; epoch ends report anyway
     report_fractions: list[float] = field(default_factory=list)
+    # the splits evaluated after each epoch (peftune.data.SPLITS): the first is the one the run is judged
+    # on (``score``, the task metrics, the epoch kept); the others are reported beside it as
+    # ``<split>_score`` and ``<split>_<task metric>`` (a search trial: selection; a confirmation run:
+    # selection, then dev, whose numbers the report gives at the epoch selection chose)
+    eval_splits: list[str] = field(default_factory=lambda: ["dev"])
+    # a split whose per-example predictions every epoch's report carries (``predictions``), or None
+    predictions_of: str | None = None
 
     def __post_init__(self):
         self.tasks = [t.name for t in parse_tasks(self.tasks)]
@@ -88,28 +96,34 @@ class TrainConfig:
         }
         for key, value in positive.items():
             if not value > 0:
-                raise ValueError(f"TrainConfig.{key} must be > 0, got {value!r}")
+                raise UserError(f"TrainConfig.{key} must be > 0, got {value!r}")
         for key in ("dropout", "warmup_ratio"):
             if not 0.0 <= getattr(self, key) < 1.0:
-                raise ValueError(f"TrainConfig.{key} must be in [0, 1), got {getattr(self, key)!r}")
+                raise UserError(f"TrainConfig.{key} must be in [0, 1), got {getattr(self, key)!r}")
         if self.weight_decay < 0 or self.max_grad_norm <= 0:
-            raise ValueError("TrainConfig.weight_decay must be >= 0 and max_grad_norm > 0")
+            raise UserError("TrainConfig.weight_decay must be >= 0 and max_grad_norm > 0")
         if self.sampling not in SAMPLING:
-            raise ValueError(f"TrainConfig.sampling {self.sampling!r}, expected one of {SAMPLING}")
+            raise UserError(f"TrainConfig.sampling {self.sampling!r}, expected one of {SAMPLING}")
         if not all(0.0 < f < 1.0 for f in self.report_fractions):
-            raise ValueError(f"TrainConfig.report_fractions must lie in (0, 1), got {self.report_fractions!r}")
+            raise UserError(f"TrainConfig.report_fractions must lie in (0, 1), got {self.report_fractions!r}")
         if self.pooling not in ("auto", *POOLINGS):
-            raise ValueError(f"TrainConfig.pooling {self.pooling!r}, expected one of {('auto', *POOLINGS)}")
+            raise UserError(f"TrainConfig.pooling {self.pooling!r}, expected one of {('auto', *POOLINGS)}")
+        if not self.eval_splits or len(set(self.eval_splits)) != len(self.eval_splits):
+            raise UserError(f"TrainConfig.eval_splits must name distinct splits, got {self.eval_splits!r}")
+        if any(split not in ("selection", "dev") for split in self.eval_splits):
+            raise UserError(f"TrainConfig.eval_splits: {self.eval_splits!r}, expected selection and/or dev")
+        if self.predictions_of not in (None, *self.eval_splits):
+            raise UserError(f"TrainConfig.predictions_of {self.predictions_of!r}: not one of the eval_splits")
         if self.log_every < 0:
-            raise ValueError(f"TrainConfig.log_every must be >= 0 (0: no progress lines), got {self.log_every!r}")
+            raise UserError(f"TrainConfig.log_every must be >= 0 (0: no progress lines), got {self.log_every!r}")
         if not 0 <= self.seed <= MAX_SEED:
-            raise ValueError(
+            raise UserError(
                 f"TrainConfig.seed must be in [0, {MAX_SEED}] (what numpy and torch accept), got {self.seed}"
             )
         try:
             check_device_name(self.device)
         except ValueError as error:
-            raise ValueError(f"TrainConfig.{error}") from None
+            raise UserError(f"TrainConfig.{error}") from None
 
     def _check_types(self) -> None:
         """Numbers are numbers (not bools) and finite: NaN and inf pass every `<` check."""
@@ -122,14 +136,14 @@ class TrainConfig:
                 or not isinstance(value, (int, float))
                 or (kind is int and isinstance(value, float))
             ):
-                raise ValueError(
+                raise UserError(
                     f"TrainConfig.{spec.name} must be {'an integer' if kind is int else 'a number'}, "
                     f"got {str(value)[:80]!r}"
                 )
             if not math.isfinite(value):
-                raise ValueError(f"TrainConfig.{spec.name} must be a finite number, got {value!r}")
+                raise UserError(f"TrainConfig.{spec.name} must be a finite number, got {value!r}")
         if self.precision not in PRECISIONS:
-            raise ValueError(f"TrainConfig.precision {self.precision!r}, expected one of {PRECISIONS}")
+            raise UserError(f"TrainConfig.precision {self.precision!r}, expected one of {PRECISIONS}")
 
     def method_options_with_dropout(self) -> dict:
         return {**self.method_options, "dropout": self.dropout}
@@ -180,11 +194,13 @@ def prepare(
     max_dev_examples: int | None = None,
     seed: int = 0,
     invalid_rows: str = "raise",
+    selection_examples: int | None | bool = False,
 ) -> PreparedData:
     """Load the backbone and tokenizer, read and tokenize every task's train and dev file once.
 
     ``invalid_rows="skip"`` drops malformed rows (each listed in a warning) instead of stopping at
-    the first; the real quora-train.csv has two.
+    the first; the real quora-train.csv has two. ``selection_examples``: a selection split carved from
+    the train file (see :func:`peftune.data.load_tasks`).
     """
     backbone, model_dir = load_pretrained(model)
     tokenizer = load_tokenizer(model_dir)
@@ -197,6 +213,7 @@ def prepare(
         max_dev_examples=max_dev_examples,
         seed=seed,
         invalid_rows=invalid_rows,
+        selection_examples=selection_examples,
     )
     hashes = {Path(split.source).name: split.sha256 for task in data.values() for split in (task.train, task.dev)}
     return PreparedData(
@@ -215,23 +232,40 @@ MAX_SEED = 2**32 - 1  # numpy's seed range; torch takes it too
 
 
 def check_device_name(name) -> None:
-    """``auto`` or a torch device string (cpu, cuda, cuda:1, mps...); CUDA's presence is checked where it runs."""
+    """``auto`` or a torch device string a model can train on (cpu, cuda, cuda:1, mps...); whether this machine
+    has it is :func:`select_device`'s check, made where the trial runs (a sweep's driver may have no GPU)."""
     if name == "auto":
         return
     try:
-        torch.device(name)
+        device = torch.device(name)
     except (RuntimeError, TypeError):
-        raise ValueError(
+        device = None
+    if device is None or device.type == "meta":  # meta tensors hold no data: nothing trains there
+        raise UserError(
             f"device {str(name)[:80]!r}: expected auto, cpu, cuda, cuda:N or another torch device"
         ) from None
 
 
 def select_device(name: str = "auto") -> torch.device:
+    """The device ``name`` stands for on this machine; a device it lacks (no CUDA, cuda:7 of 2 GPUs, mps off a
+    Mac) is a UserError naming it, not a traceback from the first tensor moved there."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    check_device_name(name)
     device = torch.device(name)
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device {name!r} was asked for but CUDA is not available")
+    if device.type == "cpu":
+        return device
+    backend = getattr(torch, device.type, None)  # torch.cuda, torch.mps, torch.xpu...
+    available = getattr(backend, "is_available", None)
+    if available is None or not available():
+        kind = "CUDA" if device.type == "cuda" else device.type
+        raise UserError(f"device {name!r} was asked for but {kind} is not available on this machine")
+    count = getattr(backend, "device_count", None)
+    if device.index is not None and count is not None and device.index >= count():
+        raise UserError(
+            f"device {name!r}: this machine has {count()} {device.type} device(s), "
+            f"{device.type}:0 to {device.type}:{count() - 1}"
+        )
     return device
 
 
@@ -255,7 +289,7 @@ def cpu_has_native_bf16() -> bool:
 def resolve_precision(device: torch.device, precision: str = "auto") -> str:
     """What a trial on ``device`` computes in ("bf16" or "fp32") for the configured ``precision``."""
     if precision not in PRECISIONS:
-        raise ValueError(f"precision {precision!r}, expected one of {PRECISIONS}")
+        raise UserError(f"precision {precision!r}, expected one of {PRECISIONS}")
     if precision != "auto":
         return precision
     if device.type == "cuda":
@@ -311,15 +345,15 @@ def linear_schedule(optimizer, total_steps: int, warmup_ratio: float):
 # ----------------------------------------------------------------------------- evaluation
 
 
-def evaluate(
+def predict(
     model: MultitaskModel,
     tasks: dict[str, TaskData],
+    split: str,
     batch_size: int,
-    pad_token_id: int,
     device: torch.device,
     precision: str = "auto",
-) -> dict[str, float]:
-    """Dev metric per task, e.g. {"sst_accuracy": 0.41, "sts_pearson": 0.80}.
+) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
+    """Per task, (predictions, labels) on ``split``, both (N,) on the CPU in the split's order.
 
     Batches are sorted by length (little padding), run without autograd under the same autocast as
     training (``precision`` as in :func:`resolve_precision`), and the predictions stay on the device
@@ -327,19 +361,35 @@ def evaluate(
     """
     precision = resolve_precision(device, precision)
     model.eval()
-    results = {}
+    out = {}
     with torch.inference_mode():
         for name, task_data in tasks.items():
-            spec = model.tasks[name]
-            predictions, labels = [], []
-            for batch in bucketed_batches(task_data.dev, batch_size, shuffle=False, pad_id=pad_token_id):
+            spec, data = model.tasks[name], task_data.split(split)
+            predictions = []
+            batches = bucketed_batches(data, batch_size, shuffle=False, pad_id=data.pad_id)
+            for batch in batches:
                 batch = batch.to(device, non_blocking=True)
                 with autocast_for(device, precision):
                     outputs = model(name, batch.input_ids, batch.attention_mask, batch.token_type_ids)
                 predictions.append(spec.predict(outputs.float()))
-                labels.append(batch.labels)
-            results[metric_name(spec)] = spec.score(torch.cat(predictions).cpu(), torch.cat(labels).cpu())
-    return results
+            # bucketed_batches reorders by length: restore the split's order
+            out[name] = (restore_order(batches, predictions), data.labels)
+    return out
+
+
+def evaluate(
+    model: MultitaskModel,
+    tasks: dict[str, TaskData],
+    batch_size: int,
+    pad_token_id: int,
+    device: torch.device,
+    precision: str = "auto",
+    split: str = "dev",
+) -> dict[str, float]:
+    """The metric per task on ``split``, e.g. {"sst_accuracy": 0.41, "sts_pearson": 0.80} (see :func:`predict`)."""
+    del pad_token_id  # each split pads with its tokenizer's own pad id
+    results = predict(model, tasks, split, batch_size, device, precision)
+    return {metric_name(model.tasks[t]): model.tasks[t].score(p, y) for t, (p, y) in results.items()}
 
 
 def metric_name(spec) -> str:
@@ -381,7 +431,7 @@ def run_trial(
     started_trial = time.perf_counter()
     missing = [t for t in config.tasks if t not in prepared.tasks]
     if missing:
-        raise ValueError(f"tasks {missing} were not prepared; prepared: {sorted(prepared.tasks)}")
+        raise UserError(f"tasks {missing} were not prepared; prepared: {sorted(prepared.tasks)}")
     torch.manual_seed(config.seed)
     device = select_device(config.device)
     precision = resolve_precision(device, config.precision)
@@ -440,7 +490,7 @@ def run_trial(
             while fractions and examples_seen / examples_per_run >= fractions[0]:
                 fractions.pop(0)
                 if report is not None and step + 1 < len(plan):  # an epoch's end reports anyway
-                    dev = evaluate(model, tasks, config.batch_size * 4, prepared.pad_token_id, device, precision)
+                    dev = evaluate_splits(model, tasks, config, device, precision, with_predictions=False)
                     model.train()
                     progress = {
                         "steps": steps_done,
@@ -466,12 +516,11 @@ def run_trial(
         epoch_time = time.perf_counter() - started
         train_time += epoch_time
         started_eval = time.perf_counter()
-        dev = evaluate(model, tasks, config.batch_size * 4, prepared.pad_token_id, device, precision)
+        dev = evaluate_splits(model, tasks, config, device, precision)
         eval_time = time.perf_counter() - started_eval
         metrics = {
             "epoch": epoch + 1,
             **dev,
-            "score": overall_score(dev),
             "train_loss": loss_sum.item() / max(1, len(plan)),
             "epoch_time_s": epoch_time,
             "train_time_s": train_time,
@@ -487,12 +536,12 @@ def run_trial(
         }
         if device.type == "cuda":
             metrics["peak_gpu_memory_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
-        history.append(metrics)
+        history.append({k: v for k, v in metrics.items() if k != "predictions"})  # the report alone carries them
         log.info(
             "epoch %d/%d %s",
             epoch + 1,
             config.epochs,
-            " ".join(f"{k} {v:.4f}" for k, v in dev.items()) + f" score {metrics['score']:.4f}",
+            " ".join(f"{k} {v:.4f}" for k, v in dev.items() if k != "predictions"),
         )
         if report is not None:
             # `save` is only valid during the report call: the model and optimizer move on afterwards
@@ -503,7 +552,7 @@ def run_trial(
                     model,
                     config=config,
                     backbone=prepared.backbone,
-                    metrics=metrics,
+                    metrics=history[-1],
                     optimizer=optimizer,
                     scheduler=scheduler,
                     epoch=epoch + 1,
@@ -514,12 +563,27 @@ def run_trial(
     return TrialResult(history, model)
 
 
+def evaluate_splits(model, tasks, config: TrainConfig, device, precision: str, with_predictions: bool = True) -> dict:
+    """The metrics of ``config.eval_splits`` (see :class:`TrainConfig`): the first split's task metrics and
+    ``score`` under their plain names and as ``<split>_score``; every other split's as ``<split>_<name>``;
+    and, for ``config.predictions_of``, ``predictions``: {task: [prediction per example, in file order]}."""
+    metrics: dict = {}
+    for i, split in enumerate(config.eval_splits):
+        results = predict(model, tasks, split, config.batch_size * 4, device, precision)
+        task_metrics = {metric_name(model.tasks[t]): model.tasks[t].score(p, y) for t, (p, y) in results.items()}
+        values = {**task_metrics, "score": overall_score(task_metrics)}
+        metrics.update(values if i == 0 else {})
+        metrics.update({f"{split}_{key}": value for key, value in values.items() if i > 0 or key == "score"})
+        if with_predictions and split == config.predictions_of:
+            metrics["predictions"] = {t: p.tolist() for t, (p, _) in results.items()}
+    return metrics
+
+
 def _partial_metrics(epoch: int, dev: dict, progress: dict, examples_per_run: int) -> dict:
     """A report within an epoch (a data-fidelity rung): ``epoch`` counts the epochs completed."""
     return {
         "epoch": epoch,
         **dev,
-        "score": overall_score(dev),
         **progress,
         "progress": progress["examples_seen"] / examples_per_run,
         "partial": True,

@@ -30,10 +30,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from peftune.backbone import BertConfig, BertModel
+from peftune.errors import UserError
 from peftune.methods.base import (
+    MAX_BOTTLENECK_FACTOR,
     MethodConfig,
     MethodSpec,
     TaskContext,
+    check_at_most,
     check_positive_int,
     check_range,
     register_method,
@@ -49,7 +52,7 @@ POSITIONS = ("attention.output", "output")
 def check_bool(config, key: str) -> None:
     value = getattr(config, key)
     if not isinstance(value, bool):
-        raise TypeError(f"{type(config).__name__}.{key} must be true or false, got {value!r}")
+        raise UserError(f"{type(config).__name__}.{key} must be true or false, got {value!r}")
 
 
 @dataclass
@@ -66,7 +69,7 @@ class AdapterConfig(MethodConfig):
         super().__post_init__()
         check_positive_int(self, "bottleneck")
         if self.activation not in ACTIVATIONS:
-            raise ValueError(
+            raise UserError(
                 f"{type(self).__name__}.activation = {self.activation!r}; expected one of {sorted(ACTIVATIONS)}"
             )
         check_range(self, "init_std", 0.0, 1.0)
@@ -79,11 +82,17 @@ class AdapterConfig(MethodConfig):
             layers = list(layers)
             bad = [i for i in layers if isinstance(i, bool) or not isinstance(i, int) or i < 0]
             if not layers or bad or len(set(layers)) != len(layers):
-                raise ValueError(
+                raise UserError(
                     f"{type(self).__name__}.layers = {self.layers!r}; expected None (all layers) or "
                     "distinct 0-based layer indices"
                 )
             self.layers = sorted(layers)
+
+    def check_backbone(self, bert: BertConfig) -> None:
+        limit = MAX_BOTTLENECK_FACTOR * bert.hidden_size
+        check_at_most(self, "bottleneck", limit, f"{MAX_BOTTLENECK_FACTOR} x its hidden size {bert.hidden_size}")
+        adapter_layers(self, bert.num_hidden_layers)
+        super().check_backbone(bert)
 
 
 class HoulsbyAdapter(nn.Module):
@@ -125,7 +134,7 @@ def adapter_layers(config: AdapterConfig, num_layers: int) -> list[int]:
     if config.layers is None:
         return list(range(num_layers))
     if config.layers[-1] >= num_layers:
-        raise ValueError(
+        raise UserError(
             f"{type(config).__name__}.layers = {config.layers}: the backbone has layers 0..{num_layers - 1}"
         )
     return config.layers
@@ -146,6 +155,7 @@ def install_adapters(backbone: BertModel, config: AdapterConfig, context: TaskCo
 
 
 def apply_adapter(backbone: BertModel, config: AdapterConfig, context: TaskContext) -> None:
+    config.check_backbone(backbone.config)
     if config.train_layernorm:
         apply_layernorm(backbone, LayerNormConfig(), context)
     install_adapters(backbone, config, context)

@@ -26,7 +26,8 @@ from typing import Any
 
 from torch import nn
 
-from peftune.backbone import BertModel
+from peftune.backbone import BertConfig, BertModel
+from peftune.errors import UnknownNameError, UserError
 
 PER_TASK = "per_task"
 
@@ -47,7 +48,7 @@ class TaskContext:
     @task.setter
     def task(self, name: str) -> None:
         if name not in self.tasks:
-            raise KeyError(f"unknown task {name!r}; this model serves {self.tasks}")
+            raise UnknownNameError(f"unknown task {name!r}; this model serves {self.tasks}")
         self._task = name
 
     @property
@@ -65,28 +66,48 @@ class MethodConfig:
         for spec in fields(self):  # NaN and inf slip through every range check: refuse them first
             value = getattr(self, spec.name)
             if isinstance(value, float) and not math.isfinite(value):
-                raise ValueError(f"{type(self).__name__}.{spec.name} must be a finite number, got {value!r}")
+                raise UserError(f"{type(self).__name__}.{spec.name} must be a finite number, got {value!r}")
         check_range(self, "dropout", 0.0, 1.0, high_inclusive=False)
+
+    def check_backbone(self, bert: BertConfig) -> None:
+        """Refuse sizes this backbone cannot hold (a LoRA rank above its hidden size, k above its layers...),
+        before anything is allocated; each method with a size checks its own, then calls ``super()``."""
+
+
+# widths of a method's own modules, in multiples of the backbone's hidden size: an adapter bottleneck wider
+# than the FFN (4 x hidden) is no bottleneck; a hypernetwork or reparameterisation MLP 16 x wider is absurd
+MAX_BOTTLENECK_FACTOR = 4
+MAX_WIDTH_FACTOR = 16
+
+
+def check_at_most(config, key: str, limit: int, what: str) -> None:
+    """``config.key`` <= ``limit``, the backbone's ``what`` (named in the error)."""
+    value = getattr(config, key)
+    if value is not None and value > limit:
+        raise UserError(
+            f"{type(config).__name__}.{key} = {value!r} is too large for the backbone; expected at most {limit:,} "
+            f"({what})"
+        )
 
 
 def check_range(config, key: str, low: float, high: float | None = None, *, high_inclusive: bool = True) -> None:
     value = getattr(config, key)
     kind = type(config).__name__
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{kind}.{key} must be a number, got {value!r}")
+        raise UserError(f"{kind}.{key} must be a number, got {value!r}")
     if not math.isfinite(value):
-        raise ValueError(f"{kind}.{key} must be a finite number, got {value!r}")
+        raise UserError(f"{kind}.{key} must be a finite number, got {value!r}")
     too_high = high is not None and (value > high if high_inclusive else value >= high)
     if value < low or too_high:
         bracket = "]" if high_inclusive else ")"
         upper = "inf)" if high is None else f"{high}{bracket}"
-        raise ValueError(f"{kind}.{key} = {value!r} is out of range; expected a value in [{low}, {upper}")
+        raise UserError(f"{kind}.{key} = {value!r} is out of range; expected a value in [{low}, {upper}")
 
 
 def check_positive_int(config, key: str) -> None:
     value = getattr(config, key)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{type(config).__name__}.{key} must be a positive integer, got {value!r}")
+        raise UserError(f"{type(config).__name__}.{key} must be a positive integer, got {value!r}")
 
 
 ApplyFn = Callable[[BertModel, Any, TaskContext], None]
@@ -107,7 +128,7 @@ _REGISTRY: dict[str, MethodSpec] = {}
 
 def register_method(spec: MethodSpec) -> MethodSpec:
     if spec.name in _REGISTRY:
-        raise ValueError(f"method {spec.name!r} is already registered")
+        raise UserError(f"method {spec.name!r} is already registered")
     if not (dataclasses.is_dataclass(spec.config_cls) and issubclass(spec.config_cls, MethodConfig)):
         raise TypeError(f"method {spec.name!r}: config_cls must be a MethodConfig dataclass")
     _REGISTRY[spec.name] = spec
@@ -118,7 +139,7 @@ def get_method(name: str) -> MethodSpec:
     try:
         return _REGISTRY[name]
     except KeyError:
-        raise KeyError(f"unknown method {name!r}; valid methods: {', '.join(sorted(_REGISTRY))}") from None
+        raise UnknownNameError(f"unknown method {name!r}; valid methods: {', '.join(sorted(_REGISTRY))}") from None
 
 
 def method_names() -> list[str]:
@@ -132,7 +153,7 @@ def make_method_config(name: str, values: dict | None = None) -> MethodConfig:
     known = {f.name for f in fields(spec.config_cls)}
     unknown = sorted(set(values) - known)
     if unknown:
-        raise ValueError(
+        raise UserError(
             f"method {name!r} has no option {', '.join(map(repr, unknown))}; valid options: {', '.join(sorted(known))}"
         )
     return spec.config_cls(**values)

@@ -53,7 +53,17 @@ from torch import nn
 
 from peftune.backbone import BertConfig, BertModel
 from peftune.methods.adapter import POSITIONS, check_bool, layernorm_parameter_count
-from peftune.methods.base import MethodConfig, MethodSpec, TaskContext, check_positive_int, check_range, register_method
+from peftune.methods.base import (
+    MAX_BOTTLENECK_FACTOR,
+    MAX_WIDTH_FACTOR,
+    MethodConfig,
+    MethodSpec,
+    TaskContext,
+    check_at_most,
+    check_positive_int,
+    check_range,
+    register_method,
+)
 from peftune.methods.layernorm import LayerNormConfig, apply_layernorm
 
 LN_EPS = 1e-6  # the adapters' and the projector's LayerNorms, as in HyperFormer
@@ -74,6 +84,13 @@ class HyperformerConfig(MethodConfig):
             check_positive_int(self, key)
         check_range(self, "init_std", 0.0, 1.0)
         check_bool(self, "train_layernorm")
+
+    def check_backbone(self, bert: BertConfig) -> None:
+        d = bert.hidden_size
+        check_at_most(self, "bottleneck", MAX_BOTTLENECK_FACTOR * d, f"{MAX_BOTTLENECK_FACTOR} x its hidden size {d}")
+        for key in ("projected_dim", "task_embedding_dim", "projector_hidden"):
+            check_at_most(self, key, MAX_WIDTH_FACTOR * d, f"{MAX_WIDTH_FACTOR} x its hidden size {d}")
+        super().check_backbone(bert)
 
 
 class TaskEmbedding(nn.Module):
@@ -197,6 +214,7 @@ class HyperAdapter(nn.Module):
 
 
 def apply_hyperformer(backbone: BertModel, config: HyperformerConfig, context: TaskContext) -> None:
+    config.check_backbone(backbone.config)
     if config.train_layernorm:
         apply_layernorm(backbone, LayerNormConfig(), context)
     reference = backbone.embeddings.word_embeddings.weight  # new modules follow its device and dtype

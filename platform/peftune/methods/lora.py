@@ -24,7 +24,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from peftune.methods.base import MethodConfig, MethodSpec, check_positive_int, check_range, register_method
+from peftune.errors import UserError
+from peftune.methods.base import (
+    MethodConfig,
+    MethodSpec,
+    check_at_most,
+    check_positive_int,
+    check_range,
+    register_method,
+)
 
 # Linear layers of the backbone LoRA may adapt (leaf names, as in HF BERT)
 LORA_TARGETS = ("query", "key", "value", "attention.output.dense", "intermediate.dense", "output.dense")
@@ -45,9 +53,13 @@ class LoraConfig(MethodConfig):
             self.targets = [t.strip() for t in self.targets.split(",") if t.strip()]
         bad = [t for t in self.targets if t not in LORA_TARGETS]
         if not self.targets or bad:
-            raise ValueError(
-                f"LoraConfig.targets {self.targets!r}: expected a non-empty subset of {list(LORA_TARGETS)}"
-            )
+            raise UserError(f"LoraConfig.targets {self.targets!r}: expected a non-empty subset of {list(LORA_TARGETS)}")
+
+    def check_backbone(self, bert) -> None:
+        # B A has rank at most min(d_in, d_out) of the adapted linear: a larger r only adds parameters
+        limit = min(bert.hidden_size, bert.intermediate_size)
+        check_at_most(self, "rank", limit, "the smallest side of the adapted linears")
+        super().check_backbone(bert)
 
 
 def peft_lora_config(config: LoraConfig):
@@ -111,6 +123,7 @@ def fused_qkv(attention, x):
 
 
 def apply_lora(backbone, config: LoraConfig, context) -> None:
+    config.check_backbone(backbone.config)
     for layer in backbone.encoder.layer:
         for target in config.targets:
             parent_name, _, leaf = _TARGET_PATHS[target].rpartition(".")

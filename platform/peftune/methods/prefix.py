@@ -43,7 +43,16 @@ import torch
 from torch import nn
 
 from peftune.backbone import BertConfig, BertModel
-from peftune.methods.base import MethodConfig, MethodSpec, TaskContext, check_positive_int, register_method
+from peftune.errors import UserError
+from peftune.methods.base import (
+    MAX_WIDTH_FACTOR,
+    MethodConfig,
+    MethodSpec,
+    TaskContext,
+    check_at_most,
+    check_positive_int,
+    register_method,
+)
 
 DIRECT_INIT_STD = 0.02  # BERT's initializer_range, for a prefix optimised without the MLP
 
@@ -64,10 +73,17 @@ class PrefixConfig(MethodConfig):
         super().__post_init__()
         check_positive_int(self, "prefix_length")
         if not isinstance(self.reparameterize, bool):
-            raise TypeError(f"PrefixConfig.reparameterize must be true or false, got {self.reparameterize!r}")
+            raise UserError(f"PrefixConfig.reparameterize must be true or false, got {self.reparameterize!r}")
         check_positive_int(self, "reparam_hidden")
         if self.reparam_input_dim is not None:
             check_positive_int(self, "reparam_input_dim")
+
+    def check_backbone(self, bert: BertConfig) -> None:
+        check_at_most(self, "prefix_length", bert.max_position_embeddings, "its max_position_embeddings")
+        d = bert.hidden_size
+        for key in ("reparam_hidden", "reparam_input_dim"):
+            check_at_most(self, key, MAX_WIDTH_FACTOR * d, f"{MAX_WIDTH_FACTOR} x its hidden size {d}")
+        super().check_backbone(bert)
 
 
 def _input_dim(config: PrefixConfig, bert_config: BertConfig) -> int:
@@ -212,7 +228,8 @@ class LayerPrefix(nn.Module):
 def apply_prefix(backbone: BertModel, config: PrefixConfig, context: TaskContext) -> None:
     layers = [layer.attention.self for layer in backbone.encoder.layer]
     if hasattr(backbone, "prefix_encoder") or any(attention.kv_prefix is not None for attention in layers):
-        raise ValueError("the backbone already has a kv_prefix installed; prefix tuning applies once")
+        raise UserError("the backbone already has a kv_prefix installed; prefix tuning applies once")
+    config.check_backbone(backbone.config)
     encoder = PrefixEncoder(config, backbone.config, context)
     backbone.prefix_encoder = encoder  # parameters: prefix_encoder.per_task.<task>.*
     for index, attention in enumerate(layers):
@@ -229,7 +246,7 @@ def merge_prefix(model: nn.Module) -> nn.Module:
     """
     encoders = [module for module in model.modules() if isinstance(module, PrefixEncoder)]
     if not encoders:
-        raise ValueError(f"{type(model).__name__} has no prefix-tuning modules to merge")
+        raise UserError(f"{type(model).__name__} has no prefix-tuning modules to merge")
     for encoder in encoders:
         encoder.merge()
     return model

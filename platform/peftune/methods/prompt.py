@@ -33,7 +33,15 @@ import torch
 from torch import nn
 
 from peftune.backbone import BertConfig, BertModel
-from peftune.methods.base import MethodConfig, MethodSpec, TaskContext, check_positive_int, register_method
+from peftune.errors import UserError
+from peftune.methods.base import (
+    MethodConfig,
+    MethodSpec,
+    TaskContext,
+    check_at_most,
+    check_positive_int,
+    register_method,
+)
 
 PROMPT_INITS = ("vocab", "random")
 RANDOM_INIT_RANGE = 0.5  # Lester et al.'s random-uniform init: U(-0.5, 0.5)
@@ -50,7 +58,11 @@ class PromptConfig(MethodConfig):
         super().__post_init__()
         check_positive_int(self, "prompt_length")
         if self.init not in PROMPT_INITS:
-            raise ValueError(f"PromptConfig.init = {self.init!r}; expected one of {list(PROMPT_INITS)}")
+            raise UserError(f"PromptConfig.init = {self.init!r}; expected one of {list(PROMPT_INITS)}")
+
+    def check_backbone(self, bert: BertConfig) -> None:
+        check_at_most(self, "prompt_length", bert.max_position_embeddings, "its max_position_embeddings")
+        super().check_backbone(bert)
 
 
 def prompt_parameter_count(config: PromptConfig, bert_config: BertConfig, num_tasks: int = 1) -> dict[str, int]:
@@ -116,7 +128,8 @@ def initial_prompt(config: PromptConfig, backbone: BertModel) -> torch.Tensor:
 
 def apply_prompt(backbone: BertModel, config: PromptConfig, context: TaskContext) -> None:
     if backbone.embeddings.input_prompt is not None:
-        raise ValueError("the backbone already has an input_prompt installed; prompt tuning applies once")
+        raise UserError("the backbone already has an input_prompt installed; prompt tuning applies once")
+    config.check_backbone(backbone.config)
     prompts = {task: initial_prompt(config, backbone) for task in context.tasks}
     backbone.embeddings.input_prompt = PromptInserter(prompts, config.dropout, context)
 

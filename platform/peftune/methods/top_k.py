@@ -6,6 +6,7 @@ layers stay frozen, so no gradient flows below layer L - k.
 
 from dataclasses import dataclass
 
+from peftune.errors import UserError
 from peftune.methods.base import MethodConfig, MethodSpec, check_positive_int, register_method, unfreeze
 
 
@@ -17,11 +18,15 @@ class TopKConfig(MethodConfig):
         super().__post_init__()
         check_positive_int(self, "k")
 
+    def check_backbone(self, bert) -> None:
+        if self.k > bert.num_hidden_layers:
+            raise UserError(f"TopKConfig.k = {self.k} exceeds the backbone's {bert.num_hidden_layers} layers")
+        super().check_backbone(bert)
+
 
 def apply_top_k(backbone, config: TopKConfig, context) -> None:
+    config.check_backbone(backbone.config)
     layers = backbone.encoder.layer
-    if config.k > len(layers):
-        raise ValueError(f"TopKConfig.k = {config.k} exceeds the backbone's {len(layers)} layers")
     for layer in layers[len(layers) - config.k :]:
         unfreeze(layer)
     unfreeze(backbone.pooler)

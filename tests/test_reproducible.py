@@ -1,0 +1,93 @@
+"""The same definition, seed, data and code give the same record, whatever the number of workers.
+
+Real Ray Tune, Optuna and MLflow: one small sweep (two methods, three trials each, TPE after one random
+draw, per-method ASHA on data-fidelity rungs) run twice, once one trial at a time and once two at a
+time. In the default (synchronous) mode a method's next trial waits for its earlier ones, so both runs
+must draw the same configurations, stop the same trials at the same rungs and score them the same.
+"""
+
+from __future__ import annotations
+
+import textwrap
+from pathlib import Path
+
+import mlflow
+import pytest
+import ray
+
+from peftune import record, spaces, sweep
+
+FROZEN = """\
+    method: frozen
+    lr: {low: 1.0e-3, high: 3.0e-2, log: true}
+    dropout: {low: 0.0, high: 0.3}
+    weight_decay: 0.0
+"""
+LORA = """\
+    method: lora
+    lr: {low: 1.0e-4, high: 1.0e-2, log: true}
+    dropout: 0.1
+    weight_decay: 0.0
+    options:
+      rank: {choices: [1, 2, 4]}
+"""
+SWEEP = """\
+    name: {name}
+    tasks: [sst]
+    methods: [frozen, lora]
+    seed: 5
+    search: {{objective: single, sampler: tpe, n_startup_trials: 1}}
+    scheduler: {{type: asha, fidelity: data, rungs: 2, reduction_factor: 2, min_steps: 0}}
+    resources: {{cpus_per_trial: 1, max_concurrent_trials: {concurrency}}}
+    max_failures: 0
+    checkpoints_per_method: 0
+    confirm: {{seeds: 0}}
+    budget: tiny
+    budgets:
+      tiny: {{num_samples: 6, epochs: 2, batch_size: 16, max_length: 32, max_train_examples: 48, max_dev_examples: 32}}
+"""
+
+
+def definition(directory: Path, name: str, concurrency: int):
+    (directory / "methods").mkdir(parents=True, exist_ok=True)
+    (directory / "methods" / "frozen.yaml").write_text(textwrap.dedent(FROZEN))
+    (directory / "methods" / "lora.yaml").write_text(textwrap.dedent(LORA))
+    path = directory / f"{name}.yaml"
+    path.write_text(textwrap.dedent(SWEEP).format(name=name, concurrency=concurrency))
+    return spaces.load_sweep(path)
+
+
+def recorded(uri: str, parent_run_id: str) -> list[tuple]:
+    """Every trial as (method, configuration, status, best score, steps): what a rerun must give again."""
+    client = mlflow.MlflowClient(uri)
+    experiment = client.get_run(parent_run_id).info.experiment_id
+    runs = client.search_runs([experiment], filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}'")
+    return sorted(
+        (
+            r.data.params["method"],
+            r.data.tags[record.CONFIG_KEY],
+            r.data.tags[record.STATUS],
+            round(r.data.metrics.get("best_score", float("nan")), 6),
+            r.data.metrics.get("steps"),
+        )
+        for r in runs
+    )
+
+
+@pytest.mark.slow
+def test_one_or_two_workers_give_the_same_trials_stops_and_scores(tmp_path, tiny_data_dir):
+    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    try:
+        records = {}
+        for concurrency in (1, 2):
+            name = f"repro{concurrency}"
+            uri = f"sqlite:///{tmp_path / f'{name}.db'}"
+            spec = definition(tmp_path / "defs", name, concurrency)
+            result = sweep.run_sweep(spec, tiny_data_dir, uri, storage_path=tmp_path / "ray", verbose=0)
+            assert result.status == "completed" and result.num_trials == 6
+            records[concurrency] = recorded(uri, result.parent_run_id)
+    finally:
+        ray.shutdown()
+    assert len(records[1]) == 6 and len({row[1] for row in records[1]}) == 6  # six configurations, none twice
+    assert records[1] == records[2], "the record depends on the number of workers"
+    assert {row[2] for row in records[1]} <= {"completed", "early_stopped"}
