@@ -130,7 +130,8 @@ name: node_kill
 tasks: [sst]
 methods: [frozen]
 seed: 0
-search: {objective: single, sampler: tpe, n_startup_trials: 10}
+# asynchronous: one method's trials must run two at a time, one on each node, for the kill to hit a trial
+search: {objective: single, sampler: tpe, n_startup_trials: 10, asynchronous: true}
 scheduler: {type: none}
 resources: {cpus_per_trial: 1, max_concurrent_trials: 2}
 max_failures: 2

@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import signal
 import statistics
-import textwrap
 from pathlib import Path
 
 import mlflow
@@ -20,6 +19,7 @@ import ray
 from ray import tune
 
 from peftune import confirm, record, spaces, sweep, tracking
+from tiny_sweep import write_definition
 
 FROZEN = """\
     method: frozen
@@ -53,12 +53,8 @@ SWEEP = """\
 
 
 def definition(directory: Path, name: str, concurrency: int, confirm: str = ""):
-    (directory / "methods").mkdir(parents=True, exist_ok=True)
-    (directory / "methods" / "frozen.yaml").write_text(textwrap.dedent(FROZEN))
-    (directory / "methods" / "top_k.yaml").write_text(textwrap.dedent(TOP_K))
-    path = directory / f"{name}.yaml"
-    path.write_text(textwrap.dedent(SWEEP).format(name=name, concurrency=concurrency, confirm=confirm))
-    return spaces.load_sweep(path)
+    spaces_ = {"frozen": FROZEN, "top_k": TOP_K}
+    return write_definition(directory, name, spaces_, SWEEP, concurrency=concurrency, confirm=confirm)
 
 
 @pytest.fixture(scope="module")

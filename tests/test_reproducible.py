@@ -8,14 +8,14 @@ must draw the same configurations, stop the same trials at the same rungs and sc
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import mlflow
 import pytest
 import ray
 
-from peftune import record, spaces, sweep
+from peftune import record, sweep
+from tiny_sweep import write_definition
 
 FROZEN = """\
     method: frozen
@@ -49,12 +49,7 @@ SWEEP = """\
 
 
 def definition(directory: Path, name: str, concurrency: int):
-    (directory / "methods").mkdir(parents=True, exist_ok=True)
-    (directory / "methods" / "frozen.yaml").write_text(textwrap.dedent(FROZEN))
-    (directory / "methods" / "lora.yaml").write_text(textwrap.dedent(LORA))
-    path = directory / f"{name}.yaml"
-    path.write_text(textwrap.dedent(SWEEP).format(name=name, concurrency=concurrency))
-    return spaces.load_sweep(path)
+    return write_definition(directory, name, {"frozen": FROZEN, "lora": LORA}, SWEEP, concurrency=concurrency)
 
 
 def recorded(uri: str, parent_run_id: str) -> list[tuple]:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import textwrap
 from pathlib import Path
 
 import mlflow
@@ -21,6 +20,7 @@ import yaml
 from ray import tune
 
 from peftune import checkpoint, record, search, spaces, sweep
+from tiny_sweep import write_definition
 
 # frozen with a vanishing lr cannot learn: it scores below top_k after epoch 1, so ASHA stops it
 # there; top_k with k = 8 > the 6 layers of MiniLM fails when the trial builds its model.
@@ -59,13 +59,10 @@ SWEEP = """\
 
 
 def definition(directory: Path, name: str, num_samples: int, concurrency: int, seed: int = 0):
-    (directory / "methods").mkdir(parents=True, exist_ok=True)
-    (directory / "methods" / "frozen.yaml").write_text(textwrap.dedent(FROZEN))
-    (directory / "methods" / "top_k.yaml").write_text(textwrap.dedent(TOP_K))
-    path = directory / f"{name}.yaml"
-    text = textwrap.dedent(SWEEP).format(name=name, seed=seed, concurrency=concurrency, num_samples=num_samples)
-    path.write_text(text)
-    return spaces.load_sweep(path)
+    spaces_ = {"frozen": FROZEN, "top_k": TOP_K}
+    return write_definition(
+        directory, name, spaces_, SWEEP, seed=seed, concurrency=concurrency, num_samples=num_samples
+    )
 
 
 @pytest.fixture(scope="module")
