@@ -315,7 +315,7 @@ def evaluate_sweep(
                 model_ = _restore(client, trial, prepared, device_)
             if model_ is not None:
                 source = "checkpoint"
-                dev = evaluate(model_, prepared.tasks, int(trial["batch_size"]) * 2, prepared.pad_token_id, device_)
+                dev = evaluate(model_, prepared.tasks, int(trial["batch_size"]) * 2, device_)
                 dev["score"] = overall_score(dev)
                 if abs(dev["score"] - trial["score"]) > 1e-4:
                     log.warning(
@@ -328,7 +328,7 @@ def evaluate_sweep(
                 config = train_config(trial, seed, definition.get("train") or {}, device)
                 model_, dev = _retrain(config, prepared)
                 source = "retrained"
-            test = evaluate(model_, test_tasks, int(trial["batch_size"]) * 2, prepared.pad_token_id, device_)
+            test = evaluate(model_, test_tasks, int(trial["batch_size"]) * 2, device_)
             test["score"] = overall_score(test)
             rows.append(_row(trial, seed, "dev", source, dev))
             rows.append(_row(trial, seed, "test", source, test))

@@ -91,7 +91,7 @@ def test_checkpoint_reproduces_dev_metrics_exactly(tiny_prepared, tmp_path):
 
     train.run_trial(config(), tiny_prepared, report)
     model = checkpoint.load_checkpoint(tmp_path / "epoch2", backbone=tiny_prepared.backbone.build())
-    dev = train.evaluate(model, tiny_prepared.tasks, 32, tiny_prepared.pad_token_id, torch.device("cpu"))
+    dev = train.evaluate(model, tiny_prepared.tasks, 32, torch.device("cpu"))
     assert dev == {k: saved[2][k] for k in dev}
     meta = json.loads((tmp_path / "epoch2" / "peftune.json").read_text())
     assert meta["method"] == "lora" and meta["epoch"] == 2

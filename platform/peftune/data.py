@@ -663,13 +663,13 @@ def _make_batch(split: EncodedSplit, indices: torch.Tensor, pad_id: int) -> Batc
 def restore_order(batches: Sequence[Batch], values: Sequence[torch.Tensor]) -> torch.Tensor:
     """Per-batch outputs (each (B_i, ...)) -> one (N, ...) tensor in the split's (file) order."""
     if len(batches) != len(values):
-        raise UserError(f"{len(batches)} batches but {len(values)} output tensors")
+        raise RuntimeError(f"{len(batches)} batches but {len(values)} output tensors")
     if not values:
-        raise UserError("no batches")
+        raise RuntimeError("no batches")
     indices = torch.cat([batch.indices for batch in batches])  # (N,)
     flat = torch.cat([v.detach().cpu() for v in values])  # (N, ...)
     if len(flat) != len(indices):
-        raise UserError(f"{len(flat)} outputs for {len(indices)} examples")
+        raise RuntimeError(f"{len(flat)} outputs for {len(indices)} examples")
     out = torch.empty_like(flat)
     out[indices] = flat
     return out

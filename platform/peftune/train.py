@@ -381,13 +381,11 @@ def evaluate(
     model: MultitaskModel,
     tasks: dict[str, TaskData],
     batch_size: int,
-    pad_token_id: int,
     device: torch.device,
     precision: str = "auto",
     split: str = "dev",
 ) -> dict[str, float]:
     """The metric per task on ``split``, e.g. {"sst_accuracy": 0.41, "sts_pearson": 0.80} (see :func:`predict`)."""
-    del pad_token_id  # each split pads with its tokenizer's own pad id
     results = predict(model, tasks, split, batch_size, device, precision)
     return {metric_name(model.tasks[t]): model.tasks[t].score(p, y) for t, (p, y) in results.items()}
 
