@@ -242,13 +242,13 @@ budgets:
 @pytest.mark.parametrize(
     "file, old, new, key, expected",
     [
-        ("lora", "lr: {low: 1.0e-4,", "lr: {low: '1e-4',", "lr.low", "expected a number, got a string"),
+        ("lora", "lr: {low: 1.0e-5,", "lr: {low: '1e-5',", "lr.low", "expected a number, got a string"),
         ("sweep", "warmup_ratio: 0.1}", "warmup_ratio: 0.1, device: 'cuda:99'}", "train.device", "cuda:0"),
         ("sweep", "warmup_ratio: 0.1}", "warmup_ratio: 0.1, device: meta}", "train.device", "'meta'"),
         ("sweep", "budget: small", "budget: small\nconfirm: {by_budget: ''}", "confirm.by_budget", "a mapping"),
         ("sweep", "small", "1", "budgets.1", "a preset name"),
         ("lora", "  lr: 1.0e-5", "  lr: 1e308", "default.lr", "(0, 10]"),
-        ("lora", "lr: {low: 1.0e-4, high: 5.0e-3,", "lr: {low: 1.0e-4, high: 50.0,", "lr", "(0, 10]"),
+        ("lora", "lr: {low: 1.0e-5, high: 5.0e-3,", "lr: {low: 1.0e-5, high: 50.0,", "lr", "(0, 10]"),
         ("sweep", "budget: small", "budget: small\nconfirm: {seeds: 1e30}", "confirm.seeds", "expected an int"),
         ("sweep", "budget: small", "budget: small\nconfirm: {seeds: 1001}", "confirm.seeds", "0 to 1,000"),
         ("sweep", "max_length: 64", "max_length: 100000", "budgets.small.max_length", "8 to 512"),

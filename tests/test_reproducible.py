@@ -8,6 +8,10 @@ must draw the same configurations, stop the same trials at the same rungs and sc
 
 from __future__ import annotations
 
+import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import mlflow
@@ -86,3 +90,23 @@ def test_one_or_two_workers_give_the_same_trials_stops_and_scores(tmp_path, tiny
     assert len(records[1]) == 6 and len({row[1] for row in records[1]}) == 6  # six configurations, none twice
     assert records[1] == records[2], "the record depends on the number of workers"
     assert {row[2] for row in records[1]} <= {"completed", "early_stopped"}
+    assert_record_reruns(uri, result.parent_run_id, tmp_path / "rerun")
+
+
+def assert_record_reruns(uri: str, parent_run_id: str, output: Path) -> None:
+    """A completed search trial's recorded ``peftune train`` command scores what the trial scored, epoch by epoch."""
+    client = mlflow.MlflowClient(uri)
+    experiment = client.get_run(parent_run_id).info.experiment_id
+    runs = client.search_runs(
+        [experiment], filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}' and params.method = 'lora'"
+    )
+    run = next(r for r in runs if r.data.tags[record.STATUS] == "completed")
+    argv = shlex.split(run.data.tags[record.TRAIN_COMMAND])
+    assert argv[:2] == ["peftune", "train"] and "--threads" in argv and "--selection-examples" in argv
+    command = [sys.executable, "-m", "peftune.cli", *argv[1:], "--output", str(output), "--device", "cpu"]
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    rerun = {int(e): float(v) for e, v in re.findall(r"^epoch (\d+): .*?  score ([0-9.]+)", done.stdout, re.M)}
+    history = client.get_metric_history(run.info.run_id, "score")
+    trial = {int(m.step): round(m.value, 4) for m in history if float(m.step).is_integer() and m.step >= 1}
+    assert rerun and rerun == {e: v for e, v in trial.items() if e in rerun}, (rerun, trial)

@@ -6,6 +6,7 @@ import json
 import pytest
 import torch
 
+from conftest import tiny_backbone
 from peftune import checkpoint, train
 from peftune.model import MultitaskModel
 from peftune.tasks import parse_tasks
@@ -32,6 +33,28 @@ def test_same_seed_same_result(tiny_prepared):
     assert drop_times(first) == drop_times(second)
     other_seed = train.run_trial(config(seed=1), tiny_prepared).history
     assert drop_times(other_seed) != drop_times(first)
+
+
+def test_heads_train_at_their_own_rate(tiny_prepared):
+    """With head_lr, the heads move at their rate and the method's parameters at lr (here: not at all)."""
+    cfg = config(method="lora", lr=1e-12, head_lr=3e-2, epochs=1)
+    model = train.build_model(cfg, tiny_prepared.backbone.build(), tiny_prepared.backbone.pooling)
+    start = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    trained = train.run_trial(cfg, tiny_prepared).model
+    moved = {n: not torch.allclose(p, start[n], atol=1e-6) for n, p in trained.named_parameters() if n in start}
+    heads = {n for n in moved if n.startswith("heads.")}
+    assert heads and all(moved[n] for n in heads)
+    lora_b = [n for n in moved if "lora_B" in n]  # zero at init: any step at lr would move it off zero
+    assert lora_b and not any(moved[n] for n in lora_b)
+
+
+def test_head_lr_defaults_to_lr_and_is_refused_where_the_heads_are_the_method():
+    groups = train.build_optimizer(train.build_model(config(), tiny_backbone()), config(lr=2e-3)).param_groups
+    assert {g["lr"] for g in groups} == {2e-3}
+    with pytest.raises(train.UserError, match="head_lr"):
+        config(method="frozen", method_options={}, head_lr=1e-3)
+    with pytest.raises(train.UserError, match="head_lr"):
+        config(head_lr=float("nan"))
 
 
 def test_reports_every_epoch_with_metrics_and_counts(tiny_prepared):

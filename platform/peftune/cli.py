@@ -18,21 +18,20 @@ from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
-from peftune import record, spaces, sweep
-from peftune.backbone import DEFAULT_MODEL
+import torch
+import yaml
+
+from peftune import bench, checkpoint, methods, record, services, spaces, sweep, train
+from peftune.backbone import DEFAULT_MODEL, BertConfig, BertModel, check_tokenizer_files, read_json, resolve_model_dir
 from peftune.errors import UserError, one_line, user_errors
+from peftune.model import MultitaskModel
+from peftune.params import count_parameters
+from peftune.tasks import parse_tasks
 
 log = logging.getLogger("peftune.cli")
 
 # method size/options settable by flag: flag dest -> config field name
-SIZE_FLAGS = {
-    "rank": "rank",
-    "alpha": "alpha",
-    "bottleneck": "bottleneck",
-    "prefix_length": "prefix_length",
-    "prompt_length": "prompt_length",
-    "k": "k",
-}
+SIZE_FLAGS = {name: name for name in train.OPTION_FLAGS}
 
 
 def finite_float(text: str) -> float:
@@ -55,8 +54,6 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_method_args(parser: argparse.ArgumentParser) -> None:
-    from peftune import methods
-
     parser.add_argument("--method", default="lora", help=f"one of: {', '.join(methods.method_names())}")
     parser.add_argument("--rank", type=int, help="LoRA rank r (lora, lora_adapter)")
     parser.add_argument("--alpha", type=finite_float, help="LoRA alpha (scale alpha/r)")
@@ -75,7 +72,6 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
 
 def method_options(args) -> dict:
     """Collect the method options given by flag; a flag the method does not have is an error."""
-    from peftune import methods
 
     spec = methods.get_method(args.method)
     valid = {f.name: f for f in fields(spec.config_cls)}
@@ -117,7 +113,6 @@ def check_output_dir(flag: str, output: Path) -> None:
 
 def check_device(device: str):
     """``--device`` against what this machine has (a form torch refuses, a missing GPU), before any work."""
-    from peftune import train
 
     try:
         return train.select_device(device)
@@ -128,8 +123,6 @@ def check_device(device: str):
 def check_model(config, model: str) -> None:
     """The model before the data: its tokenizer files, and the method's sizes against its shape (config.json
     alone), so a LoRA rank of 10**12 is refused here, not by the allocator after the data is read."""
-    from peftune import methods
-    from peftune.backbone import BertConfig, check_tokenizer_files, read_json, resolve_model_dir
 
     model_dir = resolve_model_dir(model)
     bert = BertConfig.from_dict(read_json(model_dir / "config.json"))
@@ -141,8 +134,6 @@ def check_model(config, model: str) -> None:
 
 
 def _parse_value(raw: str):
-    import yaml
-
     # YAML scalars only (numbers, booleans, strings): never objects or code
     try:
         value = yaml.safe_load(raw)
@@ -152,35 +143,11 @@ def _parse_value(raw: str):
 
 
 def cmd_train(args) -> int:
-    from peftune import checkpoint, train
-
-    config = train.TrainConfig(
-        method=args.method,
-        method_options=method_options(args),
-        tasks=args.tasks,
-        lr=args.lr,
-        dropout=args.dropout,
-        weight_decay=args.weight_decay,
-        epochs=args.epochs,
-        batch_size=args.batch_size,
-        warmup_ratio=args.warmup_ratio,
-        sampling=args.sampling,
-        pooling=args.pooling,
-        seed=args.seed,
-        device=args.device,
-        precision=args.precision,
-    )
+    config = train_config(args)
     output = Path(args.output or f"runs/{config.method}-{time.strftime('%Y%m%d-%H%M%S')}")
-    # everything a user can get wrong is checked before the data is read and the model trained
-    if output.exists() and not output.is_dir():
-        raise UserError(f"--output {output}: is an existing file; expected a checkpoint directory")
-    check_output_dir("--output", output)
-    if (output / checkpoint.META).exists() and not args.overwrite:
-        raise UserError(f"{output} already holds a checkpoint; pass --overwrite or another --output")
-    if args.export_peft and config.method != "lora":
-        raise UserError(f"--export-peft needs --method lora (got --method {config.method})")
-    check_device(config.device)
-    check_model(config, args.model)
+    check_train_args(args, config, output)  # all a user can get wrong, before the data is read
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
     logging.info("reading and tokenizing %s from %s", ",".join(config.tasks), args.data_dir)
     prepared = train.prepare(
         args.data_dir,
@@ -189,8 +156,9 @@ def cmd_train(args) -> int:
         max_length=args.max_length,
         max_train_examples=args.max_train_examples,
         max_dev_examples=args.max_dev_examples,
-        seed=args.seed,
+        seed=args.seed if args.data_seed is None else args.data_seed,
         invalid_rows=args.invalid_rows,
+        selection_examples=_selection_examples(args.selection_examples),
     )
     best = {"score": float("-inf")}
 
@@ -200,10 +168,9 @@ def cmd_train(args) -> int:
             best.update(metrics)
             save(output)
 
-    result = train.run_trial(config, prepared, report)
-    counts = result.history[-1]
+    counts = train.run_trial(config, prepared, report).history[-1]
     print(
-        f"best dev score {best['score']:.4f} at epoch {best['epoch']}; "
+        f"best {config.eval_splits[0]} score {best['score']:.4f} at epoch {best['epoch']}; "
         f"trainable per task {counts['trainable_params_per_task']:,} "
         f"({counts['trainable_params_per_task_pct']:.2f}% of the backbone), "
         f"stored {counts['stored_params']:,} ({counts['stored_params_pct']:.2f}%)"
@@ -216,8 +183,52 @@ def cmd_train(args) -> int:
     return 0
 
 
+def train_config(args) -> train.TrainConfig:
+    """The TrainConfig of ``peftune train``'s flags (the inverse of ``train.train_command``)."""
+    selection = _selection_examples(args.selection_examples)
+    return train.TrainConfig(
+        method=args.method,
+        method_options=method_options(args),
+        tasks=args.tasks,
+        **{name: getattr(args, name) for name in train.COMMAND_FIELDS},
+        device=args.device,
+        # with a selection split the run is judged (and its epoch kept) on it, as a sweep's trial is
+        eval_splits=[record.SELECTION, record.DEV] if selection is not False else [record.DEV],
+    )
+
+
+def check_train_args(args, config: train.TrainConfig, output: Path) -> None:
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads {args.threads}: expected an integer >= 1")
+    if output.exists() and not output.is_dir():
+        raise UserError(f"--output {output}: is an existing file; expected a checkpoint directory")
+    check_output_dir("--output", output)
+    if (output / checkpoint.META).exists() and not args.overwrite:
+        raise UserError(f"{output} already holds a checkpoint; pass --overwrite or another --output")
+    if args.export_peft and config.method != "lora":
+        raise UserError(f"--export-peft needs --method lora (got --method {config.method})")
+    check_device(config.device)
+    check_model(config, args.model)
+
+
+def _selection_examples(text: str | None):
+    """``--selection-examples``: absent (no selection split), ``dev`` (each task's dev size) or a count."""
+    if text is None:
+        return False
+    if text == "dev":
+        return None
+    try:
+        count = int(text)
+    except ValueError:
+        count = 0
+    if count < 1:
+        raise UserError(f"--selection-examples {text[:40]!r}: expected 'dev' or an integer >= 1")
+    return count
+
+
 def format_metrics(metrics: dict) -> str:
     shown = [k for k in metrics if k.endswith(("_accuracy", "_pearson"))] + ["score", "train_loss"]
+    shown += [k for k in ("dev_score",) if k in metrics]  # judged on a selection split: dev beside it
     return (
         f"epoch {metrics['epoch']}: "
         + "  ".join(f"{k} {metrics[k]:.4f}" for k in shown)
@@ -226,14 +237,6 @@ def format_metrics(metrics: dict) -> str:
 
 
 def cmd_methods(args) -> int:
-    import torch
-
-    from peftune import methods
-    from peftune.backbone import BertConfig, BertModel, read_json, resolve_model_dir
-    from peftune.model import MultitaskModel
-    from peftune.params import count_parameters
-    from peftune.tasks import parse_tasks
-
     if args.bert_base_shape:
         config, label = BertConfig(), "bert-base shape (BertConfig() defaults)"
     else:
@@ -259,8 +262,6 @@ def cmd_methods(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    from peftune import bench
-
     bench.main(args)
     return 0
 
@@ -273,7 +274,6 @@ def cmd_sweep(args) -> int:
 
 def cmd_report(args) -> int:
     from analysis.report import report_sweep
-    from peftune import record
 
     args.tracking_uri = record.existing_store_uri(args.tracking_uri)
     if args.output and Path(args.output).exists() and not Path(args.output).is_dir():
@@ -293,7 +293,6 @@ def cmd_report(args) -> int:
 
 def cmd_evaluate(args) -> int:
     from analysis.evaluate import evaluate_sweep, mean_std_table
-    from peftune import record
 
     args.tracking_uri = record.existing_store_uri(args.tracking_uri)
     if args.output and Path(args.output).exists() and not Path(args.output).is_dir():
@@ -333,7 +332,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="peftune", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
+    for add in (add_train_parser, add_methods_parser, add_sweep_parser, add_report_parser, add_evaluate_parser,
+                add_bench_parser, add_services_parsers):  # fmt: skip
+        add(sub)
+    return parser
 
+
+def add_train_parser(sub) -> None:
     p = sub.add_parser("train", help="train one configuration and save its best checkpoint")
     add_method_args(p)
     add_model_args(p)
@@ -341,11 +346,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data-dir", required=True, help="directory holding the task files")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--lr", type=finite_float, default=1e-4)
+    p.add_argument("--head-lr", type=finite_float, help="the task heads' learning rate (default: --lr)")
     p.add_argument("--dropout", type=finite_float, default=0.1, help="dropout of the heads and the method's modules")
     p.add_argument("--weight-decay", type=finite_float, default=0.01)
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--warmup-ratio", type=finite_float, default=0.1)
+    p.add_argument("--max-grad-norm", type=finite_float, default=1.0, help="gradient clipping norm")
     p.add_argument("--sampling", default="proportional", choices=["round_robin", "proportional", "temperature"])
+    p.add_argument("--temperature", type=finite_float, default=10.0, help="T of --sampling temperature")
     p.add_argument(
         "--pooling",
         default="auto",
@@ -361,7 +369,14 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["raise", "skip"],
         help="a malformed data row stops the run (raise, default) or is dropped with a warning (skip)",
     )
+    p.add_argument(
+        "--selection-examples",
+        help="carve a selection split from the train file, as a sweep does ('dev': as many as each task's dev "
+        "set, or a count); the run is then judged on it and also reports dev",
+    )
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--data-seed", type=int, help="seed of the training subset and selection split (default: --seed)")
+    p.add_argument("--threads", type=int, help="torch's CPU threads (default: torch's choice; a trial: its CPUs)")
     p.add_argument("--device", default="auto", help="auto (CUDA if present, else CPU), cpu, cuda, cuda:1...")
     p.add_argument(
         "--precision",
@@ -374,6 +389,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--export-peft", action="store_true", help="also export a LoRA adapter in peft's format")
     p.set_defaults(func=cmd_train)
 
+
+def add_methods_parser(sub) -> None:
     p = sub.add_parser("methods", help="list the methods with their parameter counts on a backbone")
     add_model_args(p)
     p.add_argument("--tasks", default="sst,para,sts")
@@ -384,11 +401,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_methods)
 
+
+def add_sweep_parser(sub) -> None:
     p = sub.add_parser("sweep", help="run or resume a hyperparameter sweep (Ray Tune + Optuna, logged to MLflow)")
     add_arguments(p)
     p.epilog = EXIT_CODES_HELP
     p.set_defaults(func=cmd_sweep)
 
+
+def add_report_parser(sub) -> None:
     p = sub.add_parser("report", help="a sweep's Pareto report (tables, plots, HTML), logged to its MLflow parent run")
     add_report_args(p)
     p.add_argument(
@@ -405,6 +426,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_report)
 
+
+def add_evaluate_parser(sub) -> None:
     p = sub.add_parser(
         "evaluate", help="re-train the dev frontier with several seeds and score it on a held-out labelled test split"
     )
@@ -429,6 +452,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", default="auto", help="auto (CUDA if present, else CPU), cpu, cuda, cuda:1...")
     p.set_defaults(func=cmd_evaluate)
 
+
+def add_bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="training throughput: the core versus the HF Trainer (fp32, bf16, peft LoRA)")
     add_model_args(p)
     p.add_argument("--data-dir", required=True)
@@ -440,15 +465,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.set_defaults(func=cmd_bench)
 
-    from peftune import services
 
+def add_services_parsers(sub) -> None:
     p = sub.add_parser("up", help="start (or reuse) a local Ray head and MLflow server, both on 127.0.0.1")
     services.add_arguments(p, starting=True)
     p.set_defaults(func=services.cmd_up)
     p = sub.add_parser("down", help="stop the Ray head and MLflow server that `peftune up` started on these ports")
     services.add_arguments(p, starting=False)
     p.set_defaults(func=services.cmd_down)
-    return parser
 
 
 def main(argv: list[str] | None = None) -> int:

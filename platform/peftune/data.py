@@ -229,64 +229,14 @@ def _parse(
 ) -> tuple[list[Example], list[int], list[tuple[int, str]]]:
     """(examples, their 1-based start lines, skipped (line, reason)) of one file's bytes."""
     _check_policy(invalid_rows)
-    required = (*spec.text_columns, spec.label_column)
-    header_expected = "a tab-separated header row with columns " + ", ".join(required)
     text = _decode(path, data)
     if not text.strip():
-        raise DataError(path, "the file is empty", line=1, expected=header_expected)
-
+        raise DataError(path, "the file is empty", line=1, expected=_header_expected(spec))
     # newline="" hands line endings to csv, so quoted fields may hold them and line_num counts physical lines
     reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t")
     try:
-        header = [name.strip() for name in next(reader)]
-        nul = [name for name in header if "\x00" in name]
-        if nul:  # "id\x00" is not "id": the column would silently go unchecked
-            raise DataError(path, f"column name {nul[0]!r} holds a NUL character", line=1, expected=header_expected)
-        repeated = sorted({name for name in header if name and header.count(name) > 1})
-        if repeated:
-            raise DataError(
-                path,
-                f"column(s) {', '.join(repeated)} appear twice in the header",
-                line=1,
-                expected=header_expected + ", each once",
-            )
-        missing = [name for name in required if name not in header]
-        if missing:
-            raise DataError(
-                path,
-                f"missing column(s) {', '.join(missing)} for task {spec.name!r} (found: {', '.join(header)})",
-                line=1,
-                expected=header_expected,
-            )
-        text_at = [header.index(name) for name in spec.text_columns]
-        label_at = header.index(spec.label_column)
-        examples, lines, skipped = [], [], []
-        id_at = header.index("id") if "id" in header else None
-        seen_ids: dict[str, tuple[int, Example]] = {}  # id -> (line, example): an id names one example
-        end_of_previous = reader.line_num
-        for row in reader:
-            line, end_of_previous = end_of_previous + 1, reader.line_num
-            if not row:  # a blank line is not a row (as in pandas)
-                continue
-            checked = _check_row(row, len(header), text_at, label_at, spec, header, spans=reader.line_num - line + 1)
-            if isinstance(checked, Example) and id_at is not None:
-                first = seen_ids.setdefault(row[id_at].strip(), (line, checked))
-                if first[1] != checked:
-                    raise DataError(
-                        path,
-                        f"id {row[id_at].strip()[:80]!r} is repeated with another text or label "
-                        f"(first at line {first[0]})",
-                        line=line,
-                        expected="one example per id",
-                    )
-            if isinstance(checked, Example):
-                examples.append(checked)
-                lines.append(line)
-            elif invalid_rows == "skip":
-                skipped.append((line, "; expected ".join(checked)))
-            else:
-                reason, expected = checked
-                raise DataError(path, reason, line=line, expected=f"{expected} (or pass invalid_rows='skip')")
+        header = _checked_header(path, [name.strip() for name in next(reader)], spec)
+        examples, lines, skipped = _read_rows(path, reader, header, spec, invalid_rows)
     except csv.Error as error:
         if "field larger than field limit" in str(error):
             raise DataError(
@@ -297,8 +247,74 @@ def _parse(
             ) from None
         raise DataError(path, f"unreadable CSV ({error})", line=reader.line_num, expected="tab-separated CSV") from None
     if not examples:
-        raise DataError(path, "no data rows", line=end_of_previous + 1, expected="examples after the header row")
+        raise DataError(path, "no data rows", line=reader.line_num + 1, expected="examples after the header row")
     return examples, lines, skipped
+
+
+def _header_expected(spec: TaskSpec) -> str:
+    return "a tab-separated header row with columns " + ", ".join((*spec.text_columns, spec.label_column))
+
+
+def _checked_header(path: Path, header: list[str], spec: TaskSpec) -> list[str]:
+    """The header row, refused when a column the task needs is missing, repeated, or holds a NUL."""
+    expected = _header_expected(spec)
+    nul = [name for name in header if "\x00" in name]
+    if nul:  # "id\x00" is not "id": the column would silently go unchecked
+        raise DataError(path, f"column name {nul[0]!r} holds a NUL character", line=1, expected=expected)
+    repeated = sorted({name for name in header if name and header.count(name) > 1})
+    if repeated:
+        raise DataError(
+            path,
+            f"column(s) {', '.join(repeated)} appear twice in the header",
+            line=1,
+            expected=expected + ", each once",
+        )
+    missing = [name for name in (*spec.text_columns, spec.label_column) if name not in header]
+    if missing:
+        found = ", ".join(header)
+        raise DataError(
+            path, f"missing column(s) {', '.join(missing)} for task {spec.name!r} (found: {found})", line=1,
+            expected=expected,
+        )  # fmt: skip
+    return header
+
+
+def _read_rows(path: Path, reader, header: list[str], spec: TaskSpec, invalid_rows: str):
+    """The data rows after the header: (examples, their start lines, skipped (line, reason))."""
+    text_at = [header.index(name) for name in spec.text_columns]
+    label_at = header.index(spec.label_column)
+    id_at = header.index("id") if "id" in header else None
+    examples, lines, skipped = [], [], []
+    seen_ids: dict[str, tuple[int, Example]] = {}  # id -> (line, example): an id names one example
+    end_of_previous = reader.line_num
+    for row in reader:
+        line, end_of_previous = end_of_previous + 1, reader.line_num
+        if not row:  # a blank line is not a row (as in pandas)
+            continue
+        checked = _check_row(row, len(header), text_at, label_at, spec, header, spans=reader.line_num - line + 1)
+        if isinstance(checked, Example):
+            if id_at is not None:
+                _check_id(path, seen_ids, row[id_at].strip(), line, checked)
+            examples.append(checked)
+            lines.append(line)
+        elif invalid_rows == "skip":
+            skipped.append((line, "; expected ".join(checked)))
+        else:
+            reason, expected = checked
+            raise DataError(path, reason, line=line, expected=f"{expected} (or pass invalid_rows='skip')")
+    return examples, lines, skipped
+
+
+def _check_id(path: Path, seen: dict, example_id: str, line: int, example: Example) -> None:
+    """An id names one example: repeated with the same text and label is a duplicate row, otherwise an error."""
+    first = seen.setdefault(example_id, (line, example))
+    if first[1] != example:
+        raise DataError(
+            path,
+            f"id {example_id[:80]!r} is repeated with another text or label (first at line {first[0]})",
+            line=line,
+            expected="one example per id",
+        )
 
 
 def _check_policy(invalid_rows: str) -> None:

@@ -41,6 +41,7 @@ PHASE, DEFAULT, CONFIG_KEY, SEED, CONFIRMS = (
 )
 SEARCH, CONFIRM = "search", "confirm"  # the phases
 SEED_REASON = "peftune.seed_reason"  # on a confirmation run of a seed added to an open decision: which one
+TRAIN_COMMAND = "peftune.train_command"  # the `peftune train` command line that re-runs the trial
 
 # the splits a trial's numbers come from (peftune.data.SPLITS): a search trial's plain metrics (score,
 # sst_accuracy, ...) are on the selection split and repeated as selection_score; a confirmation run also

@@ -152,13 +152,27 @@ def trial_resources(resources: spaces.Resources) -> dict[str, float]:
     return {"cpu": resources.cpus_per_trial}
 
 
-def trial_settings(definition: SweepDefinition, steps_per_run: int | None = None) -> worker.TrialSettings:
+def trial_settings(
+    definition: SweepDefinition, steps_per_run: int | None = None, data_dir: str | Path | None = None
+) -> worker.TrialSettings:
     """What every trial of ``definition`` trains with besides its sample: the budget, the seed, the fixed
-    ``train:`` settings and the reports the scheduler's rungs need (``steps_per_run``: see ``search.live_rungs``)."""
+    ``train:`` settings, the reports the scheduler's rungs need (``steps_per_run``: see ``search.live_rungs``)
+    and, for the record's ``peftune train`` command, the data read (``data_dir``) and the threads."""
     budget = definition.budget
     train = {**definition.train, **search.fidelity_settings(definition, steps_per_run)}
+    data = {
+        "data_dir": str(data_dir) if data_dir is not None else None,
+        "model": definition.model,
+        "max_length": budget.max_length,
+        "max_train_examples": budget.max_train_examples,
+        "max_dev_examples": budget.max_dev_examples,
+        "selection_examples": budget.selection_examples,
+        "seed": definition.seed,
+        "invalid_rows": definition.invalid_rows,
+    }
     return worker.TrialSettings(definition.name, tuple(definition.tasks), budget.epochs, budget.batch_size,
-                                definition.seed, train)  # fmt: skip
+                                definition.seed, train, data=data,
+                                threads=max(1, int(definition.resources.cpus_per_trial)))  # fmt: skip
 
 
 def steps_per_run(definition: SweepDefinition, prepared) -> int:
@@ -252,7 +266,7 @@ def run_sweep(
         )
     confirm.log_dev_sizes(record, prepared, definition.seed)  # split sizes and the selection seed
     steps = steps_per_run(definition, prepared)
-    settings = trial_settings(definition, steps)
+    settings = trial_settings(definition, steps, data_dir)
     optuna_url = optuna_storage or search.default_storage_url(tracking_uri, storage)
     history = tracking.RecordedResults(record)
     pending = tracking_buffer.pending_path(storage, definition.name)

@@ -98,6 +98,7 @@ from peftune.record import (
     SEARCH,
     STATUS,
     SWEEP,
+    TRAIN_COMMAND,
     TRIAL_ID,
     config_key,
     predictions_csv,
@@ -109,7 +110,7 @@ log = logging.getLogger("peftune.tracking")
 
 EPOCH_METRICS = (
     *("score", "train_loss", "epoch_time_s", "tokens_per_s", "train_time_s"),
-    *("steps", "examples_seen", "progress"),  # the fidelity: optimizer steps, examples, fraction of the run
+    *("steps", "examples_seen", "tokens_seen", "progress"),  # the fidelity: steps, examples, tokens, fraction
     # where a trial's time goes besides training, and what packing trials onto a GPU must leave room for
     *("startup_s", "eval_time_s", "checkpoint_time_s", "peak_gpu_memory_mb"),
 )
@@ -660,11 +661,20 @@ class TrialLogger(tune.Callback):
         params["seed"] = self.settings.for_trial(trial.config).seed  # a confirmation trial's own seed
         # a confirmation trial's seed and origin; every trial's phase, default mark and config key
         tags = {**trial_tags(trial.config), **search_tags(trial.config, method, sampled)}
+        command = self._command(trial.config, method, sampled)
+        if command:
+            tags[TRAIN_COMMAND] = command
         self._write(
             "trial_run", trial_id=trial_id, run_name=f"{method}-{trial_id}", method=method,
             sweep=self.settings.sweep, params={k: _param_value(v) for k, v in params.items()}, tags=tags,
         )  # fmt: skip
         self._runs[trial_id] = None
+
+    def _command(self, config: dict, method: str, sampled: dict) -> str | None:
+        try:
+            return self.settings.for_trial(config).command(method, sampled)
+        except (ValueError, TypeError, KeyError):  # an invalid config: `_params` says so, the trial fails on it
+            return None
 
     def _params(self, method: str, sampled: dict) -> dict:
         """The trial's hyperparameters as its TrainConfig resolves them (method defaults included)."""
@@ -695,8 +705,13 @@ class TrialLogger(tune.Callback):
             "seed": config.seed,
             "warmup_ratio": config.warmup_ratio,
             "sampling": config.sampling,
+            "head_lr": config.head_lr if config.head_lr is not None else config.lr,
+            "max_grad_norm": config.max_grad_norm,
+            "precision": config.precision,
+            "threads": self.settings.threads,
         }
         params.update({f"method.{key}": value for key, value in options.items()})
+        params.update({f"data.{key}": value for key, value in self.settings.data.items() if key != "data_dir"})
         return params
 
     def _adopt(self, trial, known: set[str]) -> None:

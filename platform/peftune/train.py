@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import json
 import logging
 import math
+import shlex
 import time
 from collections.abc import Callable
 from contextlib import nullcontext
@@ -22,7 +24,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-from torch import nn
 
 from peftune import methods
 from peftune.backbone import (
@@ -58,6 +59,9 @@ class TrainConfig:
     lr: float = 1e-4  # PEFT methods want larger steps than full fine-tuning's 1e-5..2e-5
     dropout: float = 0.1  # heads and the method's own modules (the searched dropout)
     weight_decay: float = 0.01
+    # the task heads' own learning rate; None: the method's ``lr``. A head is a fresh linear layer: at an
+    # adapter's 1e-5 it barely moves in a short run, at prompt tuning's 0.3 it blows up
+    head_lr: float | None = None
     epochs: int = 3
     batch_size: int = 32
     warmup_ratio: float = 0.1  # linear warmup over the first 10% of steps, then linear decay
@@ -97,6 +101,7 @@ class TrainConfig:
         for key, value in positive.items():
             if not value > 0:
                 raise UserError(f"TrainConfig.{key} must be > 0, got {value!r}")
+        self._check_head_lr()
         for key in ("dropout", "warmup_ratio"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise UserError(f"TrainConfig.{key} must be in [0, 1), got {getattr(self, key)!r}")
@@ -144,6 +149,15 @@ class TrainConfig:
                 raise UserError(f"TrainConfig.{spec.name} must be a finite number, got {value!r}")
         if self.precision not in PRECISIONS:
             raise UserError(f"TrainConfig.precision {self.precision!r}, expected one of {PRECISIONS}")
+
+    def _check_head_lr(self) -> None:
+        value = self.head_lr
+        if value is None:
+            return
+        if self.method == "frozen":
+            raise UserError("TrainConfig.head_lr: frozen trains only its heads, whose rate is lr; leave head_lr unset")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
+            raise UserError(f"TrainConfig.head_lr must be a finite number > 0 (or None: lr), got {str(value)[:80]!r}")
 
     def method_options_with_dropout(self) -> dict:
         return {**self.method_options, "dropout": self.dropout}
@@ -223,6 +237,58 @@ def prepare(
         max_length=max_length,
         file_hashes=hashes,
     )
+
+
+# ----------------------------------------------------------------------------- the command that re-runs a trial
+
+# the method options `peftune train` sets by a flag of their own (--rank 8); any other by --option KEY=VALUE
+OPTION_FLAGS = ("rank", "alpha", "bottleneck", "prefix_length", "prompt_length", "k")
+
+
+def train_command(config: TrainConfig, data: dict, threads: int | None = None) -> str:
+    """The ``peftune train`` command line that trains ``config`` on the data ``prepare(**data)`` reads.
+
+    A trial's record keeps it (``peftune.train_command``): the same command, on the same code, data and
+    number of threads, gives the trial's scores (a different thread count sums in another order and the
+    run drifts apart from the trial within an epoch). The run is judged on its first split, as the trial.
+    """
+    options = dataclasses.asdict(methods.make_method_config(config.method, config.method_options_with_dropout()))
+    options.pop("dropout")
+    argv = ["peftune", "train", "--method", config.method]
+    for key, value in options.items():
+        if value is None:  # the option's default: nothing to pass
+            continue
+        text = json.dumps(list(value)) if isinstance(value, (list, tuple)) else str(value)  # a YAML flow list
+        argv += [f"--{key.replace('_', '-')}", text] if key in OPTION_FLAGS else ["--option", f"{key}={text}"]
+    values = {
+        "model": data.get("model", DEFAULT_MODEL),
+        "tasks": ",".join(config.tasks),
+        "data-dir": data["data_dir"],
+        "max-length": data.get("max_length", 128),
+        "max-train-examples": data.get("max_train_examples"),
+        "max-dev-examples": data.get("max_dev_examples"),
+        "selection-examples": _selection_flag(data.get("selection_examples", False)),
+        "invalid-rows": data.get("invalid_rows", "raise"),
+        "data-seed": data.get("seed", config.seed),
+        **{name.replace("_", "-"): getattr(config, name) for name in COMMAND_FIELDS},
+        "threads": threads,
+    }
+    for flag, value in values.items():
+        if value is not None:
+            argv += [f"--{flag}", repr(value) if isinstance(value, float) else str(value)]
+    return shlex.join(argv)
+
+
+# the TrainConfig fields `peftune train` takes by a flag of the same name (--head-lr: head_lr)
+COMMAND_FIELDS = ("epochs", "lr", "head_lr", "dropout", "weight_decay", "batch_size", "warmup_ratio",
+                   "max_grad_norm", "sampling", "temperature", "pooling", "seed", "precision")  # fmt: skip
+
+
+def _selection_flag(selection_examples) -> str | None:
+    """``--selection-examples``: none (False), ``dev`` (as many as each task's dev set: None) or a count."""
+    if selection_examples is False:
+        return None
+    return "dev" if selection_examples is None else str(selection_examples)
 
 
 # ----------------------------------------------------------------------------- device
@@ -319,16 +385,21 @@ def build_model(config: TrainConfig, backbone: BertModel, native_pooling: str = 
     return MultitaskModel(backbone, specs, config.method, method_config, head_dropout=config.dropout, pooling=pooling)
 
 
-def build_optimizer(model: nn.Module, config: TrainConfig) -> torch.optim.Optimizer:
-    decay, no_decay = [], []
+def build_optimizer(model: MultitaskModel, config: TrainConfig) -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters: the heads at ``head_lr`` (when set), the rest at ``lr``."""
+    heads = {id(p) for p in model.heads.parameters()}
+    head_lr = config.lr if config.head_lr is None else config.head_lr
+    groups = {}
     for name, parameter in model.named_parameters():
         if not parameter.requires_grad:
             continue
         # the usual BERT recipe: no weight decay on biases, LayerNorm gains and 1-D vectors
-        (no_decay if parameter.ndim < 2 or "LayerNorm" in name else decay).append(parameter)
-    groups = [{"params": decay, "weight_decay": config.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        decays = not (parameter.ndim < 2 or "LayerNorm" in name)
+        lr = head_lr if id(parameter) in heads else config.lr
+        group = groups.setdefault((lr, decays), {"params": [], "lr": lr, "weight_decay": config.weight_decay * decays})
+        group["params"].append(parameter)
     # the fused kernel (CPU and CUDA) steps 22M parameters ~6x faster than the default on 2 CPU cores
-    return torch.optim.AdamW([g for g in groups if g["params"]], lr=config.lr, fused=True)
+    return torch.optim.AdamW(list(groups.values()), lr=config.lr, fused=True)
 
 
 def linear_schedule(optimizer, total_steps: int, warmup_ratio: float):
@@ -415,150 +486,172 @@ def run_trial(
     report: ReportFn | None = None,
     resume_from: str | Path | None = None,
 ) -> TrialResult:
-    """Train ``config`` on ``prepared`` data; report dev metrics after every epoch.
+    """Train ``config`` on ``prepared`` data; report the evaluated splits' metrics after every epoch.
 
-    Besides the dev metrics and parameter counts, every report carries ``precision`` ("bf16" or
-    "fp32", what the trial computed in), ``startup_s`` (from this call to the first training step:
-    model build, optimizer, batching), ``eval_time_s`` (this epoch's dev evaluation),
-    ``checkpoint_time_s`` (time spent writing checkpoints so far, i.e. in earlier reports' ``save``)
-    and, on CUDA, ``peak_gpu_memory_mb`` (``torch.cuda.max_memory_allocated`` since the trial began,
-    what packing trials onto one GPU must leave room for).
+    Besides the metrics and parameter counts, every report carries ``precision`` ("bf16" or "fp32", what the
+    trial computed in), ``startup_s`` (from this call to the first training step: model build, optimizer,
+    batching), ``eval_time_s`` (this epoch's evaluation), ``checkpoint_time_s`` (time spent writing
+    checkpoints so far, i.e. in earlier reports' ``save``), the fidelity counters ``steps``, ``examples_seen``
+    and ``tokens_seen`` and, on CUDA, ``peak_gpu_memory_mb`` (``torch.cuda.max_memory_allocated`` since the
+    trial began, what packing trials onto one GPU must leave room for).
     """
-    from peftune import checkpoint
-
-    started_trial = time.perf_counter()
     missing = [t for t in config.tasks if t not in prepared.tasks]
     if missing:
         raise UserError(f"tasks {missing} were not prepared; prepared: {sorted(prepared.tasks)}")
-    torch.manual_seed(config.seed)
-    device = select_device(config.device)
-    precision = resolve_precision(device, config.precision)
-    if device.type == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
-    model = build_model(config, prepared.backbone.build(device), prepared.backbone.pooling).to(device)
-    counts = count_parameters(model)
-    optimizer = build_optimizer(model, config)
-    tasks = {t: prepared.tasks[t] for t in config.tasks}
-
-    first_plan = _epoch_plan(config, tasks, prepared.pad_token_id, epoch=0)
-    steps_per_epoch = len(first_plan)
-    examples_per_run = config.epochs * sum(len(batch) for batch in first_plan)
-    scheduler = linear_schedule(optimizer, steps_per_epoch * config.epochs, config.warmup_ratio)
-    history: list[dict] = []
-    start_epoch = 0
+    trial = _Trial(config, prepared, report)
     if resume_from is not None:
-        state = checkpoint.load_training_state(resume_from, model, optimizer, scheduler, prepared.backbone)
-        start_epoch, history = state["epoch"], state["history"]
+        trial.resume(resume_from)
+    for epoch in range(trial.start_epoch, config.epochs):
+        trial.train_epoch(epoch)
+    return TrialResult(trial.history, trial.model)
 
-    trainable = [p for p in model.parameters() if p.requires_grad]
-    guard = DivergenceGuard(config, reference=history[0]["train_loss"] if history else None)
-    train_time = sum(m["epoch_time_s"] for m in history)
-    # the fidelity the schedulers' rungs and floors count in: optimizer steps and examples trained on so far
-    steps_done = history[-1].get("steps", 0) if history else 0
-    examples_seen = history[-1].get("examples_seen", 0) if history else 0
-    fractions = sorted(f for f in config.report_fractions if f > examples_seen / examples_per_run)
-    startup_s = None
-    checkpoint_time = [0.0]  # seconds in `save` so far (a list: the save wrapper adds to it)
-    for epoch in range(start_epoch, config.epochs):
+
+class _Trial:
+    """One run's state: the model, its optimizer and schedule, the history and the fidelity counters."""
+
+    def __init__(self, config: TrainConfig, prepared: PreparedData, report: ReportFn | None):
+        self.started = time.perf_counter()
+        self.config, self.prepared, self.report = config, prepared, report
+        torch.manual_seed(config.seed)
+        self.device = select_device(config.device)
+        self.precision = resolve_precision(self.device, config.precision)
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+        backbone = prepared.backbone.build(self.device)
+        self.model = build_model(config, backbone, prepared.backbone.pooling).to(self.device)
+        self.counts = count_parameters(self.model)
+        self.optimizer = build_optimizer(self.model, config)
+        self.tasks = {t: prepared.tasks[t] for t in config.tasks}
+        first_plan = _epoch_plan(config, self.tasks, prepared.pad_token_id, epoch=0)
+        self.examples_per_run = config.epochs * sum(len(batch) for batch in first_plan)
+        self.scheduler = linear_schedule(self.optimizer, len(first_plan) * config.epochs, config.warmup_ratio)
+        self.trainable = [p for p in self.model.parameters() if p.requires_grad]
+        self.history: list[dict] = []
+        self.start_epoch = 0
+        self.guard = DivergenceGuard(config)
+        self.train_time, self.startup_s, self.checkpoint_time = 0.0, None, [0.0]
+        # the fidelity the schedulers' rungs, floors and budgets count in
+        self.progress = {"steps": 0, "examples_seen": 0, "tokens_seen": 0}
+        self.fractions = sorted(config.report_fractions)  # data-fidelity rungs still ahead
+
+    def resume(self, directory: str | Path) -> None:
+        from peftune import checkpoint
+
+        state = checkpoint.load_training_state(
+            directory, self.model, self.optimizer, self.scheduler, self.prepared.backbone
+        )
+        self.start_epoch, self.history = state["epoch"], state["history"]
+        last = self.history[-1] if self.history else {}
+        self.guard = DivergenceGuard(self.config, reference=self.history[0]["train_loss"] if self.history else None)
+        self.train_time = sum(m["epoch_time_s"] for m in self.history)
+        self.progress = {key: last.get(key, 0) for key in self.progress}
+        self.fractions = [f for f in self.fractions if f > self.progress["examples_seen"] / self.examples_per_run]
+
+    def train_epoch(self, epoch: int) -> None:
+        """One epoch: its steps (with any rung reports within it), then evaluation and the epoch's report."""
+        config, model, device = self.config, self.model, self.device
         model.train()
         # dropout draws depend on (seed, epoch) only, so a resumed trial continues exactly
         torch.manual_seed(_epoch_seed(config, epoch))
-        plan = _epoch_plan(config, tasks, prepared.pad_token_id, epoch)
-        if startup_s is None:
-            startup_s = time.perf_counter() - started_trial
+        plan = _epoch_plan(config, self.tasks, self.prepared.pad_token_id, epoch)
+        if self.startup_s is None:
+            self.startup_s = time.perf_counter() - self.started
         started = time.perf_counter()
-        # the loss stays on the device: summed there, looked at every `guard.every` steps (one host
-        # sync per look, not per step); tokens are counted on the host from the CPU-side masks
+        # the loss stays on the device: summed there, looked at every `guard.every` steps (one host sync per
+        # look, not per step); tokens are counted on the host from the CPU-side masks
         loss_sum = torch.zeros((), device=device)
         window, window_start, tokens = torch.zeros((), device=device), 0, 0
         for step, batch in enumerate(plan):
-            tokens += int(batch.attention_mask.sum())
-            batch = _to_device(batch, device)
-            with autocast_for(device, precision):
-                outputs = model(batch.task, batch.input_ids, batch.attention_mask, batch.token_type_ids)
-            loss = model.tasks[batch.task].loss(outputs.float(), batch.labels)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(trainable, config.max_grad_norm)
-            optimizer.step()
-            scheduler.step()
-            window = window + loss.detach()
-            steps_done += 1
-            examples_seen += int(batch.input_ids.shape[0])
-            while fractions and examples_seen / examples_per_run >= fractions[0]:
-                fractions.pop(0)
-                if report is not None and step + 1 < len(plan):  # an epoch's end reports anyway
-                    dev = evaluate_splits(model, tasks, config, device, precision, with_predictions=False)
-                    model.train()
-                    progress = {
-                        "steps": steps_done,
-                        "examples_seen": examples_seen,
-                        "train_time_s": train_time + time.perf_counter() - started,  # evaluation included
-                    }
-                    report(_partial_metrics(epoch, dev, progress, examples_per_run), None)
-            first_look = guard.reference is None and step == 0  # the first step alone is the reference
-            if first_look or (step + 1) % guard.every == 0 or step + 1 == len(plan):
-                window_mean = guard.check(window, step + 1 - window_start, epoch, window_start, step)
+            batch_tokens = int(batch.attention_mask.sum())
+            tokens += batch_tokens
+            window = window + self.step(batch)
+            self.progress["examples_seen"] += int(batch.input_ids.shape[0])
+            self.progress["tokens_seen"] += batch_tokens
+            self.rung_reports(epoch, started, within=step + 1 < len(plan))  # an epoch's end reports anyway
+            first_look = self.guard.reference is None and step == 0  # the first step alone is the reference
+            if first_look or (step + 1) % self.guard.every == 0 or step + 1 == len(plan):
+                window_mean = self.guard.check(window, step + 1 - window_start, epoch, window_start, step)
                 loss_sum += window
                 window, window_start = torch.zeros((), device=device), step + 1
-                if config.log_every and (step + 1) % config.log_every < guard.every:
-                    elapsed = time.perf_counter() - started
-                    log.info(
-                        "epoch %d step %d/%d loss %.4f %.0f tokens/s",
-                        epoch + 1,
-                        step + 1,
-                        len(plan),
-                        window_mean,
-                        tokens / elapsed,
-                    )
+                self.log_progress(epoch, step, len(plan), window_mean, tokens, started)
         epoch_time = time.perf_counter() - started
-        train_time += epoch_time
+        self.train_time += epoch_time
+        self.end_epoch(epoch, loss_sum.item() / max(1, len(plan)), epoch_time, tokens)
+
+    def step(self, batch) -> torch.Tensor:
+        """One optimizer step on ``batch``; its loss, detached, on the device."""
+        batch = _to_device(batch, self.device)
+        with autocast_for(self.device, self.precision):
+            outputs = self.model(batch.task, batch.input_ids, batch.attention_mask, batch.token_type_ids)
+        loss = self.model.tasks[batch.task].loss(outputs.float(), batch.labels)
+        self.optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.trainable, self.config.max_grad_norm)
+        self.optimizer.step()
+        self.scheduler.step()
+        self.progress["steps"] += 1
+        return loss.detach()
+
+    def rung_reports(self, epoch: int, started: float, within: bool) -> None:
+        """Report (without a checkpoint) each data-fidelity rung the run has just passed ``within`` the epoch."""
+        while self.fractions and self.progress["examples_seen"] / self.examples_per_run >= self.fractions[0]:
+            self.fractions.pop(0)
+            if self.report is None or not within:
+                continue
+            metrics = evaluate_splits(self.model, self.tasks, self.config, self.device, self.precision, False)
+            self.model.train()
+            progress = {**self.progress, "train_time_s": self.train_time + time.perf_counter() - started}
+            self.report(_partial_metrics(epoch, metrics, progress, self.examples_per_run), None)
+
+    def log_progress(self, epoch: int, step: int, steps: int, loss: float, tokens: int, started: float) -> None:
+        every = self.config.log_every
+        if every and (step + 1) % every < self.guard.every:
+            elapsed = time.perf_counter() - started
+            log.info("epoch %d step %d/%d loss %.4f %.0f tokens/s", epoch + 1, step + 1, steps, loss, tokens / elapsed)
+
+    def end_epoch(self, epoch: int, train_loss: float, epoch_time: float, tokens: int) -> None:
+        """Evaluate, append the epoch to the history and report it with its checkpoint."""
         started_eval = time.perf_counter()
-        dev = evaluate_splits(model, tasks, config, device, precision)
-        eval_time = time.perf_counter() - started_eval
+        evaluated = evaluate_splits(self.model, self.tasks, self.config, self.device, self.precision)
         metrics = {
             "epoch": epoch + 1,
-            **dev,
-            "train_loss": loss_sum.item() / max(1, len(plan)),
+            **evaluated,
+            "train_loss": train_loss,
             "epoch_time_s": epoch_time,
-            "train_time_s": train_time,
+            "train_time_s": self.train_time,
             "tokens_per_s": tokens / epoch_time,
-            "steps": steps_done,
-            "examples_seen": examples_seen,
-            "progress": examples_seen / examples_per_run,
-            "precision": precision,
-            "startup_s": startup_s,
-            "eval_time_s": eval_time,
-            "checkpoint_time_s": checkpoint_time[0],
-            **counts.summary(),
+            **self.progress,
+            "progress": self.progress["examples_seen"] / self.examples_per_run,
+            "precision": self.precision,
+            "startup_s": self.startup_s,
+            "eval_time_s": time.perf_counter() - started_eval,
+            "checkpoint_time_s": self.checkpoint_time[0],
+            **self.counts.summary(),
         }
-        if device.type == "cuda":
-            metrics["peak_gpu_memory_mb"] = torch.cuda.max_memory_allocated(device) / 2**20
-        history.append({k: v for k, v in metrics.items() if k != "predictions"})  # the report alone carries them
-        log.info(
-            "epoch %d/%d %s",
-            epoch + 1,
-            config.epochs,
-            " ".join(f"{k} {v:.4f}" for k, v in dev.items() if k != "predictions"),
+        if self.device.type == "cuda":
+            metrics["peak_gpu_memory_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        self.history.append({k: v for k, v in metrics.items() if k != "predictions"})  # the report carries them
+        shown = " ".join(f"{k} {v:.4f}" for k, v in evaluated.items() if k != "predictions")
+        log.info("epoch %d/%d %s", epoch + 1, self.config.epochs, shown)
+        if self.report is not None:
+            self.report(metrics, self.saver(epoch))
+
+    def saver(self, epoch: int) -> Callable[[Path], None]:
+        """The report's ``save``: only valid during the report call (the model and optimizer move on after)."""
+        from peftune import checkpoint
+
+        save = functools.partial(
+            checkpoint.save_checkpoint,
+            self.model,
+            config=self.config,
+            backbone=self.prepared.backbone,
+            metrics=self.history[-1],
+            optimizer=self.optimizer,
+            scheduler=self.scheduler,
+            epoch=epoch + 1,
+            history=list(self.history),
         )
-        if report is not None:
-            # `save` is only valid during the report call: the model and optimizer move on afterwards
-            save = _timed(
-                checkpoint_time,
-                functools.partial(
-                    checkpoint.save_checkpoint,
-                    model,
-                    config=config,
-                    backbone=prepared.backbone,
-                    metrics=history[-1],
-                    optimizer=optimizer,
-                    scheduler=scheduler,
-                    epoch=epoch + 1,
-                    history=list(history),
-                ),
-            )
-            report(metrics, save)
-    return TrialResult(history, model)
+        return _timed(self.checkpoint_time, save)
 
 
 def evaluate_splits(model, tasks, config: TrainConfig, device, precision: str, with_predictions: bool = True) -> dict:

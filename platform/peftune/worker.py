@@ -23,7 +23,7 @@ import torch
 from ray import tune
 
 from peftune import methods, record, spaces
-from peftune.train import TrainConfig, TrainingDiverged, run_trial
+from peftune.train import TrainConfig, TrainingDiverged, run_trial, train_command
 
 DIVERGED_FLAG = "diverged"  # set in a diverged trial's final result
 
@@ -39,6 +39,8 @@ class TrialSettings:
     seed: int
     train: dict[str, Any] = field(default_factory=dict)
     phase: str = record.SEARCH  # a confirmation run also evaluates dev and keeps its predictions
+    data: dict[str, Any] = field(default_factory=dict)  # what the sweep's `prepare` read (train.train_command)
+    threads: int | None = None  # torch's threads in a trial: its CPUs (a trial re-runs exactly on as many)
 
     def for_trial(self, config: dict) -> TrialSettings:
         """These settings with the trial's own seed and phase where its config carries them (a confirmation)."""
@@ -71,6 +73,12 @@ class TrialSettings:
         if self.phase == record.CONFIRM:
             return {"eval_splits": [record.SELECTION, record.DEV], "predictions_of": record.DEV}
         return {"eval_splits": [record.SELECTION]}
+
+    def command(self, method: str, sampled: dict[str, Any]) -> str | None:
+        """The ``peftune train`` command that re-runs this trial (None without the sweep's data settings)."""
+        if not self.data.get("data_dir"):
+            return None
+        return train_command(self.train_config(method, sampled), self.data, self.threads)
 
     @staticmethod
     def method_fields(config) -> dict[str, Any]:
@@ -117,9 +125,9 @@ def trainable(config: dict, prepared, settings: TrialSettings) -> None:
     ``prepared``: the sweep's ``PreparedData``, or a ``SharedData`` reference to it (see :func:`worker_prepared`).
     """
     prepared = worker_prepared(prepared)
-    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
-    torch.set_num_threads(max(1, int(cpus)))
     settings = settings.for_trial(config)
+    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
+    torch.set_num_threads(settings.threads or max(1, int(cpus)))
     method, sampled = settings.split(config)
     train_config = settings.train_config(method, sampled)
 
