@@ -49,9 +49,10 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import confirmed, pareto, plots
-from analysis.report import ARTIFACT_PATH, REPORTS_DIR, to_markdown
-from analysis.runs import SweepRuns, load_sweep
+from analysis.report import ARTIFACT_PATH, to_markdown
+from analysis.runs import SweepRuns, read_sweep_record
 from peftune.errors import UserError
+from peftune.record import REPORTS_DIR
 
 log = logging.getLogger("analysis.evaluate")
 
@@ -99,7 +100,7 @@ def _confirmed_frontier(sweep: SweepRuns) -> pd.DataFrame | None:
     configs = confirmed.configurations(sweep)
     if not len(configs) or configs["source"].iloc[0] != "confirmed":
         return None
-    means = confirmed.frontier(configs).set_index("config_key")["score_mean"]
+    means = confirmed.seed_mean_frontier(configs).set_index("config_key")["score_mean"]
     search = pareto.eligible(sweep.trials, ("completed", "early_stopped"))
     search = search[search["config_key"].isin(means.index)].sort_values("score", ascending=False, kind="stable")
     front = search.drop_duplicates("config_key").assign(seed_mean=lambda t: t["config_key"].map(means))
@@ -138,7 +139,7 @@ def method_options(row: pd.Series) -> dict:
 
 
 def _coerce(value, hint):
-    """An MLflow param (already parsed by analysis.runs.parse_param) -> the type the config field declares."""
+    """An MLflow param (already parsed by analysis.runs.param_from_mlflow) -> the type the config field declares."""
     if value is None:
         return None
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
@@ -269,7 +270,7 @@ def evaluate_sweep(
 
     if seeds < 1:
         raise UserError(f"--seeds must be >= 1, got {seeds}")
-    sweep = load_sweep(name, tracking_uri)
+    sweep = read_sweep_record(name, tracking_uri)
     client = mlflow.MlflowClient(tracking_uri=sweep.tracking_uri)
     configurations = select_configurations(sweep, top)
     p = sweep.parent_params

@@ -47,7 +47,7 @@ REFERENCE_LABEL = "AdaptBert Table 3: bert-base, published figures (another back
 PCT = pareto.COST_PCT
 
 
-# a frontier point's mark by its decision against the cheaper point (analysis.confirmed.frontier)
+# a frontier point's mark by its decision against the cheaper point (analysis.confirmed.seed_mean_frontier)
 FRONTIER_MARKS = {"equivalent": "=", "inconclusive": "?", "worse": "?"}
 
 

@@ -46,12 +46,12 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import confirmed, decisions, pareto, plots, views
-from analysis.runs import COUNT_COLUMNS, SweepRuns, load_predictions, load_sweep
+from analysis.runs import COUNT_COLUMNS, SweepRuns, load_predictions, read_sweep_record
+from peftune.record import REPORTS_DIR
 from peftune.tasks import get_task
 
 log = logging.getLogger("analysis.report")
 
-REPORTS_DIR = "reports"
 ARTIFACT_PATH = "report"
 REFERENCE_FILE = "adaptbert_table3.csv"
 
@@ -265,7 +265,7 @@ def build_report(sweep: SweepRuns, *, reference: bool = True) -> Report:
         importances=views.param_importances(trials, objectives[1:]),
         reference=load_reference() if reference else None,
         configs=configs,
-        confirmed_front=confirmed.frontier(configs, decided),
+        confirmed_front=confirmed.seed_mean_frontier(configs, decided),
         recommendation=confirmed.recommendations(configs, decided),
         fairness=confirmed.fairness(sweep, configs, decided),
         decisions=decided,
@@ -277,7 +277,7 @@ def build_report(sweep: SweepRuns, *, reference: bool = True) -> Report:
 def open_decisions(tracking_uri: str, name: str) -> dict[str, str]:
     """The configurations of sweep ``name``'s inconclusive decisions (config key -> the decision), as the
     report would make them now: the confirmation gives them more seeds (``peftune.confirm``)."""
-    sweep = load_sweep(name, tracking_uri)
+    sweep = read_sweep_record(name, tracking_uri)
     configs = confirmed.configurations(sweep)
     return confirmed.open_configurations(decide(sweep, configs))
 
@@ -402,7 +402,7 @@ def report_sweep(
 ) -> Report:
     """Read sweep ``name``, write its report to ``output`` (default ``reports/<name>``), log it to the parent run."""
     started = time.perf_counter()
-    sweep = load_sweep(name, tracking_uri)
+    sweep = read_sweep_record(name, tracking_uri)
     report = write_report(sweep, output or Path(REPORTS_DIR) / name, reference=reference)
     if log_artifacts:
         log_report(report)

@@ -20,7 +20,7 @@ import torch
 from safetensors.torch import save_file
 
 from analysis.evaluate import evaluate_sweep, method_options
-from analysis.runs import load_sweep
+from analysis.runs import read_sweep_record
 from conftest import NEGATIVE, POSITIVE, write_task_file
 from sweep_record import COUNT_KEYS, TrialSpec, record_sweep
 
@@ -133,7 +133,7 @@ def test_evaluate_frontier_with_two_seeds(sweep_store, data_dirs, tmp_path):
     fine-tuning checkpoint is refused by the pretrained backbone; evaluate then re-trains that seed."""
     uri, parent_id = sweep_store
     data, test = data_dirs
-    sweep = load_sweep(SWEEP, uri)
+    sweep = read_sweep_record(SWEEP, uri)
     assert method_options(sweep.trials.set_index("trial_id").loc["t1"])["targets"] == ["query", "key", "value"]
 
     evaluation = evaluate_sweep(SWEEP, data, test, seeds=2, tracking_uri=uri, output=tmp_path / "report")
