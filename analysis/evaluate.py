@@ -40,8 +40,6 @@ import math
 import os
 import tempfile
 import time
-import types
-import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +50,7 @@ from analysis import confirmed, pareto, plots
 from analysis.report import ARTIFACT_PATH, to_markdown
 from analysis.runs import SweepRuns, read_sweep_record
 from peftune.errors import UserError
+from peftune.methods.options import options_from_params
 from peftune.record import REPORTS_DIR
 
 log = logging.getLogger("analysis.evaluate")
@@ -120,39 +119,14 @@ def evaluation_seeds(sweep: SweepRuns, trial: pd.Series, seeds: int) -> list[int
     return [base_seed + i for i in range(seeds)]
 
 
-def method_options(row: pd.Series) -> dict:
-    """The ``method.<field>`` params of a trial, typed back into the method config's fields (lists split on commas)."""
-    from peftune.methods import get_method
-
-    config_cls = get_method(row["method"]).config_cls
-    hints = typing.get_type_hints(config_cls)
-    options = {}
-    for field in dataclasses.fields(config_cls):
-        key = f"method.{field.name}"
-        if field.name == "dropout" or key not in row.index:
-            continue
-        value = row[key]
-        if isinstance(value, float) and math.isnan(value):
-            continue  # a column of another method
-        options[field.name] = _coerce(value, hints[field.name])
-    return options
-
-
-def _coerce(value, hint):
-    """An MLflow param (already parsed by analysis.runs.param_from_mlflow) -> the type the config field declares."""
-    if value is None:
-        return None
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
-    if typing.get_origin(hint) is list:
-        (item,) = typing.get_args(hint) or (str,)
-        parts = str(value).split(",") if isinstance(value, str) else [value]
-        return [_coerce(part.strip() if isinstance(part, str) else part, item) for part in parts if part != ""]
-    if hint is bool:
-        return value if isinstance(value, bool) else str(value) == "True"
-    if hint in (int, float, str):
-        return hint(value)
-    return value
+def method_params(row: pd.Series) -> dict[str, str]:
+    """A trial's ``method.<field>`` params as MLflow logged them (``str(value)``), for
+    :func:`peftune.methods.options.options_from_params`; the columns of other methods (NaN here) left out."""
+    return {
+        key: str(value)
+        for key, value in row.items()
+        if str(key).startswith("method.") and not (isinstance(value, float) and math.isnan(value))
+    }
 
 
 def train_config(row: pd.Series, seed: int, train_settings: dict, device: str):
@@ -166,7 +140,7 @@ def train_config(row: pd.Series, seed: int, train_settings: dict, device: str):
             settings[key] = row[key]
     return TrainConfig(
         method=row["method"],
-        method_options=method_options(row),
+        method_options=options_from_params(row["method"], method_params(row)),
         tasks=str(row["tasks"]).split(","),
         lr=float(row["lr"]),
         dropout=float(row["dropout"]),
