@@ -727,7 +727,11 @@ def html_report(report: Report) -> str:
         shown = confirmed.configurations_display(report.confirmed_front, report.configs, sweep.task_metrics)
         parts += [
             "<h2>Confirmed configurations (seed means)</h2><div class='row'><div class='plot'>",
-            embed(plots.confirmed_figure(report.configs, report.confirmed_front, sweep=sweep.name)),
+            embed(
+                plots.confirmed_figure(
+                    report.configs, report.confirmed_front, sweep=sweep.name, backbone=sweep.backbone
+                )
+            ),
             "</div><div class='side'>",
             _table_html(shown),
             "</div></div>",

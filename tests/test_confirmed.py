@@ -140,10 +140,10 @@ def test_report_draws_seed_means_with_the_seeds_std(record, built):
         assert row["seeds"] == 3 and row["source"] == "confirmed"
         assert row["score_mean"] == pytest.approx(statistics.mean(values))
         assert row["score_std"] == pytest.approx(statistics.stdev(values))
-    figure = report.plots.confirmed_figure(built.configs, built.confirmed_front, sweep="noise")
+    figure = report.plots.confirmed_figure(built.configs, built.confirmed_front, sweep="noise", backbone="b")
     bars = {}
     for trace in figure.data:
-        if trace.meta and trace.meta.get("error") == "std":
+        if trace.meta and trace.meta.get("kind") == "means":  # the seed means, their error bars the std
             for y, std in zip(trace.y, trace.error_y.array, strict=True):
                 bars[round(y, 6)] = std
     assert bars[round(configs.loc["key-f1", "score_mean"], 6)] == pytest.approx(configs.loc["key-f1", "score_std"])
