@@ -214,7 +214,7 @@ def open_configurations(table: pd.DataFrame) -> dict[str, str]:
     return out
 
 
-def frontier(configs: pd.DataFrame, table: pd.DataFrame | None = None) -> pd.DataFrame:
+def seed_mean_frontier(configs: pd.DataFrame, table: pd.DataFrame | None = None) -> pd.DataFrame:
     """The Pareto frontier of the seed means (cost up), each point with ``vs_cheaper``: its decision against
     the next cheaper frontier point ("" for the cheapest), ``diff_vs_cheaper`` and its interval."""
     front = _mean_frontier(configs)

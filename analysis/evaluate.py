@@ -40,8 +40,6 @@ import math
 import os
 import tempfile
 import time
-import types
-import typing
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -49,9 +47,11 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import confirmed, pareto, plots
-from analysis.report import ARTIFACT_PATH, REPORTS_DIR, to_markdown
-from analysis.runs import SweepRuns, load_sweep
+from analysis.report import ARTIFACT_PATH, to_markdown
+from analysis.runs import SweepRuns, read_sweep_record
 from peftune.errors import UserError
+from peftune.methods.options import options_from_params
+from peftune.record import REPORTS_DIR
 
 log = logging.getLogger("analysis.evaluate")
 
@@ -99,7 +99,7 @@ def _confirmed_frontier(sweep: SweepRuns) -> pd.DataFrame | None:
     configs = confirmed.configurations(sweep)
     if not len(configs) or configs["source"].iloc[0] != "confirmed":
         return None
-    means = confirmed.frontier(configs).set_index("config_key")["score_mean"]
+    means = confirmed.seed_mean_frontier(configs).set_index("config_key")["score_mean"]
     search = pareto.eligible(sweep.trials, ("completed", "early_stopped"))
     search = search[search["config_key"].isin(means.index)].sort_values("score", ascending=False, kind="stable")
     front = search.drop_duplicates("config_key").assign(seed_mean=lambda t: t["config_key"].map(means))
@@ -119,39 +119,14 @@ def evaluation_seeds(sweep: SweepRuns, trial: pd.Series, seeds: int) -> list[int
     return [base_seed + i for i in range(seeds)]
 
 
-def method_options(row: pd.Series) -> dict:
-    """The ``method.<field>`` params of a trial, typed back into the method config's fields (lists split on commas)."""
-    from peftune.methods import get_method
-
-    config_cls = get_method(row["method"]).config_cls
-    hints = typing.get_type_hints(config_cls)
-    options = {}
-    for field in dataclasses.fields(config_cls):
-        key = f"method.{field.name}"
-        if field.name == "dropout" or key not in row.index:
-            continue
-        value = row[key]
-        if isinstance(value, float) and math.isnan(value):
-            continue  # a column of another method
-        options[field.name] = _coerce(value, hints[field.name])
-    return options
-
-
-def _coerce(value, hint):
-    """An MLflow param (already parsed by analysis.runs.parse_param) -> the type the config field declares."""
-    if value is None:
-        return None
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
-    if typing.get_origin(hint) is list:
-        (item,) = typing.get_args(hint) or (str,)
-        parts = str(value).split(",") if isinstance(value, str) else [value]
-        return [_coerce(part.strip() if isinstance(part, str) else part, item) for part in parts if part != ""]
-    if hint is bool:
-        return value if isinstance(value, bool) else str(value) == "True"
-    if hint in (int, float, str):
-        return hint(value)
-    return value
+def method_params(row: pd.Series) -> dict[str, str]:
+    """A trial's ``method.<field>`` params as MLflow logged them (``str(value)``), for
+    :func:`peftune.methods.options.options_from_params`; the columns of other methods (NaN here) left out."""
+    return {
+        key: str(value)
+        for key, value in row.items()
+        if str(key).startswith("method.") and not (isinstance(value, float) and math.isnan(value))
+    }
 
 
 def train_config(row: pd.Series, seed: int, train_settings: dict, device: str):
@@ -165,7 +140,7 @@ def train_config(row: pd.Series, seed: int, train_settings: dict, device: str):
             settings[key] = row[key]
     return TrainConfig(
         method=row["method"],
-        method_options=method_options(row),
+        method_options=options_from_params(row["method"], method_params(row)),
         tasks=str(row["tasks"]).split(","),
         lr=float(row["lr"]),
         dropout=float(row["dropout"]),
@@ -260,21 +235,12 @@ def evaluate_sweep(
 ) -> Evaluation:
     """Re-train (or restore) the frontier configurations of sweep ``name`` with ``seeds`` seeds; score dev and test."""
     import mlflow
-    import yaml
-
-    from peftune.backbone import load_tokenizer, resolve_model_dir
-    from peftune.data import TaskData
-    from peftune.tasks import get_task, overall_score
-    from peftune.train import evaluate, prepare, select_device
 
     if seeds < 1:
         raise UserError(f"--seeds must be >= 1, got {seeds}")
-    sweep = load_sweep(name, tracking_uri)
+    sweep = read_sweep_record(name, tracking_uri)
     client = mlflow.MlflowClient(tracking_uri=sweep.tracking_uri)
     configurations = select_configurations(sweep, top)
-    p = sweep.parent_params
-    model = str(p.get("model") or sweep.backbone)
-    max_length = int(p.get("max_length") or 128)
     log.info(
         "evaluating %d frontier configuration(s) of sweep %s with %d seed(s): %s",
         len(configurations),
@@ -282,6 +248,49 @@ def evaluate_sweep(
         seeds,
         ", ".join(configurations["label"]),
     )
+    data = _evaluation_data(sweep, client, data_dir, test_dir, invalid_rows, device)
+    rows = []
+    for _, trial in configurations.iterrows():
+        recorded_dev = {m: trial[m] for m in ["score", *sweep.task_metrics]}
+        rows.append(_row(trial, None, "dev (sweep)", "sweep record", recorded_dev))
+        base_seed = int(trial["seed"]) if pd.notna(trial["seed"]) else 0
+        for i, seed in enumerate(evaluation_seeds(sweep, trial, seeds)):
+            restore = i == 0 and seed == base_seed and restore_checkpoints and bool(trial.get("has_checkpoint"))
+            rows += _evaluate_seed(data, trial, seed, restore)
+    runs = pd.DataFrame(rows)
+    summary = summarize(runs, ["score", *sweep.task_metrics])
+    directory = Path(output or Path(REPORTS_DIR) / name) / "evaluation"
+    evaluation = Evaluation(sweep, configurations, runs, summary, directory, [])
+    write_evaluation(evaluation, test_dir=test_dir, seeds=seeds)
+    if log_artifacts:
+        client.log_artifacts(sweep.parent_run_id, str(directory), artifact_path=f"{ARTIFACT_PATH}/evaluation")
+    return evaluation
+
+
+@dataclass
+class _EvaluationData:
+    """What every re-training of a sweep's configurations shares: its data, the test split, the device."""
+
+    client: object  # mlflow.MlflowClient of the sweep's store
+    prepared: object  # peftune.train.Prepared: the sweep's training and dev data, its backbone
+    test_tasks: dict  # task -> TaskData whose ``dev`` is the test split
+    train_settings: dict  # the sweep definition's ``train`` section
+    device: str  # as asked (a TrainConfig's device)
+    torch_device: object  # as selected on this machine
+
+
+def _evaluation_data(sweep: SweepRuns, client, data_dir, test_dir, invalid_rows: str, device: str) -> _EvaluationData:
+    """Read the sweep's data with its recorded budget, then the test split (once, after every selection)."""
+    import yaml
+
+    from peftune.backbone import load_tokenizer, resolve_model_dir
+    from peftune.data import TaskData
+    from peftune.tasks import get_task
+    from peftune.train import prepare, select_device
+
+    p = sweep.parent_params
+    model = str(p.get("model") or sweep.backbone)
+    max_length = int(p.get("max_length") or 128)
     prepared = prepare(
         data_dir,
         sweep.tasks,
@@ -295,60 +304,46 @@ def evaluate_sweep(
     recorded = _artifact_text(client, sweep.parent_run_id, "data_hashes.json")
     definition = yaml.safe_load(_artifact_text(client, sweep.parent_run_id, "sweep.yaml") or "{}") or {}
     tokenizer = load_tokenizer(resolve_model_dir(model))
-    # the one place the test split is read: every configuration is chosen above, on dev
+    # the one place the test split is read: every configuration is chosen before, on dev
     tests = load_test_splits(test_dir, sweep.tasks, tokenizer, max_length, invalid_rows)
     # named by the file read (a split's own `source` is the first file of that content the tokenize cache saw)
     test_hashes = {get_task(task).test_file: split.sha256 for task, split in tests.items()}
     check_data(prepared, json.loads(recorded) if recorded else None, test_hashes, data_dir)
     test_tasks = {t: TaskData(train=prepared.tasks[t].train, dev=tests[t]) for t in sweep.tasks}
-    device_ = select_device(device)
+    return _EvaluationData(client, prepared, test_tasks, definition.get("train") or {}, device, select_device(device))
 
-    rows = []
-    for _, trial in configurations.iterrows():
-        recorded_dev = {m: trial[m] for m in ["score", *sweep.task_metrics]}
-        rows.append(_row(trial, None, "dev (sweep)", "sweep record", recorded_dev))
-        base_seed = int(trial["seed"]) if pd.notna(trial["seed"]) else 0
-        for i, seed in enumerate(evaluation_seeds(sweep, trial, seeds)):
-            started = time.perf_counter()
-            model_ = None
-            if i == 0 and seed == base_seed and restore_checkpoints and trial.get("has_checkpoint"):
-                model_ = _restore(client, trial, prepared, device_)
-            if model_ is not None:
-                source = "checkpoint"
-                dev = evaluate(model_, prepared.tasks, int(trial["batch_size"]) * 2, device_)
-                dev["score"] = overall_score(dev)
-                if abs(dev["score"] - trial["score"]) > 1e-4:
-                    log.warning(
-                        "%s: the restored checkpoint scores %.4f on dev, the sweep recorded %.4f: data or code differ",
-                        trial["label"],
-                        dev["score"],
-                        trial["score"],
-                    )
-            else:
-                config = train_config(trial, seed, definition.get("train") or {}, device)
-                model_, dev = _retrain(config, prepared)
-                source = "retrained"
-            test = evaluate(model_, test_tasks, int(trial["batch_size"]) * 2, device_)
-            test["score"] = overall_score(test)
-            rows.append(_row(trial, seed, "dev", source, dev))
-            rows.append(_row(trial, seed, "test", source, test))
-            log.info(
-                "%s seed %d (%s, %.0fs): dev score %.4f, test score %.4f",
+
+def _evaluate_seed(data: _EvaluationData, trial: pd.Series, seed: int, restore: bool) -> list[dict]:
+    """The dev and test rows of ``trial`` with ``seed``: its checkpoint restored when asked and accepted, else
+    re-trained."""
+    from peftune.tasks import overall_score
+    from peftune.train import evaluate
+
+    started = time.perf_counter()
+    batch_size = int(trial["batch_size"]) * 2
+    model = _restore(data.client, trial, data.prepared, data.torch_device) if restore else None
+    if model is not None:
+        source = "checkpoint"
+        dev = evaluate(model, data.prepared.tasks, batch_size, data.torch_device)
+        dev["score"] = overall_score(dev)
+        if abs(dev["score"] - trial["score"]) > 1e-4:
+            log.warning(
+                "%s: the restored checkpoint scores %.4f on dev, the sweep recorded %.4f: data or code differ",
                 trial["label"],
-                seed,
-                source,
-                time.perf_counter() - started,
                 dev["score"],
-                test["score"],
+                trial["score"],
             )
-    runs = pd.DataFrame(rows)
-    summary = summarize(runs, ["score", *sweep.task_metrics])
-    directory = Path(output or Path(REPORTS_DIR) / name) / "evaluation"
-    evaluation = Evaluation(sweep, configurations, runs, summary, directory, [])
-    write_evaluation(evaluation, test_dir=test_dir, seeds=seeds)
-    if log_artifacts:
-        client.log_artifacts(sweep.parent_run_id, str(directory), artifact_path=f"{ARTIFACT_PATH}/evaluation")
-    return evaluation
+    else:
+        source = "retrained"
+        model, dev = _retrain(train_config(trial, seed, data.train_settings, data.device), data.prepared)
+    test = evaluate(model, data.test_tasks, batch_size, data.torch_device)
+    test["score"] = overall_score(test)
+    seconds = time.perf_counter() - started
+    log.info(
+        "%s seed %d (%s, %.0fs): dev score %.4f, test score %.4f",
+        *(trial["label"], seed, source, seconds, dev["score"], test["score"]),
+    )
+    return [_row(trial, seed, "dev", source, dev), _row(trial, seed, "test", source, test)]
 
 
 def _row(trial: pd.Series, seed: int | None, split: str, source: str, metrics: dict) -> dict:
@@ -469,6 +464,14 @@ def write_evaluation(evaluation: Evaluation, *, test_dir, seeds: int) -> None:
     evaluation.files[:] = files
 
 
+# each split's mark in evaluation.png, side by side around its configuration's tick
+SPLIT_STYLES = {
+    "dev (sweep)": {"marker": "*", "offset": -0.22, "filled": True},
+    "dev": {"marker": "o", "offset": 0.0, "filled": True},
+    "test": {"marker": "s", "offset": 0.22, "filled": False},
+}
+
+
 def evaluation_png(
     summary: pd.DataFrame, path: Path, metrics: Sequence[str], *, sweep: str, backbone: str, seeds: int
 ) -> Path:
@@ -479,44 +482,11 @@ def evaluation_png(
     import matplotlib.pyplot as plt
     from matplotlib.lines import Line2D
 
-    configs = list(dict.fromkeys(summary["label"]))
-    pct = summary.drop_duplicates("label").set_index("label")[pareto.COST_PCT]
-    methods = summary.drop_duplicates("label").set_index("label")["method"]
     fig, axes = plt.subplots(
         1, len(metrics), figsize=(4.2 * len(metrics) + 1.8, 4.6), dpi=150, layout="constrained", squeeze=False
     )
-    styles = {
-        "dev (sweep)": {"marker": "*", "offset": -0.22, "filled": True},
-        "dev": {"marker": "o", "offset": 0.0, "filled": True},
-        "test": {"marker": "s", "offset": 0.22, "filled": False},
-    }
     for ax, metric in zip(axes[0], metrics, strict=True):
-        for i, label in enumerate(configs):
-            color = plots.method_color(methods[label])
-            for split, style in styles.items():
-                row = summary[(summary["label"] == label) & (summary["split"] == split)]
-                if row.empty:
-                    continue
-                mean, std = row[f"{metric}_mean"].iloc[0], row[f"{metric}_std"].iloc[0]
-                ax.errorbar(
-                    i + style["offset"],
-                    mean,
-                    yerr=None if pd.isna(std) else std,
-                    marker=style["marker"],
-                    ms=8 if style["marker"] == "*" else 6,
-                    color=color,
-                    capsize=3,
-                    lw=1.2,
-                    mfc=color if style["filled"] else "white",
-                )
-        ax.set_xticks(
-            range(len(configs)), [f"{c}\n{pct[c]:.3g}%" for c in configs], fontsize=8, rotation=30, ha="right"
-        )
-        ax.set_xlim(-0.6, len(configs) - 0.4)
-        ax.set_xlabel("frontier configuration, trainable params per task (% of backbone)", fontsize=8.5)
-        ax.set_ylabel(plots.metric_label(metric).replace("dev ", "") if metric != "score" else "score (mean of tasks)")
-        ax.set_title("score" if metric == "score" else plots.metric_label(metric).removeprefix("dev "), fontsize=10)
-        ax.grid(True, axis="y", alpha=0.3)
+        _evaluation_panel(ax, summary, metric)
     handles = [
         Line2D([], [], ls="", marker="*", ms=9, color="dimgrey", label="dev, the sweep's trial (selection)"),
         Line2D([], [], ls="", marker="o", ms=6, color="dimgrey", label=f"dev, mean ± std over {seeds} seed(s)"),
@@ -540,3 +510,34 @@ def evaluation_png(
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _evaluation_panel(ax, summary: pd.DataFrame, metric: str) -> None:
+    """One metric: per configuration (x), its three splits side by side, mean ± std, in the method's colour."""
+    configs = list(dict.fromkeys(summary["label"]))
+    first = summary.drop_duplicates("label").set_index("label")
+    for i, label in enumerate(configs):
+        color = plots.method_color(first.loc[label, "method"])
+        for split, style in SPLIT_STYLES.items():
+            row = summary[(summary["label"] == label) & (summary["split"] == split)]
+            if row.empty:
+                continue
+            mean, std = row[f"{metric}_mean"].iloc[0], row[f"{metric}_std"].iloc[0]
+            ax.errorbar(
+                i + style["offset"],
+                mean,
+                yerr=None if pd.isna(std) else std,
+                marker=style["marker"],
+                ms=8 if style["marker"] == "*" else 6,
+                color=color,
+                capsize=3,
+                lw=1.2,
+                mfc=color if style["filled"] else "white",
+            )
+    ticks = [f"{c}\n{first.loc[c, pareto.COST_PCT]:.3g}%" for c in configs]
+    ax.set_xticks(range(len(configs)), ticks, fontsize=8, rotation=30, ha="right")
+    ax.set_xlim(-0.6, len(configs) - 0.4)
+    ax.set_xlabel("frontier configuration, trainable params per task (% of backbone)", fontsize=8.5)
+    ax.set_ylabel(plots.metric_label(metric).replace("dev ", "") if metric != "score" else "score (mean of tasks)")
+    ax.set_title("score" if metric == "score" else plots.metric_label(metric).removeprefix("dev "), fontsize=10)
+    ax.grid(True, axis="y", alpha=0.3)

@@ -1,4 +1,8 @@
-"""Score versus trainable parameters: PNG (matplotlib) and interactive (plotly) versions of one plot.
+"""Score versus trainable parameters, of the search trials and of the confirmed seed means.
+
+Each plot is described once (:func:`score_vs_params`, :func:`confirmed_configurations`: an
+:class:`analysis.figure.FigureSpec`) and drawn from that description as a PNG (matplotlib) and as an
+interactive HTML figure (plotly).
 
 What each plot shows, and why:
 
@@ -26,6 +30,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import pareto
+from analysis.figure import Axis, FigureSpec, Key, Series, to_plotly, to_png
 from analysis.runs import EARLY_STOPPED, task_metric_names
 
 TASK_NAMES = {"sst": "SST", "para": "Quora", "sts": "STS", "cfimdb": "CFIMDB"}
@@ -45,9 +50,10 @@ METHOD_COLORS = {
 _EXTRA_COLORS = ("#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d")
 REFERENCE_LABEL = "AdaptBert Table 3: bert-base, published figures (another backbone)"
 PCT = pareto.COST_PCT
+FRONTIER_LEGEND = "Pareto frontier (all methods)"
 
 
-# a frontier point's mark by its decision against the cheaper point (analysis.confirmed.frontier)
+# a frontier point's mark by its decision against the cheaper point (analysis.confirmed.seed_mean_frontier)
 FRONTIER_MARKS = {"equivalent": "=", "inconclusive": "?", "worse": "?"}
 
 
@@ -151,12 +157,11 @@ def plot_title(
     )
 
 
-# ----------------------------------------------------------------------------- PNG (matplotlib)
+# ----------------------------------------------------------------------------- score vs parameters (search trials)
 
 
-def score_vs_params_png(
+def score_vs_params(
     trials: pd.DataFrame,
-    path: str | Path,
     *,
     objective: str = "score",
     sweep: str,
@@ -164,113 +169,111 @@ def score_vs_params_png(
     tasks: Sequence[str],
     status_summary: str,
     reference: pd.DataFrame | None = None,
-) -> Path:
-    """Write the static plot of ``objective`` versus trainable parameters per task (see the module docstring)."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
-    from matplotlib.ticker import EngFormatter, FixedLocator, FuncFormatter, NullLocator
-
+    task_metrics: Sequence[str] = (),
+) -> FigureSpec:
+    """The plot of ``objective`` versus trainable parameters per task (see the module docstring), described once;
+    ``task_metrics``: the metrics a hover box lists besides the score."""
     eligible, stopped, front = _plot_frame(trials, objective)
     ref = reference_points(reference, objective, tasks)
     floor = zero_floor(trials[PCT], ref[PCT] if ref is not None else None)
-
-    fig, ax = plt.subplots(figsize=(11, 6.2), dpi=150, layout="constrained")
-    handles: list = []
+    shown = ["score", *task_metrics]
+    series: list[Series] = []
     for method in pareto.ordered_methods(pd.concat([eligible["method"], stopped["method"]])):
-        color = method_color(method)
-        mine = eligible[eligible["method"] == method]
-        if len(mine):
-            ax.scatter(_x(mine[PCT], floor), mine[objective], s=42, color=color, edgecolor="white", lw=0.6, zorder=4)
-            own = pareto.frontier(mine, objective, PCT)
-            if len(own) > 1:
-                ax.step(_x(own[PCT], floor), own[objective], where="post", color=color, alpha=0.35, lw=1.3, zorder=2)
-        mine_stopped = stopped[stopped["method"] == method]
-        if len(mine_stopped):
-            ax.scatter(
-                _x(mine_stopped[PCT], floor),
-                mine_stopped[objective],
-                s=26,
-                marker="x",
-                color=color,
-                lw=1.1,
-                alpha=0.7,
-                zorder=3,
-            )
-        handles.append(Line2D([], [], ls="", marker="o", ms=7, color=color, mec="white", label=method))
+        series += _method_series(method, eligible, stopped, objective, floor, shown)
+    keys: list[Key] = []
     if len(front):
-        x, y = _x(front[PCT], floor), front[objective].to_numpy(float)
-        ax.step(x, y, where="post", color="black", lw=1.8, zorder=5)
-        ax.scatter(x, y, s=120, facecolors="none", edgecolors="black", lw=1.2, zorder=6)
-        for i, (xi, yi, label) in enumerate(zip(x, y, front["label"], strict=True)):
-            ax.annotate(
-                label,
-                (xi, yi),
-                xytext=(6, 6) if i % 2 == 0 else (6, -13),  # alternate above / below: neighbours often sit close
-                textcoords="offset points",
-                fontsize=7.5,
-                zorder=7,
-                bbox={"boxstyle": "round,pad=0.15", "fc": "white", "ec": "none", "alpha": 0.75},
-            )
-        handles.append(
-            Line2D([], [], color="black", lw=1.8, marker="o", mfc="none", ms=9, label="Pareto frontier (all methods)")
-        )
-        handles.append(Line2D([], [], color="grey", lw=1.3, alpha=0.45, label="each method's own frontier"))
+        hover = tuple(f"<i>on the frontier</i><br>{hover_text(row, shown)}" for _, row in front.iterrows())
+        labels = tuple(front["label"])
+        xy = _xy(front, objective, floor)
+        series.append(Series("frontier", *xy, legend=FRONTIER_LEGEND, hover=hover, labels=labels))
+        keys.append(Key("method_frontier", "each method's own frontier"))
     if len(stopped):
-        handles.append(Line2D([], [], ls="", marker="x", ms=6, color="grey", label="stopped early (not on frontiers)"))
+        keys.append(Key("stopped", "stopped early (not on frontiers)"))
     if ref is not None and len(ref):
-        for method, group in ref.groupby("method", sort=False):
-            ax.scatter(
-                _x(group[PCT], floor),
-                group[objective],
-                s=36,
-                marker="D",
-                facecolors="none",
-                edgecolors=method_color(method),
-                lw=1.2,
-                zorder=3,
-            )
-        handles.append(
-            Line2D(
-                [], [], ls="", marker="D", mfc="none", mec="dimgrey", ms=6, label=REFERENCE_LABEL.replace(": ", ":\n")
-            )
-        )
+        series.append(_reference_series(ref, objective, floor))
         drawn = set(eligible["method"]) | set(stopped["method"])
         for method in pareto.ordered_methods([m for m in ref["method"] if m not in drawn]):
-            label = f"{method} (published only)"
-            handles.append(Line2D([], [], ls="", marker="D", mfc="none", mec=method_color(method), ms=6, label=label))
-
-    ax.set_xscale("log")
-    top = max([floor * 10, *eligible[PCT].dropna(), *stopped[PCT].dropna(), *(ref[PCT] if ref is not None else [])])
-    ticks = [floor, *_decades(floor, top)]
-    ax.xaxis.set_major_locator(FixedLocator(ticks))
-    ax.xaxis.set_minor_locator(NullLocator())
-    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _: "0" if math.isclose(v, floor) else _pct_text(v)))
-    ax.set_xlim(floor / 1.8, top * 1.8)
-    backbone_params = trials["backbone_params"].dropna()
-    size = f" (% of the backbone's {human_count(backbone_params.iloc[0])})" if len(backbone_params) else " (%)"
-    ax.set_xlabel(f"trainable parameters per task{size}, log scale; 0 = heads only")
-    ax.set_ylabel(metric_label(objective, tasks, trials_split(trials)))
-    if len(backbone_params):
-        n = float(backbone_params.iloc[0])
-        top_axis = ax.secondary_xaxis("top", functions=(lambda p: p * n / 100.0, lambda c: c * 100.0 / n))
-        top_axis.xaxis.set_major_formatter(EngFormatter(places=0, sep=""))
-        top_axis.set_xlabel("trainable parameters per task (count)", fontsize=9)
-        top_axis.tick_params(labelsize=8)
-    ax.grid(True, which="major", alpha=0.3)
-    fig.suptitle(plot_title(sweep, backbone, objective, tasks, status_summary, trials_split(trials)), fontsize=11)
-    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8.5, frameon=False)
-    if not len(eligible) and not len(stopped):
-        ax.text(0.5, 0.5, "no trial with a dev result yet", transform=ax.transAxes, ha="center", color="grey")
-    path = Path(path)
-    fig.savefig(path)
-    plt.close(fig)
-    return path
+            keys.append(Key("reference", f"{method} (published only)", method_color(method)))
+    split = trials_split(trials)
+    sizes = [*eligible[PCT], *stopped[PCT], *(ref[PCT] if ref is not None else [])]
+    return FigureSpec(
+        title=plot_title(sweep, backbone, objective, tasks, status_summary, split),
+        x=size_axis(floor, sizes, _backbone_params(trials)),
+        y=Axis(metric_label(objective, tasks, split)),
+        series=tuple(series),
+        keys=tuple(keys),
+        note="" if len(eligible) or len(stopped) else "no trial with a dev result yet",
+        **_count_axis(_backbone_params(trials)),
+    )
 
 
-# ----------------------------------------------------------------------------- interactive (plotly)
+def _method_series(
+    method: str, eligible: pd.DataFrame, stopped: pd.DataFrame, objective: str, floor: float, shown: Sequence[str]
+) -> list[Series]:
+    """One method's completed trials, its stopped ones and its own frontier (a staircase from two points on)."""
+    color, out = method_color(method), []
+    mine, mine_stopped = eligible[eligible["method"] == method], stopped[stopped["method"] == method]
+    for kind, frame in (("trials", mine), ("stopped", mine_stopped)):
+        if len(frame):
+            hover = tuple(hover_text(row, shown) for _, row in frame.iterrows())
+            # one legend entry per method: its circles, or its crosses when none of its trials completed
+            legend = method if kind == "trials" or not len(mine) else None
+            out.append(Series(kind, *_xy(frame, objective, floor), color, group=method, legend=legend, hover=hover))
+    own = pareto.frontier(mine, objective, PCT)
+    if len(own) > 1:
+        out.append(Series("method_frontier", *_xy(own, objective, floor), color, group=method))
+    return out
+
+
+def _reference_series(ref: pd.DataFrame, objective: str, floor: float) -> Series:
+    return Series(
+        "reference",
+        *_xy(ref, objective, floor),
+        tuple(method_color(m) for m in ref["method"]),
+        legend=REFERENCE_LABEL.replace(": ", ":\n"),
+        hover=tuple(reference_hover(row, objective) for _, row in ref.iterrows()),
+    )
+
+
+def size_axis(floor: float, sizes: Sequence[float], backbone_params: float | None) -> Axis:
+    """The x axis: % of the backbone, log scale, a tick per decade and the floor labelled "0" (heads only)."""
+    top = max([floor * 10, *(s for s in sizes if pd.notna(s))])
+    ticks = (floor, *_decades(floor, top))
+    of = f" (% of the backbone's {human_count(backbone_params)})" if backbone_params else " (%)"
+    return Axis(
+        f"trainable parameters per task{of}, log scale; 0 = heads only",
+        log=True,
+        ticks=ticks,
+        tick_labels=("0", *(_pct_text(t) for t in ticks[1:])),
+        limits=(floor / 1.8, top * 1.8),
+    )
+
+
+def _backbone_params(frame: pd.DataFrame) -> float | None:
+    known = frame["backbone_params"].dropna() if "backbone_params" in frame else ()
+    return float(known.iloc[0]) if len(known) else None
+
+
+def _count_axis(backbone_params: float | None) -> dict:
+    """The PNG's top axis: the same sizes as parameter counts."""
+    if not backbone_params:
+        return {}
+    return {"count_scale": backbone_params / 100.0, "count_label": "trainable parameters per task (count)"}
+
+
+def _xy(frame: pd.DataFrame, column: str, floor: float) -> tuple[np.ndarray, np.ndarray]:
+    return _x(frame[PCT], floor), frame[column].to_numpy(float)
+
+
+def score_vs_params_png(trials: pd.DataFrame, path: str | Path, **described) -> Path:
+    """Write the static plot :func:`score_vs_params` describes (same keywords) to ``path``."""
+    return to_png(score_vs_params(trials, **described), path)
+
+
+def score_vs_params_figure(trials: pd.DataFrame, *, width: int = 900, height: int = 540, **described):
+    """The interactive plot :func:`score_vs_params` describes (same keywords); hovering a point shows its
+    hyperparameters and run id."""
+    return to_plotly(score_vs_params(trials, **described), width=width, height=height)
 
 
 def hover_text(row: pd.Series, objective_columns: Sequence[str]) -> str:
@@ -309,122 +312,6 @@ def reference_hover(row: pd.Series, objective: str) -> str:
     )
 
 
-def score_vs_params_figure(
-    trials: pd.DataFrame,
-    *,
-    objective: str = "score",
-    sweep: str,
-    backbone: str,
-    tasks: Sequence[str],
-    status_summary: str,
-    reference: pd.DataFrame | None = None,
-    task_metrics: Sequence[str] = (),
-    width: int = 900,
-    height: int = 540,
-):
-    """The interactive version of :func:`score_vs_params_png`; hovering a point shows its hyperparameters and run id."""
-    import plotly.graph_objects as go
-
-    eligible, stopped, front = _plot_frame(trials, objective)
-    ref = reference_points(reference, objective, tasks)
-    floor = zero_floor(trials[PCT], ref[PCT] if ref is not None else None)
-    shown = ["score", *task_metrics]
-    fig = go.Figure()
-    for method in pareto.ordered_methods(pd.concat([eligible["method"], stopped["method"]])):
-        color = method_color(method)
-        for frame, name, symbol, size in (
-            (eligible[eligible["method"] == method], method, "circle", 9),
-            (stopped[stopped["method"] == method], f"{method}, stopped early", "x-thin-open", 8),
-        ):
-            if not len(frame):
-                continue
-            fig.add_trace(
-                go.Scatter(
-                    x=_x(frame[PCT], floor),
-                    y=frame[objective],
-                    mode="markers",
-                    name=name,
-                    legendgroup=method,  # clicking a method in the legend hides its crosses and frontier too
-                    showlegend=symbol == "circle",
-                    marker={"color": color, "symbol": symbol, "size": size, "line": {"color": color, "width": 1}}
-                    if symbol != "circle"
-                    else {"color": color, "symbol": symbol, "size": size, "line": {"color": "white", "width": 0.5}},
-                    text=[hover_text(row, shown) for _, row in frame.iterrows()],
-                    hovertemplate="%{text}<extra></extra>",
-                )
-            )
-        own = pareto.frontier(eligible[eligible["method"] == method], objective, PCT)
-        if len(own) > 1:
-            fig.add_trace(
-                go.Scatter(
-                    x=_x(own[PCT], floor),
-                    y=own[objective],
-                    mode="lines",
-                    line={"color": color, "width": 1.3, "shape": "hv"},
-                    opacity=0.35,
-                    name=f"{method} frontier",
-                    legendgroup=method,
-                    showlegend=False,
-                    hoverinfo="skip",
-                )
-            )
-    if len(front):
-        fig.add_trace(
-            go.Scatter(
-                x=_x(front[PCT], floor),
-                y=front[objective],
-                mode="lines+markers",
-                name="Pareto frontier (all methods)",
-                line={"color": "black", "width": 2, "shape": "hv"},
-                marker={"symbol": "circle-open", "size": 15, "color": "black", "line": {"width": 1.5}},
-                text=[hover_text(row, shown) for _, row in front.iterrows()],
-                hovertemplate="<i>on the frontier</i><br>%{text}<extra></extra>",
-            )
-        )
-    if ref is not None and len(ref):
-        fig.add_trace(
-            go.Scatter(
-                x=_x(ref[PCT], floor),
-                y=ref[objective],
-                mode="markers",
-                name=REFERENCE_LABEL.replace(": ", ":<br>"),
-                marker={
-                    "symbol": "diamond-open",
-                    "size": 9,
-                    "color": [method_color(m) for m in ref["method"]],
-                    "line": {"width": 1.5},
-                },
-                text=[reference_hover(row, objective) for _, row in ref.iterrows()],
-                hovertemplate="%{text}<extra></extra>",
-            )
-        )
-    top = max([floor * 10, *trials[PCT].dropna(), *(ref[PCT] if ref is not None else [])])
-    ticks = [floor, *_decades(floor, top)]
-    backbone_params = trials["backbone_params"].dropna()
-    size = f"% of the backbone's {human_count(backbone_params.iloc[0])}" if len(backbone_params) else "%"
-    fig.update_layout(
-        title={
-            "text": plot_title(sweep, backbone, objective, tasks, status_summary, trials_split(trials)).replace(
-                "\n", "<br>"
-            ),
-            "font": {"size": 14},
-        },
-        xaxis={
-            "type": "log",
-            "title": f"trainable parameters per task ({size}, log); 0 = heads only",
-            "tickvals": ticks,
-            "ticktext": ["0", *(_pct_text(t) for t in ticks[1:])],
-        },
-        yaxis={"title": metric_label(objective, tasks, trials_split(trials))},
-        legend={"font": {"size": 11}},
-        template="plotly_white",
-        margin={"t": 80, "l": 60, "r": 20, "b": 60},
-        width=width,
-        height=height,
-    )
-    return fig
-
-
 # ----------------------------------------------------------------------------- confirmed configurations (seed means)
 
 
@@ -436,115 +323,53 @@ def _interval(configs: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
     return upper, lower
 
 
-def confirmed_png(configs: pd.DataFrame, front: pd.DataFrame, path: str | Path, *, sweep: str, backbone: str) -> Path:
+def confirmed_configurations(configs: pd.DataFrame, front: pd.DataFrame, *, sweep: str, backbone: str) -> FigureSpec:
     """Seed means vs trainable parameters per task: thick bar = std, thin bar = 95% interval; the frontier on means.
 
-    Frontier points marked ``≈`` are within noise of the next cheaper frontier point.
+    Frontier points marked ``=`` are equivalent to the next cheaper frontier point, ``?`` not shown better.
     """
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.lines import Line2D
-
     floor = zero_floor(configs[PCT])
-    fig, ax = plt.subplots(figsize=(11, 6.2), dpi=150, layout="constrained")
-    handles = []
+    series: list[Series] = []
     for method in pareto.ordered_methods(configs["method"]):
         mine = configs[configs["method"] == method]
-        x, y, color = _x(mine[PCT], floor), mine["score_mean"].to_numpy(float), method_color(method)
+        color, (x, y) = method_color(method), _xy(mine, "score_mean", floor)
         upper, lower = _interval(mine)
-        ax.errorbar(x, y, yerr=[lower, upper], fmt="none", ecolor=color, elinewidth=0.8, capsize=2, alpha=0.7)
         std = np.nan_to_num(mine["score_std"].to_numpy(float))
-        ax.errorbar(x, y, yerr=std, fmt="o", color=color, ms=6, elinewidth=2.4, capsize=0, mec="white", zorder=4)
-        handles.append(Line2D([], [], ls="", marker="o", ms=7, color=color, mec="white", label=method))
-    if len(front):
-        x, y = _x(front[PCT], floor), front["score_mean"].to_numpy(float)
-        ax.step(x, y, where="post", color="black", lw=1.5, zorder=5)
-        for xi, yi, label, word in zip(x, y, front["label"], front["vs_cheaper"], strict=True):
-            text = f"{FRONTIER_MARKS.get(word, '')} {label}".strip()
-            ax.annotate(text, (xi, yi), xytext=(6, 6), textcoords="offset points", fontsize=7.5, zorder=7)
-        handles.append(Line2D([], [], color="black", lw=1.5, label="frontier of the seed means"))
-    handles += [
-        Line2D([], [], color="grey", lw=2.4, label="± std over seeds"),
-        Line2D([], [], color="grey", lw=0.8, label="95% interval (t)"),
-        Line2D([], [], ls="", label="=: equivalent to the cheaper frontier point; ?: not shown better"),
-    ]
-    ax.set_xscale("log")
-    ax.set_xlabel("trainable parameters per task, % of the backbone (log; 0% drawn at the left edge)")
-    ax.set_ylabel("dev score, mean over seeds")
-    seeds = int(configs["seeds"].max()) if len(configs) else 0
-    title = f"Sweep {sweep}: confirmed configurations, up to {seeds} seed(s) each\nbackbone {backbone}"
-    ax.set_title(title, fontsize=11)
-    ax.grid(True, alpha=0.3)
-    ax.legend(handles=handles, loc="center left", bbox_to_anchor=(1.01, 0.5), fontsize=8, frameon=False)
-    fig.savefig(path)
-    plt.close(fig)
-    return Path(path)
-
-
-def confirmed_figure(configs: pd.DataFrame, front: pd.DataFrame, *, sweep: str, width: int = 900, height: int = 520):
-    """The interactive :func:`confirmed_png`: per method, error bars of the std (and a trace of the 95% intervals)."""
-    import plotly.graph_objects as go
-
-    floor = zero_floor(configs[PCT])
-    fig = go.Figure()
-    for method in pareto.ordered_methods(configs["method"]):
-        mine = configs[configs["method"] == method]
-        color = method_color(method)
-        x, y = _x(mine[PCT], floor), mine["score_mean"]
-        upper, lower = _interval(mine)
-        fig.add_trace(
-            go.Scatter(
-                x=x,
-                y=y,
-                mode="markers",
-                name=f"{method} 95% interval",
-                legendgroup=method,
-                showlegend=False,
-                marker={"color": color, "size": 1, "opacity": 0},
-                error_y={"type": "data", "symmetric": False, "array": upper, "arrayminus": lower, "thickness": 0.8},
-                hoverinfo="skip",
-            )
-        )
-        text = [
+        hover = tuple(
             f"{r['label']}<br>score {r['score_mean']:.4f} ± {r['score_std']:.4f} ({r['seeds']} seeds)"
             f"<br>95% interval [{r['score_ci_low']:.4f}, {r['score_ci_high']:.4f}]<br>trainable {r[PCT]:.3g}%"
             for r in mine.to_dict("records")
-        ]
-        fig.add_trace(
-            go.Scatter(
-                x=x,
-                y=y,
-                mode="markers",
-                name=method,
-                legendgroup=method,
-                marker={"color": color, "size": 10},
-                error_y={"type": "data", "array": np.nan_to_num(mine["score_std"].to_numpy(float)), "thickness": 2.5},
-                text=text,
-                hovertemplate="%{text}<extra></extra>",
-                meta={"error": "std"},
-            )
         )
+        series.append(Series("interval", x, y, color, group=method, error=(lower, upper)))
+        series.append(Series("means", x, y, color, group=method, legend=method, hover=hover, error=(std, std)))
     if len(front):
-        fig.add_trace(
-            go.Scatter(
-                x=_x(front[PCT], floor),
-                y=front["score_mean"],
-                mode="lines+text",
-                line={"color": "black", "width": 1.5, "shape": "hv"},
-                text=[FRONTIER_MARKS.get(word, "") for word in front["vs_cheaper"]],
-                textposition="top center",
-                name="frontier of the seed means (=: equivalent to the cheaper point; ?: not shown better)",
-                hoverinfo="skip",
-            )
+        labels = tuple(
+            f"{FRONTIER_MARKS.get(word, '')} {label}".strip()
+            for label, word in zip(front["label"], front["vs_cheaper"], strict=True)
         )
-    fig.update_layout(
-        title=f"Sweep {sweep}: confirmed configurations, seed mean ± std (thin: 95% interval)",
-        xaxis={"type": "log", "title": "trainable parameters per task, % of the backbone"},
-        yaxis={"title": "dev score, mean over seeds"},
-        width=width,
-        height=height,
-        template="plotly_white",
+        xy = _xy(front, "score_mean", floor)
+        series.append(Series("means_frontier", *xy, legend="frontier of the seed means", labels=labels))
+    keys = (
+        Key("std", "± std over seeds"),
+        Key("interval", "95% interval (t)"),
+        Key("text", "=: equivalent to the cheaper frontier point; ?: not shown better"),
     )
-    return fig
+    seeds = int(configs["seeds"].max()) if len(configs) else 0
+    return FigureSpec(
+        title=f"Sweep {sweep}: confirmed configurations, up to {seeds} seed(s) each\nbackbone {backbone}",
+        x=size_axis(floor, configs[PCT], _backbone_params(configs)),
+        y=Axis("dev score, mean over seeds"),
+        series=tuple(series),
+        keys=keys,
+        **_count_axis(_backbone_params(configs)),
+    )
+
+
+def confirmed_png(configs: pd.DataFrame, front: pd.DataFrame, path: str | Path, **described) -> Path:
+    """Write the static plot :func:`confirmed_configurations` describes (same keywords) to ``path``."""
+    return to_png(confirmed_configurations(configs, front, **described), path)
+
+
+def confirmed_figure(configs: pd.DataFrame, front: pd.DataFrame, *, width: int = 900, height: int = 520, **described):
+    """The interactive plot :func:`confirmed_configurations` describes (same keywords)."""
+    return to_plotly(confirmed_configurations(configs, front, **described), width=width, height=height)

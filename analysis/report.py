@@ -39,19 +39,19 @@ import importlib.resources
 import logging
 import math
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import pandas as pd
 
 from analysis import confirmed, decisions, pareto, plots, views
-from analysis.runs import COUNT_COLUMNS, SweepRuns, load_predictions, load_sweep
+from analysis.runs import COUNT_COLUMNS, SweepRuns, load_predictions, read_sweep_record
+from peftune.record import REPORTS_DIR
 from peftune.tasks import get_task
 
 log = logging.getLogger("analysis.report")
 
-REPORTS_DIR = "reports"
 ARTIFACT_PATH = "report"
 REFERENCE_FILE = "adaptbert_table3.csv"
 
@@ -265,7 +265,7 @@ def build_report(sweep: SweepRuns, *, reference: bool = True) -> Report:
         importances=views.param_importances(trials, objectives[1:]),
         reference=load_reference() if reference else None,
         configs=configs,
-        confirmed_front=confirmed.frontier(configs, decided),
+        confirmed_front=confirmed.seed_mean_frontier(configs, decided),
         recommendation=confirmed.recommendations(configs, decided),
         fairness=confirmed.fairness(sweep, configs, decided),
         decisions=decided,
@@ -277,7 +277,7 @@ def build_report(sweep: SweepRuns, *, reference: bool = True) -> Report:
 def open_decisions(tracking_uri: str, name: str) -> dict[str, str]:
     """The configurations of sweep ``name``'s inconclusive decisions (config key -> the decision), as the
     report would make them now: the confirmation gives them more seeds (``peftune.confirm``)."""
-    sweep = load_sweep(name, tracking_uri)
+    sweep = read_sweep_record(name, tracking_uri)
     configs = confirmed.configurations(sweep)
     return confirmed.open_configurations(decide(sweep, configs))
 
@@ -320,6 +320,15 @@ def write_report(sweep: SweepRuns, directory: str | Path, *, reference: bool = T
     decisions.write_decisions_csv(report.decisions, out("decisions.csv"))
     report.by_budget.to_csv(out("by_budget.csv"), index=False)
     report.expected_max.to_csv(out("expected_max.csv"), index=False)
+    _write_plots(report, out)
+    out("report.md").write_text(markdown_report(report))
+    out("report.html").write_text(html_report(report), encoding="utf-8")
+    return report
+
+
+def _write_plots(report: Report, out: Callable[[str], Path]) -> None:
+    """The report's PNG plots; ``out(name)``: the path of a new file of the report."""
+    sweep, trials = report.sweep, report.trials
     views.expected_max_png(report.expected_max, out("expected_max.png"), sweep=sweep.name, backbone=sweep.backbone)
     if len(report.configs):
         plots.confirmed_png(
@@ -351,9 +360,6 @@ def write_report(sweep: SweepRuns, directory: str | Path, *, reference: bool = T
             backbone=sweep.backbone,
             n_trials=len(pareto.eligible(trials)),
         )
-    out("report.md").write_text(markdown_report(report))
-    out("report.html").write_text(html_report(report), encoding="utf-8")
-    return report
 
 
 def log_report(report: Report, *, client=None) -> None:
@@ -402,7 +408,7 @@ def report_sweep(
 ) -> Report:
     """Read sweep ``name``, write its report to ``output`` (default ``reports/<name>``), log it to the parent run."""
     started = time.perf_counter()
-    sweep = load_sweep(name, tracking_uri)
+    sweep = read_sweep_record(name, tracking_uri)
     report = write_report(sweep, output or Path(REPORTS_DIR) / name, reference=reference)
     if log_artifacts:
         log_report(report)
@@ -579,7 +585,7 @@ def _confirmation_line(sweep: SweepRuns) -> list[str]:
 
 
 def markdown_report(report: Report) -> str:
-    sweep, trials, frontier_rows = report.sweep, report.trials, report.frontier
+    sweep = report.sweep
     lines = [f"# Sweep {sweep.name}: results", "", *_header_lines(sweep), ""]
     lines += answer_lines(report)
     lines += [
@@ -599,6 +605,14 @@ def markdown_report(report: Report) -> str:
         "## Pareto frontier (score up, trainable parameters per task down)",
         "",
     ]
+    lines += _frontier_lines(report)
+    lines += _search_lines(report)
+    return "\n".join(lines)
+
+
+def _frontier_lines(report: Report) -> list[str]:
+    """The score's frontier of the search trials as a table, then each task's frontier in a line."""
+    sweep, frontier_rows, lines = report.sweep, report.frontier, []
     front = frontier_rows[frontier_rows["objective"] == "score"] if len(frontier_rows) else frontier_rows
     if len(front):
         shown = front[
@@ -617,6 +631,12 @@ def markdown_report(report: Report) -> str:
         lines.append(
             f"- **{plots.TASK_NAMES.get(task, task)}** ({metric}): {labels} (plot: score_vs_params_{task}.png)"
         )
+    return lines
+
+
+def _search_lines(report: Report) -> list[str]:
+    """The hypervolume table, the trials that did not complete, and the hyperparameter importances."""
+    trials, lines = report.trials, []
     lines += [
         "",
         "## Hypervolume",
@@ -643,7 +663,7 @@ def markdown_report(report: Report) -> str:
     else:
         lines.append(f"Not computed: fewer than {views.MIN_TRIALS} completed trials.\n")
     lines += ["![parallel coordinates](parallel_coordinates.png)", ""]
-    return "\n".join(lines)
+    return lines
 
 
 # ----------------------------------------------------------------------------- HTML
@@ -679,31 +699,37 @@ def side_table(table: pd.DataFrame) -> pd.DataFrame:
     )
 
 
-def html_report(report: Report) -> str:
-    """One self-contained page: plotly.js inlined once (the page must work offline), then every view."""
-    sweep, trials = report.sweep, report.trials
-    common = {
-        "sweep": sweep.name,
-        "backbone": sweep.backbone,
-        "tasks": sweep.tasks,
-        "status_summary": sweep.status_summary(),
-        "reference": report.reference,
-        "task_metrics": sweep.task_metrics,
-    }
-    figures_html: list[str] = []
+class _Embedder:
+    """Plotly figures -> HTML pieces of one page: plotly.js inlined with the first only (the page must work
+    offline, and once is enough)."""
 
-    def embed(fig) -> str:
-        first = not figures_html
+    def __init__(self):
+        self.first = True
+
+    def __call__(self, fig) -> str:
         width, height = fig.layout.width or 1000, fig.layout.height or 480  # fixed sizes: a layout that never reflows
         piece = fig.to_html(
-            full_html=False, include_plotlyjs=first, default_width=f"{width}px", default_height=f"{height}px"
+            full_html=False, include_plotlyjs=self.first, default_width=f"{width}px", default_height=f"{height}px"
         )
-        figures_html.append(piece)
+        self.first = False
         return piece
 
+
+def html_report(report: Report) -> str:
+    """One self-contained page: plotly.js inlined once (the page must work offline), then every view."""
+    embed = _Embedder()
+    parts = _html_head(report.sweep)
+    parts += _answer_html(report, embed)
+    parts += _trials_html(report, embed)
+    parts += _views_html(report, embed)
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def _html_head(sweep: SweepRuns) -> list[str]:
     esc = html.escape
     header = "".join(f"<li>{esc(line.removeprefix('- ').replace('`', ''))}</li>" for line in _header_lines(sweep))
-    parts = [
+    return [
         f"<!doctype html><html><head><meta charset='utf-8'><title>peftune report: {esc(sweep.name)}</title>",
         f"<style>{_STYLE}</style></head><body>",
         f"<h1>Sweep {esc(sweep.name)}: score vs trainable parameters</h1><ul>{header}</ul>",
@@ -711,8 +737,12 @@ def html_report(report: Report) -> str:
         "crosses are trials stopped early. Hover a point for its hyperparameters and MLflow run id. Hollow diamonds: "
         "the AdaptBert report's published bert-base figures (another backbone), for reference only.</p>",
     ]
-    notes = answer_notes(report)
-    parts += ["<h2>Recommendation per parameter budget</h2>", f"<p class='note'>{esc(notes['source'])}</p>"]
+
+
+def _answer_html(report: Report, embed: _Embedder) -> list[str]:
+    """The answer: the pick per budget, every method under each budget, fairness, the confirmed seed means."""
+    esc, sweep, notes = html.escape, report.sweep, answer_notes(report)
+    parts = ["<h2>Recommendation per parameter budget</h2>", f"<p class='note'>{esc(notes['source'])}</p>"]
     if len(report.configs):
         parts += [
             _table_html(confirmed.recommendation_display(report.recommendation)),
@@ -725,33 +755,53 @@ def html_report(report: Report) -> str:
     parts.append(_table_html(confirmed.fairness_display(report.fairness)) if len(report.fairness) else "")
     if len(report.configs):
         shown = confirmed.configurations_display(report.confirmed_front, report.configs, sweep.task_metrics)
+        about = {"sweep": sweep.name, "backbone": sweep.backbone}
         parts += [
             "<h2>Confirmed configurations (seed means)</h2><div class='row'><div class='plot'>",
-            embed(plots.confirmed_figure(report.configs, report.confirmed_front, sweep=sweep.name)),
+            embed(plots.confirmed_figure(report.configs, report.confirmed_front, **about)),
             "</div><div class='side'>",
             _table_html(shown),
             "</div></div>",
         ]
-    if len(trials):
-        parts += [
-            "<div class='row'><div class='plot' id='score-vs-params'>",  # every search trial, hoverable
-            embed(plots.score_vs_params_figure(trials, objective="score", **common)),
-            "</div><div class='side'><h2>Best configuration per method and size</h2>",
-            _table_html(side_table(report.best)),
-            "<p class='note'>Params: trainable per task and additionally stored, % of the backbone. "
-            "Run ids: best_by_method_size.csv and the hover boxes.</p>",
-            "</div></div>",
-        ]
-        if len(report.objectives) > 1:
-            parts.append("<h2>Per task</h2>")
-        parts.append("<div class='row'>")
-        for metric in report.objectives[1:]:
-            figure = plots.score_vs_params_figure(trials, objective=metric, width=780, height=480, **common)
-            parts += ["<div>", embed(figure), "</div>"]
-        parts.append("</div>")
-    else:
-        parts.append("<p>No trial recorded yet.</p>")
-    parts += [
+    return parts
+
+
+def _trials_html(report: Report, embed: _Embedder) -> list[str]:
+    """The search trials: score vs parameters (hoverable) beside the best per method and size, then per task."""
+    sweep, trials = report.sweep, report.trials
+    if not len(trials):
+        return ["<p>No trial recorded yet.</p>"]
+    common = {
+        "sweep": sweep.name,
+        "backbone": sweep.backbone,
+        "tasks": sweep.tasks,
+        "status_summary": sweep.status_summary(),
+        "reference": report.reference,
+        "task_metrics": sweep.task_metrics,
+    }
+    parts = [
+        "<div class='row'><div class='plot' id='score-vs-params'>",  # every search trial, hoverable
+        embed(plots.score_vs_params_figure(trials, objective="score", **common)),
+        "</div><div class='side'><h2>Best configuration per method and size</h2>",
+        _table_html(side_table(report.best)),
+        "<p class='note'>Params: trainable per task and additionally stored, % of the backbone. "
+        "Run ids: best_by_method_size.csv and the hover boxes.</p>",
+        "</div></div>",
+    ]
+    if len(report.objectives) > 1:
+        parts.append("<h2>Per task</h2>")
+    parts.append("<div class='row'>")
+    for metric in report.objectives[1:]:
+        figure = plots.score_vs_params_figure(trials, objective=metric, width=780, height=480, **common)
+        parts += ["<div>", embed(figure), "</div>"]
+    parts.append("</div>")
+    return parts
+
+
+def _views_html(report: Report, embed: _Embedder) -> list[str]:
+    """Frontier and hypervolume, parallel coordinates, importances, and every trial (folded)."""
+    sweep, trials = report.sweep, report.trials
+    parts = [
         "<h2>Frontier and hypervolume</h2>",
         _table_html(hypervolume_table(report.summary, report.objectives)) if len(report.summary) else "",
     ]
@@ -771,9 +821,8 @@ def html_report(report: Report) -> str:
     if len(trials):
         columns = [c for c in trials.columns if not c.startswith(("frontier.", "method_frontier."))]
         parts += [
-            f"<h2>All trials</h2><details><summary>{esc(sweep.status_summary())}</summary>",
+            f"<h2>All trials</h2><details><summary>{html.escape(sweep.status_summary())}</summary>",
             _table_html(trials[columns].drop(columns=["size_value", "label"], errors="ignore"), short_ids=False),
             "</details>",
         ]
-    parts.append("</body></html>")
-    return "\n".join(parts)
+    return parts

@@ -92,7 +92,7 @@ class SweepRuns:
     parent_status: str  # the parent's peftune.status: running | completed | interrupted | failed (or MLflow's)
     backbone: str
     tasks: list[str]
-    parent_params: dict[str, Any]  # typed (see parse_param): num_samples, epochs, max_train_examples, ...
+    parent_params: dict[str, Any]  # typed (see param_from_mlflow): num_samples, epochs, max_train_examples, ...
     parent_tags: dict[str, str]
     trials: pd.DataFrame
     task_metrics: list[str] = field(default_factory=list)  # ["sst_accuracy", "para_accuracy", "sts_pearson"]
@@ -114,17 +114,17 @@ class SweepRuns:
 # ----------------------------------------------------------------------------- reading
 
 
-def load_sweep(name: str, tracking_uri: str | None = None, *, client=None) -> SweepRuns:
+def read_sweep_record(name: str, tracking_uri: str | None = None, *, client=None) -> SweepRuns:
     """Read sweep ``name`` (parent run + child runs) from ``tracking_uri`` (see :func:`resolve_tracking_uri`).
 
     Raises ``ValueError`` naming the store and what it does hold when the sweep is not there.
     """
     uri = resolve_tracking_uri(tracking_uri)
     with store_errors(uri):
-        return _read_sweep(name, uri, client)
+        return _read_sweep_record(name, uri, client)
 
 
-def _read_sweep(name: str, uri: str, client) -> SweepRuns:
+def _read_sweep_record(name: str, uri: str, client) -> SweepRuns:
     import mlflow
 
     client = client or mlflow.MlflowClient(tracking_uri=uri)
@@ -150,7 +150,7 @@ def _read_sweep(name: str, uri: str, client) -> SweepRuns:
         for run in _search_all(client, experiment_id, f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'")
         if run.data.tags.get(ROLE, "trial") == "trial"
     ]
-    params = {k: parse_param(v) for k, v in parent.data.params.items()}
+    params = {k: param_from_mlflow(v) for k, v in parent.data.params.items()}
     tasks = _split_list(parent.data.params.get("tasks", ""))
     if not tasks:  # an older or partial record: take the tasks the trials ran
         tasks = next((_split_list(c.data.params["tasks"]) for c in children if c.data.params.get("tasks")), [])
@@ -256,7 +256,7 @@ def trials_frame(
 def trial_row(run, task_metrics: Sequence[str], history: dict[str, dict[int, float]]) -> dict[str, Any]:
     """One child run -> one row. Best-epoch metrics come from ``best_*``, else from the run's history."""
     tags, metrics = run.data.tags, run.data.metrics
-    params = {k: parse_param(v) for k, v in run.data.params.items()}
+    params = {k: param_from_mlflow(v) for k, v in run.data.params.items()}
     method = str(params.get("method") or tags.get("peftune.method") or "")
     size = size_label(method, params)
     error = tags.get(ERROR)
@@ -370,7 +370,7 @@ def _int_or_none(value) -> int | None:
 _INT = re.compile(r"[+-]?\d+")
 
 
-def parse_param(raw: str) -> Any:
+def param_from_mlflow(raw: str) -> Any:
     """An MLflow param string -> int, float, bool, None or the string itself (lists stay comma-separated)."""
     text = raw.strip()
     if text == "None":

@@ -372,31 +372,14 @@ def parallel_coordinates_png(
         plt.close(fig)
         return path
     axes = _axes(pool, task_metrics)
-    scaled = []
-    for axis in axes:
-        values = np.asarray(axis["values"], dtype=float)
-        low, high = np.nanmin(values), np.nanmax(values)
-        span = high - low if high > low else 1.0  # a constant axis: every line at its bottom
-        axis["low"], axis["high"], axis["span"] = low, high, span
-        scaled.append((values - low) / span)
-    matrix = np.vstack(scaled).T  # (trials, axes)
+    matrix = _scaled(axes)
     norm = Normalize(pool["score"].min(), pool["score"].max())
     cmap = plt.get_cmap("viridis")
     order = np.argsort(pool["score"].to_numpy())  # best drawn last, on top
     for i in order:
         ax.plot(range(len(axes)), matrix[i], color=cmap(norm(pool["score"].iloc[i])), alpha=0.75, lw=1.4)
     for j, axis in enumerate(axes):
-        ax.axvline(j, color="black", lw=0.8)
-        if "tickvals" in axis:
-            ticks = [(t - axis["low"]) / axis["span"] for t in axis["tickvals"]]
-            labels = axis["ticktext"]
-        else:
-            ticks = [0.0, (axis["high"] - axis["low"]) / axis["span"]]
-            labels = [f"{axis['low']:.3g}", f"{axis['high']:.3g}"]
-        for tick, label in zip(ticks, labels, strict=True):
-            if -0.01 <= tick <= 1.01:
-                color = method_color(label) if axis["label"] == "method" else "black"
-                ax.text(j + 0.04, tick, str(label), fontsize=7.5, va="center", color=color)
+        _vertical_axis(ax, j, axis)
     ax.set_xticks(range(len(axes)), [a["label"] for a in axes], fontsize=8.5)
     ax.set_yticks([])
     ax.set_xlim(-0.2, len(axes) - 0.4)
@@ -412,3 +395,31 @@ def parallel_coordinates_png(
     fig.savefig(path)
     plt.close(fig)
     return path
+
+
+def _scaled(axes: list[dict]) -> np.ndarray:
+    """(trials, axes): each axis' values scaled to [0, 1] over its own range; its ``low``, ``high`` and ``span``
+    kept on the axis for its ticks."""
+    scaled = []
+    for axis in axes:
+        values = np.asarray(axis["values"], dtype=float)
+        low, high = np.nanmin(values), np.nanmax(values)
+        span = high - low if high > low else 1.0  # a constant axis: every line at its bottom
+        axis["low"], axis["high"], axis["span"] = low, high, span
+        scaled.append((values - low) / span)
+    return np.vstack(scaled).T
+
+
+def _vertical_axis(ax, j: int, axis: dict) -> None:
+    """Axis ``j`` of the static parallel coordinates: a vertical line and its tick labels (methods in colour)."""
+    ax.axvline(j, color="black", lw=0.8)
+    if "tickvals" in axis:
+        ticks = [(t - axis["low"]) / axis["span"] for t in axis["tickvals"]]
+        labels = axis["ticktext"]
+    else:
+        ticks = [0.0, (axis["high"] - axis["low"]) / axis["span"]]
+        labels = [f"{axis['low']:.3g}", f"{axis['high']:.3g}"]
+    for tick, label in zip(ticks, labels, strict=True):
+        if -0.01 <= tick <= 1.01:
+            color = method_color(label) if axis["label"] == "method" else "black"
+            ax.text(j + 0.04, tick, str(label), fontsize=7.5, va="center", color=color)

@@ -122,7 +122,7 @@ def test_confirmation_trains_seeds_of_each_methods_best(local_ray, workdir, tiny
     # the report draws these runs: one configuration per method, its std that of its two seeds
     from analysis import report, runs
 
-    built = report.build_report(runs.load_sweep("confirmed", uri), reference=False)
+    built = report.build_report(runs.read_sweep_record("confirmed", uri), reference=False)
     configs = built.configs.set_index("method")
     assert set(configs.index) == {"frozen", "top_k"} and set(configs["seeds"]) == {2}
     for method in ("frozen", "top_k"):
@@ -136,7 +136,7 @@ def test_confirmation_trains_seeds_of_each_methods_best(local_ray, workdir, tiny
     assert not (built.decisions["note"] == "no per-example predictions on both sides").any()
 
     # each confirmation run keeps its dev predictions at that epoch: they give back its dev accuracy
-    predictions = runs.load_predictions(runs.load_sweep("confirmed", uri))
+    predictions = runs.load_predictions(runs.read_sweep_record("confirmed", uri))
     for run in confirmed:
         mine = predictions[predictions["run_id"] == run.info.run_id]
         assert len(mine) == 32 and set(mine["seed"]) == {int(run.data.tags[record.SEED])}  # the 32 dev rows
@@ -282,7 +282,7 @@ def test_seeds_stop_as_soon_as_the_report_decides(local_ray, workdir, tiny_data_
         spec, tiny_data_dir, uri, storage_path=workdir / "ray_results", verbose=0, open_decisions=open_decisions
     )
     assert result.status == "completed" and calls
-    built = report.build_report(runs.load_sweep("adaptive_real", uri), reference=False)
+    built = report.build_report(runs.read_sweep_record("adaptive_real", uri), reference=False)
     seeds = built.configs.set_index("config_key")["seeds"]
     still_open = report.confirmed.open_configurations(built.decisions)
     assert all(seeds[key] == 3 for key in still_open), "an open decision stopped before the cap"

@@ -120,7 +120,7 @@ def record(tmp_path_factory):
 @pytest.fixture(scope="module")
 def built(record):
     uri, tmp = record
-    return report.write_report(runs.load_sweep("noise", uri), tmp / "report", reference=False)
+    return report.write_report(runs.read_sweep_record("noise", uri), tmp / "report", reference=False)
 
 
 def seed_means() -> dict[str, float]:
@@ -131,7 +131,7 @@ def seed_means() -> dict[str, float]:
 
 def test_report_draws_seed_means_with_the_seeds_std(record, built):
     uri, tmp = record
-    sweep = runs.load_sweep("noise", uri)
+    sweep = runs.read_sweep_record("noise", uri)
     assert len(sweep.trials) == len(SEARCH) and len(sweep.confirmations) == 3 * len(SKILL) + 3
     configs = built.configs.set_index("config_key")
     for trial_id, by_seed in confirmed_predictions().items():
@@ -140,10 +140,10 @@ def test_report_draws_seed_means_with_the_seeds_std(record, built):
         assert row["seeds"] == 3 and row["source"] == "confirmed"
         assert row["score_mean"] == pytest.approx(statistics.mean(values))
         assert row["score_std"] == pytest.approx(statistics.stdev(values))
-    figure = report.plots.confirmed_figure(built.configs, built.confirmed_front, sweep="noise")
+    figure = report.plots.confirmed_figure(built.configs, built.confirmed_front, sweep="noise", backbone="b")
     bars = {}
     for trace in figure.data:
-        if trace.meta and trace.meta.get("error") == "std":
+        if trace.meta and trace.meta.get("kind") == "means":  # the seed means, their error bars the std
             for y, std in zip(trace.y, trace.error_y.array, strict=True):
                 bars[round(y, 6)] = std
     assert bars[round(configs.loc["key-f1", "score_mean"], 6)] == pytest.approx(configs.loc["key-f1", "score_std"])
@@ -220,7 +220,7 @@ def test_control_arm_is_the_search_default_whatever_a_confirmation_run_says(reco
     """Confirmation runs once tagged every configuration ``peftune.default=true`` (the string "false" was truthy),
     which emptied the tuned column of the README run's fairness table: the search trial's tag decides."""
     uri, _ = record
-    sweep = runs.load_sweep("noise", uri)
+    sweep = runs.read_sweep_record("noise", uri)
     sweep.confirmations["default"] = True  # as the faulty record had it
     fair = report.build_report(sweep, reference=False).fairness.set_index("method")
     assert fair.loc["lora", "default_source"] == "search" and fair.loc["lora", "default_score"] == pytest.approx(0.30)
@@ -235,7 +235,7 @@ def test_without_predictions_every_decision_stays_open(tmp_path):
         TrialSpec("y", "bitfit", {}, [{"sst_accuracy": 0.30}], counts(500)),
     ]
     record_sweep(uri, "plain", ["sst"], specs, artifact_dir=tmp_path / "a", budget={"max_dev_examples": 550})
-    built = report.build_report(runs.load_sweep("plain", uri), reference=False)
+    built = report.build_report(runs.read_sweep_record("plain", uri), reference=False)
     assert set(built.configs["source"]) == {"search"} and set(built.configs["seeds"]) == {1}
     rec = built.recommendation.set_index("budget_pct")
     assert rec.loc[1.0, "label"] == "lora r=8" and rec.loc[1.0, "runner_up"] == "bitfit"
@@ -248,9 +248,9 @@ def test_evaluate_reuses_the_confirmed_configurations_and_seeds(record):
     from analysis import evaluate
 
     uri, _ = record
-    sweep = runs.load_sweep("noise", uri)
+    sweep = runs.read_sweep_record("noise", uri)
     chosen = evaluate.select_configurations(sweep)
-    front = confirmed.frontier(confirmed.configurations(sweep))
+    front = confirmed.seed_mean_frontier(confirmed.configurations(sweep))
     assert list(chosen["config_key"]) == list(front["config_key"])  # the frontier of the seed means
     assert evaluate.evaluation_seeds(sweep, chosen.iloc[0], 2) == [1, 2]  # the confirmation's seeds
 

@@ -19,9 +19,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from analysis.evaluate import evaluate_sweep, method_options
-from analysis.runs import load_sweep
+from analysis.evaluate import evaluate_sweep, method_params
+from analysis.runs import param_from_mlflow, read_sweep_record
 from conftest import NEGATIVE, POSITIVE, write_task_file
+from peftune.methods.options import options_from_params
 from sweep_record import COUNT_KEYS, TrialSpec, record_sweep
 
 TASKS = ["sst", "sts"]
@@ -128,13 +129,31 @@ def sweep_store(tmp_path_factory, tiny_model_dir, data_dirs):
     return uri, parent_id
 
 
+def test_a_trial_row_gives_back_the_options_it_trained():
+    """The trials frame holds params typed by param_from_mlflow, in columns shared by methods (an int column
+    with gaps reads back as floats); the confirmation reads the same params as strings: both get one answer."""
+    logged = {"method.bottleneck": "16", "method.init_std": "0.001", "method.train_layernorm": "False"}
+    frame = pd.DataFrame(
+        [
+            {"method": "hyperformer", **{k: param_from_mlflow(v) for k, v in logged.items()}},
+            {"method": "lora", "method.rank": 8, "method.targets": "query,value"},  # hyperformer's columns: NaN
+        ]
+    )
+    expected = {"bottleneck": 16, "init_std": 0.001, "train_layernorm": False}
+    assert options_from_params("hyperformer", method_params(frame.iloc[0])) == expected
+    assert options_from_params("hyperformer", logged) == expected
+    assert type(options_from_params("hyperformer", method_params(frame.iloc[0]))["bottleneck"]) is int
+    assert options_from_params("lora", method_params(frame.iloc[1])) == {"rank": 8, "targets": ["query", "value"]}
+
+
 def test_evaluate_frontier_with_two_seeds(sweep_store, data_dirs, tmp_path):
     """Note: peftune.checkpoint fingerprints a checkpoint's backbone from the *trained* embeddings, so a full
     fine-tuning checkpoint is refused by the pretrained backbone; evaluate then re-trains that seed."""
     uri, parent_id = sweep_store
     data, test = data_dirs
-    sweep = load_sweep(SWEEP, uri)
-    assert method_options(sweep.trials.set_index("trial_id").loc["t1"])["targets"] == ["query", "key", "value"]
+    sweep = read_sweep_record(SWEEP, uri)
+    options = options_from_params("lora", method_params(sweep.trials.set_index("trial_id").loc["t1"]))
+    assert options["targets"] == ["query", "key", "value"]
 
     evaluation = evaluate_sweep(SWEEP, data, test, seeds=2, tracking_uri=uri, output=tmp_path / "report")
 

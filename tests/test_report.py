@@ -60,7 +60,7 @@ def store(tmp_path_factory):
 
 def test_runs_become_one_row_per_trial_with_status(store):
     uri, parent_id, run_ids = store
-    sweep = runs.load_sweep("unit_sweep", uri)
+    sweep = runs.read_sweep_record("unit_sweep", uri)
     assert sweep.parent_run_id == parent_id
     assert sweep.backbone == "all-minilm-l6-v2" and sweep.tasks == TASKS
     assert sweep.task_metrics == ["sst_accuracy", "para_accuracy", "sts_pearson"]

@@ -14,7 +14,7 @@ import subprocess
 import pytest
 
 from analysis.report import build_report, html_report
-from analysis.runs import load_sweep
+from analysis.runs import read_sweep_record
 from sweep_record import TrialSpec, counts, record_sweep
 
 BROWSERS = ("chromium", "chromium-browser", "google-chrome")
@@ -84,7 +84,7 @@ def test_report_html_renders_in_chromium(tmp_path):
         )
     )
     _, _, run_ids = record_sweep(uri, "html_sweep", ["sst", "para", "sts"], trials, artifact_dir=tmp_path / "art")
-    report = build_report(load_sweep("html_sweep", uri))
+    report = build_report(read_sweep_record("html_sweep", uri))
     page = tmp_path / "report.html"
     page.write_text(html_report(report) + HOVER_SCRIPT, encoding="utf-8")
 

@@ -559,7 +559,9 @@ def add_arguments(parser, definition_default: str | None = None) -> None:
         "else under --storage-path)",
     )
     parser.add_argument(
-        "--reports-dir", default=sweep.REPORTS_DIR, help=f"reports go to <dir>/<sweep>/ (default ./{sweep.REPORTS_DIR})"
+        "--reports-dir",
+        default=record.REPORTS_DIR,
+        help=f"reports go to <dir>/<sweep>/ (default ./{record.REPORTS_DIR})",
     )
     group = parser.add_mutually_exclusive_group()
     group.add_argument(

@@ -44,8 +44,6 @@ import dataclasses
 import logging
 import math
 import time
-import types
-import typing
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
@@ -54,7 +52,7 @@ from mlflow.entities import Metric
 from ray import tune
 from ray.tune.search import Searcher
 
-from peftune.methods import get_method
+from peftune.methods.options import options_from_params
 from peftune.record import (
     BUDGETS_PCT,
     COMPLETED,
@@ -153,42 +151,12 @@ def confirm_seeds(base_seed: int, seeds: int) -> list[int]:
     return [base_seed + 1 + i for i in range(seeds)]
 
 
-def method_options(method: str, params: Mapping[str, str]) -> dict:
-    """The ``method.<field>`` params of a run, typed back into the method config's fields."""
-    config_cls = get_method(method).config_cls
-    hints = typing.get_type_hints(config_cls)
-    options = {}
-    for field in dataclasses.fields(config_cls):
-        key = f"method.{field.name}"
-        if field.name != "dropout" and key in params:
-            options[field.name] = parse_value(str(params[key]), hints[field.name])
-    return options
-
-
-def parse_value(text: str, hint):
-    """A logged param (``str(value)``, lists comma-joined) -> the type a config field declares."""
-    if text == "None":
-        return None
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        hint = next(arg for arg in typing.get_args(hint) if arg is not type(None))
-    if typing.get_origin(hint) in (list, tuple):
-        item = (typing.get_args(hint) or (str,))[0]
-        return [parse_value(part.strip(), item) for part in text.split(",") if part.strip()]
-    if hint is bool:
-        return text == "True"
-    if hint is int:
-        return int(float(text))
-    if hint is float:
-        return float(text)
-    return text
-
-
 def trial_config(candidate: Candidate, seed: int, why: str = "") -> dict:
     """The Ray trial config that re-trains ``candidate`` with ``seed`` (the shape the search's trials have);
     ``why``: for a seed added to an open decision, the decision (tagged ``peftune.seed_reason``)."""
     params, method = candidate.params, candidate.method
     sampled = {key: float(params[key]) for key in COMMON}
-    sampled.update(method_options(method, params))
+    sampled.update(options_from_params(method, params))
     return {
         "method": method,
         method: sampled,

@@ -18,6 +18,7 @@ from urllib.parse import urlparse
 from peftune.errors import StoreError, UserError
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+REPORTS_DIR = "reports"  # a sweep's report goes to <reports dir>/<sweep>/ (the sweep's end, `peftune report`)
 
 ROLE, SWEEP, TRIAL_ID, STATUS, ERROR = (
     "peftune.role",

@@ -55,7 +55,6 @@ from peftune.train import metric_name, prepare
 log = logging.getLogger("peftune.sweep")
 
 DEFAULT_STORAGE_PATH = "ray_results"
-REPORTS_DIR = "reports"
 MLFLOW_FAIL_FAST = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                     "MLFLOW_HTTP_REQUEST_TIMEOUT": "15"}  # fmt: skip
 TRACKING_WAIT_S = 600.0  # the end of a sweep waits this long for buffered MLflow writes
@@ -192,7 +191,7 @@ def run_sweep(
     shared_storage: bool = False,
     callbacks: Sequence = (),
     on_finished: Callable[[SweepResult], None] | None = None,
-    reports_dir: str | Path = REPORTS_DIR,
+    reports_dir: str | Path = record_names.REPORTS_DIR,
     verbose: int = 1,
     optuna_storage: str | None = None,
     tracking_wait_s: float = TRACKING_WAIT_S,
