@@ -55,7 +55,7 @@ from peftune.record import REPORTS_DIR
 
 log = logging.getLogger("analysis.evaluate")
 
-SPLITS = ("dev (sweep)", "dev", "test")  # the trial's recorded dev figure; re-trained dev; test
+SPLITS = ("selection (sweep)", "dev", "test")  # the trial's figure on the split it selected on; re-trained dev; test
 
 
 @dataclass
@@ -252,7 +252,7 @@ def evaluate_sweep(
     rows = []
     for _, trial in configurations.iterrows():
         recorded_dev = {m: trial[m] for m in ["score", *sweep.task_metrics]}
-        rows.append(_row(trial, None, "dev (sweep)", "sweep record", recorded_dev))
+        rows.append(_row(trial, None, "selection (sweep)", "sweep record", recorded_dev))
         base_seed = int(trial["seed"]) if pd.notna(trial["seed"]) else 0
         for i, seed in enumerate(evaluation_seeds(sweep, trial, seeds)):
             restore = i == 0 and seed == base_seed and restore_checkpoints and bool(trial.get("has_checkpoint"))
@@ -455,7 +455,8 @@ def write_evaluation(evaluation: Evaluation, *, test_dir, seeds: int) -> None:
         f"# Sweep {sweep.name}: final evaluation of the dev frontier\n\n"
         f"- backbone `{sweep.backbone}`; {len(evaluation.configurations)} frontier configuration(s), {seeds} seed(s) "
         f"each; test files from `{test_dir}`\n"
-        "- `dev (sweep)`: the trial's own dev figure that selected it; `dev` and `test`: mean ± sample std over the "
+        "- `selection (sweep)`: the trial's own figure on the split that selected it (the selection split; dev in "
+        "records older than it); `dev` and `test`: mean ± sample std over the "
         "seeds (the first seed restored from the trial's checkpoint when it has one), best dev epoch of each run\n\n"
         + to_markdown(table)
         + "\n![dev vs test](evaluation.png)\n"
@@ -466,7 +467,7 @@ def write_evaluation(evaluation: Evaluation, *, test_dir, seeds: int) -> None:
 
 # each split's mark in evaluation.png, side by side around its configuration's tick
 SPLIT_STYLES = {
-    "dev (sweep)": {"marker": "*", "offset": -0.22, "filled": True},
+    "selection (sweep)": {"marker": "*", "offset": -0.22, "filled": True},
     "dev": {"marker": "o", "offset": 0.0, "filled": True},
     "test": {"marker": "s", "offset": 0.22, "filled": False},
 }

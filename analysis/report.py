@@ -588,6 +588,7 @@ def markdown_report(report: Report) -> str:
     sweep = report.sweep
     lines = [f"# Sweep {sweep.name}: results", "", *_header_lines(sweep), ""]
     lines += answer_lines(report)
+    lines += held_out_lines(report.directory)
     lines += [
         "From here on, the search's trials: one run each (no seeds), so gaps smaller than the noise above are "
         "not evidence. All figures are figures of each trial's best epoch on the split it selected on (selection; "
@@ -608,6 +609,24 @@ def markdown_report(report: Report) -> str:
     lines += _frontier_lines(report)
     lines += _search_lines(report)
     return "\n".join(lines)
+
+
+def held_out_lines(directory: Path | None) -> list[str]:
+    """The final evaluation on the held-out test split (``evaluation/``, written by ``peftune evaluate`` or a job's
+    ``--test-dir``), when there is one: its table, under a heading that says which split it is."""
+    path = directory / "evaluation" / "evaluation.md" if directory is not None else None
+    if path is None or not path.is_file():
+        return []
+    table = path.read_text().split("\n\n", 1)[-1].replace("](evaluation.png)", "](evaluation/evaluation.png)")
+    return [
+        "## Held-out test split (final evaluation)",
+        "",
+        "The frontier's configurations re-trained with new seeds and scored once on the labelled test files, "
+        "which nothing above selected on (details: `evaluation/evaluation.md`).",
+        "",
+        table,
+        "",
+    ]
 
 
 def _frontier_lines(report: Report) -> list[str]:

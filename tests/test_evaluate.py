@@ -167,7 +167,7 @@ def test_evaluate_frontier_with_two_seeds(sweep_store, data_dirs, tmp_path):
     assert len(runs) == len(expected) * (1 + 2 * 2)
     for run_id in expected:
         mine = runs[runs["run_id"] == run_id]
-        assert list(mine["split"]) == ["dev (sweep)", "dev", "test", "dev", "test"]
+        assert list(mine["split"]) == ["selection (sweep)", "dev", "test", "dev", "test"]
         first = "checkpoint" if mine["method"].iloc[0] != "full" else mine["source"].iloc[1]  # see the note below
         assert list(mine["source"]) == ["sweep record", first, first, "retrained", "retrained"]
         assert list(mine["seed"].iloc[1:]) == [0, 0, 1, 1]

@@ -20,6 +20,7 @@ import mlflow
 import psutil
 import pytest
 
+from conftest import NEGATIVE, POSITIVE, write_task_file
 from peftune import spaces
 
 REPO = Path(__file__).resolve().parents[1]
@@ -134,6 +135,7 @@ def test_sst_job_smoke_test_through_ray_job_submit(tiny_data_dir, tmp_path, clus
             str(BIN / "ray"), "job", "submit", "--address", cluster.address, "--working-dir", ".", "--",
             "python", "jobs/sst_tuning.py", "--smoke-test", "--data-dir", str(tiny_data_dir), "--tracking-uri", uri,
             "--storage-path", str(tmp_path / "ray_results"), "--reports-dir", str(tmp_path / "reports"),
+            "--test-dir", str(held_out_dir(tmp_path / "test")), "--test-seeds", "1",
         ]  # fmt: skip
         job = subprocess.run(command, cwd=REPO, env=cluster_env, capture_output=True, text=True, timeout=900)
     finally:
@@ -147,6 +149,11 @@ def test_sst_job_smoke_test_through_ray_job_submit(tiny_data_dir, tmp_path, clus
     assert "MLflow UI: http://127.0.0.1:5000/#/experiments/" in output
     assert f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1" in output
     assert f"report: {tmp_path / 'reports' / 'sst_tuning'}/" in output
+
+    # --test-dir: the final evaluation ran after the sweep and the report shows its table
+    report = (tmp_path / "reports" / "sst_tuning" / "report.md").read_text()
+    assert "## Held-out test split (final evaluation)" in report
+    assert (tmp_path / "reports" / "sst_tuning" / "evaluation" / "evaluation.csv").is_file()
 
     mlflow.set_tracking_uri(uri)
     runs = mlflow.search_runs(experiment_names=["sst_tuning"])
@@ -165,3 +172,24 @@ def test_sst_job_smoke_test_through_ray_job_submit(tiny_data_dir, tmp_path, clus
     assert len(confirmed) == children["params.method"].nunique()
     assert children["tags.peftune.status"].isin(["completed", "early_stopped"]).all()
     assert children["metrics.best_score"].notna().all() and children["metrics.trainable_params_per_task"].notna().all()
+
+
+def held_out_dir(directory: Path) -> Path:
+    """A labelled SST test file in dev's format, with sentences of its own (a test split must be held out)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    rows = [[f"{text} , said reviewer {i}", 4 if text in POSITIVE else 0] for i, text in enumerate(POSITIVE + NEGATIVE)]
+    write_task_file(directory / "ids-sst-test.csv", ["sentence", "sentiment"], rows)
+    return directory
+
+
+def test_a_bad_test_dir_is_refused_before_the_sweep_starts(tiny_data_dir, tmp_path):
+    """A missing test file exits 2 with a one-line error, before Ray starts or a record is written."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    command = [
+        sys.executable, "jobs/sst_tuning.py", "--smoke-test", "--data-dir", str(tiny_data_dir), "--tracking-uri", uri,
+        "--storage-path", str(tmp_path / "ray_results"), "--test-dir", str(tmp_path),
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert "ids-sst-test.csv" in done.stderr and "Traceback" not in done.stderr
+    assert not (tmp_path / "mlflow.db").exists() and not (tmp_path / "ray_results").exists()

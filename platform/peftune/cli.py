@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 import yaml
 
-from peftune import bench, checkpoint, methods, record, services, spaces, sweep, train
+from peftune import bench, checkpoint, data, methods, record, services, spaces, sweep, train
 from peftune.backbone import DEFAULT_MODEL, BertConfig, BertModel, check_tokenizer_files, read_json, resolve_model_dir
 from peftune.errors import UserError, one_line, user_errors
 from peftune.model import MultitaskModel
@@ -586,6 +586,15 @@ def add_arguments(parser, definition_default: str | None = None) -> None:
         "path on a multi-node cluster",
     )
     parser.add_argument(
+        "--test-dir",
+        help="labelled held-out test files (dev's format: ids-sst-test.csv, quora-test.csv, sts-test.csv); checked "
+        "before the sweep, read once after it by the final evaluation (`peftune evaluate`), whose table the "
+        "report then includes",
+    )
+    parser.add_argument(
+        "--test-seeds", type=int, default=3, help="seeds per frontier configuration in the final evaluation (default 3)"
+    )
+    parser.add_argument(
         "--allow-failures",
         action="store_true",
         help="exit 0 when some (not all) trials failed; without it such a sweep exits 4",
@@ -615,6 +624,9 @@ def main_from_args(
     """Run the sweep the flags describe; ``on_finished`` and ``open_decisions``: ``run_sweep``'s report hooks."""
     definition = definition_from_args(args)  # validated before anything starts
     record.check_tracking_uri(record.resolve_tracking_uri(args.tracking_uri))
+    test_dir = getattr(args, "test_dir", None)
+    if test_dir is not None:
+        check_test_dir(test_dir, definition, args.test_seeds)
     _warn_relative_paths_in_job(args)
     result = sweep.run_sweep(
         definition,
@@ -629,9 +641,39 @@ def main_from_args(
         optuna_storage=getattr(args, "optuna_storage", None),
         open_decisions=open_decisions,
     )
+    if test_dir is not None and result.status in (sweep.COMPLETED, sweep.COMPLETED_WITH_FAILURES):
+        final_evaluation(result, args, definition.invalid_rows, on_finished)
     ignore_further_interrupts()  # the records are closed: a late Ctrl-C must not turn the exit status into a lie
     print("\n" + result.summary(), flush=True)
     return exit_code(result.status, allow_failures=getattr(args, "allow_failures", False))
+
+
+def check_test_dir(test_dir, definition: spaces.SweepDefinition, seeds: int) -> None:
+    """Each task's test file, read and validated before the sweep starts (its rows are not used until the end)."""
+    if seeds < 1:
+        raise UserError(f"--test-seeds must be >= 1, got {seeds}")
+    if not Path(test_dir).is_dir():
+        raise UserError(f"--test-dir {test_dir}: not a directory; expected one holding the labelled test files")
+    for task in parse_tasks(list(definition.tasks)):
+        data.read_task_file(Path(test_dir) / task.test_file, task, invalid_rows=definition.invalid_rows)
+
+
+def final_evaluation(result: sweep.SweepResult, args, invalid_rows: str, on_finished) -> None:
+    """The frontier re-trained with ``--test-seeds`` seeds and scored on ``--test-dir``; then the report again,
+    which now includes that table. The test split is read here, after every selection was made."""
+    from analysis.evaluate import evaluate_sweep  # deferred: pandas and plotting load slowly
+
+    evaluate_sweep(
+        result.name,
+        args.data_dir,
+        args.test_dir,
+        seeds=args.test_seeds,
+        tracking_uri=result.tracking_uri,
+        output=result.report_dir,  # its files go to <report dir>/evaluation/
+        invalid_rows=invalid_rows,
+    )
+    if on_finished is not None:
+        on_finished(result)
 
 
 def ignore_further_interrupts() -> None:
