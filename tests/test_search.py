@@ -314,6 +314,8 @@ def test_a_real_sweep_gives_each_method_an_equal_budget_and_a_default_trial(loca
         # a trial stopped at a rung inside its first epoch has no epoch metrics: its rung's steps count
         steps = mine[["metrics.steps", "metrics.fidelity_steps"]].fillna(0).max(axis=1)
         assert (steps > 0).all() and parent[f"metrics.budget_steps.{method}"] == steps.sum()
+        tokens = mine[["metrics.tokens_seen", "metrics.fidelity_tokens_seen"]].fillna(0).max(axis=1)
+        assert (tokens >= steps).all() and parent[f"metrics.budget_tokens.{method}"] == tokens.sum()
         seconds = mine[["metrics.train_time_s", "metrics.fidelity_train_time_s"]].fillna(0).max(axis=1)
         assert (seconds > 0).all() and parent[f"metrics.budget_compute_s.{method}"] == pytest.approx(seconds.sum())
     # data fidelity: rungs at 1/4 (within the first epoch), 1/2 and all of the run's examples

@@ -115,7 +115,7 @@ EPOCH_METRICS = (
     *("startup_s", "eval_time_s", "checkpoint_time_s", "peak_gpu_memory_mb"),
 )
 # a report within an epoch (a data-fidelity rung), logged at step = examples seen: fidelity_score, ...
-PARTIAL_METRICS = ("score", "steps", "progress", "train_time_s")
+PARTIAL_METRICS = ("score", "steps", "tokens_seen", "progress", "train_time_s")
 CHECKPOINT_ARTIFACTS = ("trainable.safetensors", "peftune.json")  # the optimizer state stays with Ray
 MAX_TAG_CHARS = 5000
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"  # the UI's training view
@@ -426,9 +426,10 @@ def log_method_budgets(record: SweepRecord) -> dict[str, dict[str, float]]:
     """The budget each method received in the search, on the parent run.
 
     Metrics ``budget_trials.<method>``, ``budget_steps.<method>`` (optimizer steps trained, summed over
-    its trials) and ``budget_compute_s.<method>`` (training seconds, summed); returned as
-    ``{method: {"trials", "steps", "compute_s"}}``. A trial stopped at a rung within an epoch counts
-    the steps and seconds of that rung (its ``fidelity_`` metrics), not only its last full epoch's.
+    its trials), ``budget_tokens.<method>`` (training tokens, summed) and ``budget_compute_s.<method>``
+    (training seconds, summed); returned as ``{method: {"trials", "steps", "tokens", "compute_s"}}``. A trial
+    stopped at a rung within an epoch counts the steps, tokens and seconds of that rung (its ``fidelity_``
+    metrics), not only its last full epoch's.
     """
     from mlflow.entities import Metric
 
@@ -438,9 +439,11 @@ def log_method_budgets(record: SweepRecord) -> dict[str, dict[str, float]]:
         tags, metrics = run.data.tags, run.data.metrics
         if not tags.get(TRIAL_ID) or run_phase(tags) != SEARCH:
             continue
-        budget = budgets.setdefault(tags.get("peftune.method", ""), {"trials": 0, "steps": 0.0, "compute_s": 0.0})
+        empty = {"trials": 0, "steps": 0.0, "tokens": 0.0, "compute_s": 0.0}
+        budget = budgets.setdefault(tags.get("peftune.method", ""), empty)
         budget["trials"] += 1
         budget["steps"] += max(metrics.get("steps", 0.0), metrics.get("fidelity_steps", 0.0))
+        budget["tokens"] += max(metrics.get("tokens_seen", 0.0), metrics.get("fidelity_tokens_seen", 0.0))
         budget["compute_s"] += max(metrics.get("train_time_s", 0.0), metrics.get("fidelity_train_time_s", 0.0))
     now = _now_ms()
     client.log_batch(
