@@ -47,6 +47,7 @@ import pandas as pd
 
 from analysis import confirmed, decisions, pareto, plots, views
 from analysis.runs import COUNT_COLUMNS, SweepRuns, load_predictions, load_sweep
+from peftune.record import NOTE_TAG, artifact_route, compare_address, compare_route
 from peftune.tasks import get_task
 
 log = logging.getLogger("analysis.report")
@@ -357,7 +358,8 @@ def write_report(sweep: SweepRuns, directory: str | Path, *, reference: bool = T
 
 
 def log_report(report: Report, *, client=None) -> None:
-    """Log the report directory as artifacts of the sweep's parent run, under ``report/``.
+    """Log the report directory as artifacts of the sweep's parent run, under ``report/``, and its headline as the
+    run's description (:func:`description`).
 
     Also the frontier's summary as parent-run metrics, so the MLflow runs table shows it without a
     click: ``sweep_frontier_size`` and ``sweep_hypervolume`` (all methods, the combined score).
@@ -367,6 +369,7 @@ def log_report(report: Report, *, client=None) -> None:
 
     client = client or mlflow.MlflowClient(tracking_uri=report.sweep.tracking_uri)
     client.log_artifacts(report.sweep.parent_run_id, str(report.directory), artifact_path=ARTIFACT_PATH)
+    client.set_tag(report.sweep.parent_run_id, NOTE_TAG, description(report))  # what the UI shows as its description
     values = headline_frontier(report)
     if values:
         now = int(time.time() * 1000)
@@ -435,7 +438,53 @@ def on_sweep_finished(result) -> Report | None:
         )
         return None
     print(f"report: {report.directory}/report.html (also logged to MLflow run {result.parent_run_id})", flush=True)
+    runs = frontier_run_ids(report)
+    if runs:
+        where = compare_address(result.tracking_uri, result.experiment_id, runs)
+        print(f"MLflow compare, the confirmed frontier's {len(runs)} runs: {where}", flush=True)
     return report
+
+
+# ----------------------------------------------------------------------------- the parent run's description
+
+NOTE_CHARS = 8000  # MLflow's limit on a tag's value
+DESCRIPTION_COLUMNS = ("Budget (trainable/task)", "Pick", "Trainable/task (%)", "Dev score (mean ± std)", "Seeds",
+                       "Pick vs best", "Runner-up (another method)", "Best vs runner-up")  # fmt: skip
+
+
+def frontier_run_ids(report: Report) -> list[str]:
+    """The runs of the frontier's configurations: their confirmation runs (completed), else their search trials."""
+    if not len(report.confirmed_front):
+        return []
+    confirmations = report.sweep.confirmations
+    confirmed_runs = report.configs["source"].iloc[0] == "confirmed" and confirmations is not None
+    runs = confirmations[confirmations["status"] == "completed"] if confirmed_runs else report.sweep.trials
+    return runs.loc[runs["config_key"].isin(set(report.confirmed_front["config_key"])), "run_id"].tolist()
+
+
+def description(report: Report) -> str:
+    """The sweep's parent run's description in the MLflow UI (Markdown): the report's headline, the recommendation
+    per budget and the confirmed frontier, with links to the report's files and to the frontier's runs compared."""
+    sweep = report.sweep
+    report_md = artifact_route(sweep.experiment_id, sweep.parent_run_id, f"{ARTIFACT_PATH}/report.md")
+    report_html = artifact_route(sweep.experiment_id, sweep.parent_run_id, f"{ARTIFACT_PATH}/report.html")
+    files = f"The full report: [report.md]({report_md}), [report.html]({report_html}) (download it to open it)."
+    head = [f"**Sweep `{sweep.name}`** on `{sweep.backbone}`: {sweep.status_summary()}.", "", files, ""]
+    recommendation = ["### Recommendation per parameter budget", "", answer_notes(report)["source"], ""]
+    if len(report.recommendation):
+        shown = confirmed.recommendation_display(report.recommendation)
+        recommendation.append(to_markdown(shown[[c for c in DESCRIPTION_COLUMNS if c in shown]]))
+    else:
+        recommendation.append("No completed configuration yet.")
+    frontier = ["", "### Confirmed frontier (seed means; trainable parameters per task up)", ""]
+    runs = frontier_run_ids(report)
+    if runs:
+        shown = confirmed.configurations_display(report.confirmed_front, report.configs, sweep.task_metrics)
+        shown = shown[shown["Frontier"].str.startswith("yes")]
+        link = f"[Compare the frontier's {len(runs)} runs]({compare_route(sweep.experiment_id, runs)})"
+        frontier += [to_markdown(shown), f"{link}: parallel coordinates, scatter, side by side."]
+    text = "\n".join(head + recommendation + frontier)
+    return text if len(text) <= NOTE_CHARS else "\n".join(head + recommendation)[:NOTE_CHARS]
 
 
 # ----------------------------------------------------------------------------- Markdown

@@ -217,8 +217,10 @@ class WriteBuffer:
         return self._runs.get(trial_id)
 
     def _op_trial_run(
-        self, trial_id: str, run_name: str, method: str, sweep: str, params: dict, tags: dict | None = None
-    ) -> None:
+        self, trial_id: str, run_name: str, method: str, sweep: str, params: dict, tags: dict | None = None,
+        datasets: list | None = None,
+    ) -> None:  # fmt: skip
+        """Create the trial's run (found again by trial id), its params and ``datasets`` (tracking.data_inputs)."""
         from mlflow.entities import Param
 
         run_id = self.run_id(trial_id)
@@ -229,6 +231,7 @@ class WriteBuffer:
             )
             run_id = self._runs[trial_id] = run.info.run_id
         self.client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()])
+        log_datasets(self.client, run_id, datasets)
 
     def _op_metrics(self, trial_id: str, metrics: list) -> None:
         from mlflow.entities import Metric
@@ -302,3 +305,21 @@ def log_best(client, run_id: str, task_metrics: list[str]) -> None:
         if best_epoch in values:
             metrics.append(Metric(f"best_{key}", values[best_epoch], now, 0))
     client.log_batch(run_id, metrics=metrics)
+
+
+def log_datasets(client, run_id: str, datasets) -> None:
+    """``datasets`` (``peftune.tracking.data_inputs``) as the run's MLflow dataset inputs (the UI's Dataset column
+    and filter); logging one again changes nothing (MLflow keeps one input per dataset name and digest)."""
+    if not datasets:
+        return
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    inputs = []
+    for item in datasets:
+        meta = MetaDataset(resolve_dataset_source(item["source"]), name=item["name"], digest=item["digest"]).to_dict()
+        entity = Dataset(meta["name"], meta["digest"], meta["source_type"], meta["source"],
+                         profile=json.dumps({"sha256": item["sha256"]}))  # fmt: skip
+        inputs.append(DatasetInput(entity, tags=[InputTag("mlflow.data.context", item["context"])]))
+    client.log_inputs(run_id, datasets=inputs)
