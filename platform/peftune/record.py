@@ -131,9 +131,13 @@ TRIALS_COLUMNS = (
 )
 
 
+CHARTS_SECTION = "peftune-trials"
+
+
 def trials_view() -> dict:
     """The runs table the sweep's link opens: every trial and confirmation run, flat (a filter or an order other
-    than by date un-nests child runs), best score first, with the columns of :data:`TRIALS_COLUMNS`."""
+    than by date un-nests child runs), best score first, with the columns of :data:`TRIALS_COLUMNS`; its chart
+    view (one click) plots the score against the trainable fraction and the hyperparameters (:func:`trial_charts`)."""
     return {
         "searchFilter": f"tags.`{ROLE}` = 'trial'",
         "orderByKey": "metrics.`best_score`",
@@ -142,7 +146,36 @@ def trials_view() -> dict:
         "columnOrder": list(TRIALS_COLUMNS),
         "columnWidths": {"metrics.`trainable_params_per_task_pct`": 230},
         "runsHiddenMode": "SHOW_ALL",  # the charts plot every run, not the first 10
-    }
+        "compareRunSections": [{"uuid": CHARTS_SECTION, "name": "Trials: score against size and hyperparameters",
+                                "display": True, "isReordered": False, "deleted": False, "isGenerated": False}],
+        "compareRunCharts": trial_charts(),
+    }  # fmt: skip
+
+
+def trial_charts() -> list[dict]:
+    """The chart view's cards, in the shape of the UI's own (RunsChartsCardConfig): without them it plots the
+    parent's first metrics (dev_examples.sst, ...)."""
+
+    def card(uuid: str, kind: str, **fields) -> dict:
+        common = {"uuid": uuid, "type": kind, "runsCountToCompare": 100, "metricSectionId": CHARTS_SECTION}
+        return {**common, "deleted": False, "isGenerated": False, **fields}
+
+    def axis(key: str, kind: str = "METRIC") -> dict:
+        return {"key": key, "type": kind}
+
+    score = axis("best_score")
+    return [
+        card("peftune-size", "SCATTER", xaxis=axis("trainable_params_per_task_pct"), yaxis=score),
+        card("peftune-dev", "SCATTER", xaxis=axis("trainable_params_per_task_pct"), yaxis=axis("dev_score")),
+        card(
+            "peftune-parallel",
+            "PARALLEL",
+            selectedParams=["method", "lr", "dropout", "weight_decay"],
+            selectedMetrics=["best_score"],
+            showAllRuns=True,
+        ),  # fmt: skip
+        card("peftune-lr", "SCATTER", xaxis=axis("lr", "PARAM"), yaxis=score),
+    ]
 
 
 def ui_base(uri: str) -> tuple[str, str | None]:

@@ -26,6 +26,7 @@ import logging
 import os
 import threading
 import time
+import warnings
 from collections import deque
 from pathlib import Path
 
@@ -318,7 +319,10 @@ def log_datasets(client, run_id: str, datasets) -> None:
 
     inputs = []
     for item in datasets:
-        meta = MetaDataset(resolve_dataset_source(item["source"]), name=item["name"], digest=item["digest"]).to_dict()
+        with warnings.catch_warnings():  # MLflow registers its local-file source twice ("" and file:): either fits
+            warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
+            source = resolve_dataset_source(item["source"])
+        meta = MetaDataset(source, name=item["name"], digest=item["digest"]).to_dict()
         entity = Dataset(meta["name"], meta["digest"], meta["source_type"], meta["source"],
                          profile=json.dumps({"sha256": item["sha256"]}))  # fmt: skip
         inputs.append(DatasetInput(entity, tags=[InputTag("mlflow.data.context", item["context"])]))
