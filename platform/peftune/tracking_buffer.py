@@ -172,16 +172,22 @@ class WriteBuffer:
                 if self._stop:
                     return
                 item = self._queue[0]
+            started = time.monotonic()
             try:
                 self._apply(item)
             except Exception as error:  # noqa: BLE001  any failure of the server or the link: retry
+                # how long MLflow's client held the attempt (its own retries, bounded by the driver's
+                # MLFLOW_HTTP_REQUEST_* settings) before this buffer took the write back
+                took = time.monotonic() - started
                 self.failures += 1
                 log.warning(
-                    "MLflow write %s failed (%s); %d pending, retrying in %.1fs",
+                    "MLflow write %s failed after %.1fs (%s); %d pending, retrying in %.1fs",
                     item["op"],
+                    took,
                     str(error).splitlines()[0][:200] if str(error) else type(error).__name__,
                     self.pending(),
                     backoff,
+                    extra={"attempt_s": took},
                 )
                 self._stopping.wait(backoff)
                 backoff = min(MAX_BACKOFF_S, backoff * 2)
