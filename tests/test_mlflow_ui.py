@@ -5,8 +5,8 @@ an MLflow server started as ``peftune up`` starts it; the links it prints are op
 after load is read: the trials link lands in the model-training view with every trial and confirmation run
 visible, named by method, size, phase and seed, with the score, method, size, trainable-parameter fraction and
 phase columns; the sweep's run shows the report's headline as its description; the compare link opens the
-frontier's runs. Screenshots are kept under the test's tmp directory (their paths are printed). Skipped only
-when no Chromium is installed and CI is not set.
+frontier's runs; the chart view plots score against size and hyperparameters. Screenshots are kept under
+the test's tmp directory (their paths are printed). Skipped only when no Chromium is installed and CI is not set.
 """
 
 from __future__ import annotations
@@ -78,13 +78,13 @@ def server(tmp_path):
         services._stop(services.mlflow_processes(port))
 
 
-def browse(browser: str, url: str, profile, screenshot=None) -> str:
+def browse(browser: str, url: str, profile, screenshot=None, budget_ms: int = 25_000) -> str:
     """The page after its scripts ran (``--virtual-time-budget``): the DOM, or a screenshot written to ``screenshot``.
 
     A fresh profile each time: what a user's first visit sees (no view state kept in the browser's storage)."""
     command = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
                "--disable-component-update", "--no-first-run", f"--user-data-dir={profile}",
-               "--window-size=1800,1000", "--virtual-time-budget=25000"]  # fmt: skip
+               "--window-size=1800,1000", f"--virtual-time-budget={budget_ms}"]  # fmt: skip
     command += [f"--screenshot={screenshot}"] if screenshot else ["--dump-dom"]
     done = subprocess.run([*command, url], capture_output=True, text=True, timeout=240)
     assert done.returncode == 0, done.stderr[-2000:]
@@ -140,8 +140,14 @@ def test_the_printed_links_open_the_trials_the_answer_and_the_frontier(server, t
     for path in shots.values():
         assert path.stat().st_size > 20_000, path
 
+    # the chart view (the chart button: one click; here its URL parameter) plots the sweep's own charts
+    charts = text_of(browse(browser, f"{trials_link}&compareRunsMode=CHART", tmp_path / "profile-charts", None, 60_000))
+    assert "Trials: score against size and hyperparameters" in charts and "Parallel Coordinates" in charts
+    assert "dev_examples.sst" not in charts  # what it plotted before: the parent's first metric
+
     answer = text_of(browse(browser, sweep_link, tmp_path / "profile-sweep"))
-    assert "Recommendation per parameter budget" in answer and "Compare the frontier" in answer
+    # its description opens with the report's headline (the tables are under "Show more")
+    assert "Pick per budget" in answer and "Frontier, cheapest first" in answer and "Compare its" in answer
     compare = text_of(browse(browser, compare_link, tmp_path / "profile-compare"))
     frontier = [run.info.run_name for run in runs if run.info.run_id in compare_link]
     assert frontier and all(name in compare for name in frontier)

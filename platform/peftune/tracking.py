@@ -14,7 +14,9 @@ Tracking URI: ``--tracking-uri``, else ``MLFLOW_TRACKING_URI``, else
 ``sqlite:///mlflow.db`` in the working directory (made absolute). With a SQLite
 store, artifacts go to ``mlruns/<sweep>/`` beside the database file.
 
-Experiment: named after the sweep (``SweepDefinition.name``); it holds one parent run.
+Experiment: named after the sweep (``SweepDefinition.name``); it holds one parent run. Tags:
+``mlflow.experimentKind=custom_model_development`` and ``mlflow.sharedViewState.peftune-trials`` (the runs
+table the printed link opens: ``peftune.record.trials_view``).
 
 Parent run (run name ``<sweep>``):
 
@@ -29,12 +31,16 @@ Parent run (run name ``<sweep>``):
   (the preset's name), ``epochs``, ``batch_size``, ``max_length``, ``max_train_examples``,
   ``max_dev_examples``;
 - artifacts: ``sweep.yaml`` (the resolved definition: chosen budget, method spaces inlined) and
-  ``data_hashes.json`` (data file name -> sha256).
+  ``data_hashes.json`` (data file name -> sha256);
+- dataset inputs: every data file (name = file name, digest = its sha256's first 12 hex digits, profile
+  ``{"sha256": ...}``, context ``training`` or ``dev``);
+- once the report is written: ``mlflow.note.content`` (the run's description: the report's headline,
+  ``analysis.report.description``).
 
-Child run per trial (run name ``<method>-<ray trial id>``):
+Child run per trial (run name ``<method> <size> · <phase>[ s<seed>][ default]``: ``peftune.record.run_label``):
 
 - tags: ``mlflow.parentRunId=<parent run id>``, ``peftune.role=trial``, ``peftune.sweep=<name>``,
-  ``peftune.trial_id=<ray trial id>``, ``peftune.method=<method>``,
+  ``peftune.trial_id=<ray trial id>``, ``peftune.method=<method>``, ``peftune.size`` (``r=8``; "" without one),
   ``peftune.status`` = ``completed`` (all epochs) | ``early_stopped`` (stopped by ASHA) | ``failed`` |
   ``diverged`` (non-finite or exploding training loss: a result, never retried);
   ``peftune.error`` (failed: the exception line, then the end of the traceback; diverged: the reason);
@@ -56,6 +62,7 @@ Child run per trial (run name ``<method>-<ray trial id>``):
   ``head_params``; at the end (completed, early stopped, or failed after at least one epoch), step 0:
   ``best_score``, ``best_epoch`` and ``best_<task metric>`` (``best_sst_accuracy``, ...) of the epoch
   with the best score (the earliest on a tie);
+- dataset inputs: the train files (context ``training``); a confirmation run also the dev files (``dev``);
 - artifacts: ``checkpoint/`` (``trainable.safetensors`` + ``peftune.json``, loadable with
   ``peftune.checkpoint.load_checkpoint``) for the best ``checkpoints_per_method`` trials of each
   method by best score, logged when the sweep completes.
