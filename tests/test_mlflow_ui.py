@@ -55,7 +55,7 @@ SWEEP = """\
     resources: {{cpus_per_trial: 1, max_concurrent_trials: 2}}
     max_failures: 0
     checkpoints_per_method: 0
-    confirm: {{top_k: 1, seeds: 2, defaults: false}}
+    confirm: {{top_k: 1, seeds: 2, defaults: false, max_seeds: 2}}  # no seeds added: a bounded run time
     budget: tiny
     budgets:
       tiny: {{num_samples: 4, epochs: 1, batch_size: 16, max_length: 32, max_train_examples: 48, max_dev_examples: 32}}
@@ -118,7 +118,7 @@ def test_the_printed_links_open_the_trials_the_answer_and_the_frontier(server, t
         filter_string=f"tags.`{record.ROLE}` = 'trial'",
     )
     names = sorted(run.info.run_name for run in runs)  # 4 search trials, then each method's best with 2 seeds
-    named = re.compile(r"(lora r=[12]|adapter m=[48]) · (search|confirm s[12])")
+    named = re.compile(r"(lora r=[12]|adapter m=[48]) · (search|confirm s\d+)")
     assert len(runs) >= 8 and all(named.fullmatch(name) for name in names), names
 
     shots = {name: tmp_path / f"{name}.png" for name in ("trials", "sweep_run", "compare")}
