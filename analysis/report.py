@@ -34,6 +34,7 @@ figures (frontiers of trials, hypervolumes, importances) are selection figures.
 
 from __future__ import annotations
 
+import functools
 import html
 import importlib.resources
 import logging
@@ -47,7 +48,7 @@ import pandas as pd
 
 from analysis import confirmed, decisions, pareto, plots, views
 from analysis.runs import COUNT_COLUMNS, SweepRuns, load_predictions, read_sweep_record
-from peftune.record import REPORTS_DIR
+from peftune.record import NOTE_TAG, REPORTS_DIR, artifact_route, compare_address, compare_route
 from peftune.tasks import get_task
 
 log = logging.getLogger("analysis.report")
@@ -363,7 +364,8 @@ def _write_plots(report: Report, out: Callable[[str], Path]) -> None:
 
 
 def log_report(report: Report, *, client=None) -> None:
-    """Log the report directory as artifacts of the sweep's parent run, under ``report/``.
+    """Log the report directory as artifacts of the sweep's parent run, under ``report/``, and its headline as the
+    run's description (:func:`description`).
 
     Also the frontier's summary as parent-run metrics, so the MLflow runs table shows it without a
     click: ``sweep_frontier_size`` and ``sweep_hypervolume`` (all methods, the combined score).
@@ -373,6 +375,7 @@ def log_report(report: Report, *, client=None) -> None:
 
     client = client or mlflow.MlflowClient(tracking_uri=report.sweep.tracking_uri)
     client.log_artifacts(report.sweep.parent_run_id, str(report.directory), artifact_path=ARTIFACT_PATH)
+    client.set_tag(report.sweep.parent_run_id, NOTE_TAG, description(report))  # what the UI shows as its description
     values = headline_frontier(report)
     if values:
         now = int(time.time() * 1000)
@@ -441,7 +444,64 @@ def on_sweep_finished(result) -> Report | None:
         )
         return None
     print(f"report: {report.directory}/report.html (also logged to MLflow run {result.parent_run_id})", flush=True)
+    runs = frontier_run_ids(report)
+    if runs:
+        where = compare_address(result.tracking_uri, result.experiment_id, runs)
+        print(f"MLflow compare, the confirmed frontier's {len(runs)} runs: {where}", flush=True)
     return report
+
+
+# ----------------------------------------------------------------------------- the parent run's description
+
+NOTE_CHARS = 8000  # MLflow's limit on a tag's value
+DESCRIPTION_COLUMNS = ("Budget (trainable/task)", "Pick", "Trainable/task (%)", "Dev score (mean ± std)", "Seeds",
+                       "Pick vs best", "Runner-up (another method)", "Best vs runner-up")  # fmt: skip
+
+
+def frontier_run_ids(report: Report) -> list[str]:
+    """The runs of the frontier's configurations: their confirmation runs (completed), else their search trials."""
+    if not len(report.confirmed_front):
+        return []
+    confirmations = report.sweep.confirmations
+    confirmed_runs = report.configs["source"].iloc[0] == "confirmed" and confirmations is not None
+    runs = confirmations[confirmations["status"] == "completed"] if confirmed_runs else report.sweep.trials
+    return runs.loc[runs["config_key"].isin(set(report.confirmed_front["config_key"])), "run_id"].tolist()
+
+
+def description(report: Report) -> str:
+    """The sweep's parent run's description in the MLflow UI (Markdown): the report's headline first (the UI shows
+    its first lines, the rest under "Show more"): the pick per budget and the frontier in a line each, links to
+    the report's files and to the frontier's runs compared; then the recommendation and frontier tables."""
+    sweep = report.sweep
+    route = functools.partial(artifact_route, sweep.experiment_id, sweep.parent_run_id)
+    files = (
+        f"[report.md]({route(f'{ARTIFACT_PATH}/report.md')}), [report.html]({route(f'{ARTIFACT_PATH}/report.html')})"
+    )
+    lines = [f"**Sweep `{sweep.name}`** on `{sweep.backbone}`: {sweep.status_summary()}; the full report: {files}.", ""]
+    picks = [f"≤ {r.budget_pct:g}%: {_pick(r)}" for r in report.recommendation.itertuples(index=False)]
+    picked = "; ".join(picks) or "none yet"
+    lines += [f"**Pick per budget** (trainable parameters per task; score mean ± std over seeds): {picked}.", ""]
+    runs = frontier_run_ids(report)
+    front = report.confirmed_front
+    points = [f"{r.label} ({r[pareto.COST_PCT]:.2g}%, {r['score_mean']:.3f})" for _, r in front.iterrows()]
+    compare = f" [Compare its {len(runs)} runs]({compare_route(sweep.experiment_id, runs)})." if runs else ""
+    lines += [f"**Frontier**, cheapest first: {' → '.join(points) or 'none yet'}.{compare}", ""]
+    tables = ["### Recommendation per parameter budget", "", answer_notes(report)["source"], ""]
+    if len(report.recommendation):
+        shown = confirmed.recommendation_display(report.recommendation)
+        tables.append(to_markdown(shown[[c for c in DESCRIPTION_COLUMNS if c in shown]]))
+    if len(front):
+        shown = confirmed.configurations_display(front, report.configs, sweep.task_metrics)
+        tables += ["### The frontier's configurations", "", to_markdown(shown[shown["Frontier"].str.startswith("yes")])]
+    text = "\n".join(lines + tables)
+    return text if len(text) <= NOTE_CHARS else "\n".join(lines)[:NOTE_CHARS]
+
+
+def _pick(row) -> str:
+    """One budget's pick as the headline says it: ``lora r=8, dev 0.412 ± 0.010``."""
+    if not isinstance(row.label, str) or not row.label:
+        return "none fits"
+    return f"{row.label}, {row.mean:.3f} ± {row.std:.3f}" if math.isfinite(row.std) else f"{row.label}, {row.mean:.3f}"
 
 
 # ----------------------------------------------------------------------------- Markdown

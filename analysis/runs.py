@@ -75,11 +75,6 @@ STATUSES = (COMPLETED, EARLY_STOPPED, DIVERGED, FAILED, "running", "interrupted"
 COUNT_COLUMNS = COUNT_METRICS
 HYPERPARAMETERS = ("lr", "dropout", "weight_decay", "epochs", "batch_size", "seed", "warmup_ratio", "sampling")
 
-# Short symbols of the size fields, as the papers' tables write them (lora r=8, adapter m=64, ...)
-SIZE_SYMBOLS = {"rank": "r", "bottleneck": "m", "prefix_length": "l", "prompt_length": "l", "k": "k"}
-# sizes shown before the registry's size field: LoRA + adapters has a rank and a bottleneck
-EXTRA_SIZE_FIELDS = {"lora_adapter": ("rank",)}
-
 
 @dataclass
 class SweepRuns:
@@ -390,24 +385,17 @@ def _split_list(raw: str) -> list[str]:
 
 
 def size_fields(method: str) -> tuple[str, ...]:
-    """The config fields that make a method's size: the registry's ``size_field`` (+ LoRA's rank for lora_adapter)."""
-    from peftune.methods import get_method
+    """The config fields that make a method's size (:func:`peftune.methods.sizes.size_fields`)."""
+    from peftune.methods.sizes import size_fields as fields  # deferred: the methods import torch
 
-    try:
-        spec = get_method(method)
-    except KeyError:
-        return ()
-    return EXTRA_SIZE_FIELDS.get(method, ()) + ((spec.size_field,) if spec.size_field else ())
+    return fields(method)
 
 
 def size_label(method: str, params: dict[str, Any]) -> str:
-    """``r=8``, ``m=64``, ``r=8 m=64`` (lora_adapter), ``l=10``; empty for methods without a size (full, bitfit...)."""
-    parts = []
-    for name in size_fields(method):
-        value = params.get(f"method.{name}")
-        if value is not None:
-            parts.append(f"{SIZE_SYMBOLS.get(name, name)}={_format_number(value)}")
-    return " ".join(parts)
+    """``r=8``, ``m=64``, ``r=8 m=64`` (lora_adapter): the labels the run names use too (peftune.methods.sizes)."""
+    from peftune.methods.sizes import size_label as label
+
+    return label(method, params)
 
 
 def size_value(method: str, params: dict[str, Any]) -> float:
@@ -415,9 +403,3 @@ def size_value(method: str, params: dict[str, Any]) -> float:
     fields = size_fields(method)
     value = params.get(f"method.{fields[-1]}") if fields else None
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan
-
-
-def _format_number(value) -> str:
-    if isinstance(value, float) and value.is_integer():
-        return str(int(value))
-    return str(value)

@@ -13,7 +13,7 @@ import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
+from urllib.parse import quote, urlparse
 
 from peftune.errors import StoreError, UserError
 
@@ -108,6 +108,121 @@ def run_config_key(run) -> str:
     params would not give the key the search computed from the sampled ones.
     """
     return run.data.tags.get(CONFIG_KEY) or f"run:{run.info.run_id}"
+
+
+# ----------------------------------------------------------------------------- the MLflow UI (3.17)
+
+SIZE_TAG = "peftune.size"  # a trial run's size label (``r=8``, ``m=64``; "" without one): one column for all methods
+NOTE_TAG = "mlflow.note.content"  # a run's description in the UI (Markdown)
+DEFAULT_UI = "http://127.0.0.1:5000"  # where `mlflow ui` serves a local store (the command ui_hint prints)
+# MLflow 3.17's UI reads the GenAI / model-training switch from this URL parameter (else from the browser's
+# storage, GenAI by default), not from the experiment's mlflow.experimentKind tag
+TRAINING_VIEW = "workflowType=machine_learning"
+# a view of the runs table kept as an experiment tag (what the UI's "Share" button writes), opened by the
+# URL parameter viewStateShareKey: its filter, order and columns; the UI offers no URL parameter for columns
+SHARED_VIEW_TAG, TRIALS_VIEW_KEY = "mlflow.sharedViewState.", "peftune-trials"
+TRIALS_COLUMNS = (
+    f"tags.`{PHASE}`",
+    "params.`method`",
+    f"tags.`{SIZE_TAG}`",
+    "metrics.`best_score`",  # a search trial's best selection score (a confirmation run's too)
+    "metrics.`dev_score`",  # a confirmation run's dev score (the report's numbers)
+    "metrics.`trainable_params_per_task_pct`",
+    f"tags.`{STATUS}`",
+    "attributes.`Dataset`",
+)
+
+
+CHARTS_SECTION = "peftune-trials"
+
+
+def trials_view() -> dict:
+    """The runs table the sweep's link opens: every trial and confirmation run, flat (a filter or an order other
+    than by date un-nests child runs), best score first, with the columns of :data:`TRIALS_COLUMNS`; its chart
+    view (one click) plots the score against the trainable fraction and the hyperparameters (:func:`trial_charts`)."""
+    return {
+        "searchFilter": f"tags.`{ROLE}` = 'trial'",
+        "orderByKey": "metrics.`best_score`",
+        "orderByAsc": False,
+        "selectedColumns": list(TRIALS_COLUMNS),
+        "columnOrder": list(TRIALS_COLUMNS),
+        "columnWidths": {"metrics.`trainable_params_per_task_pct`": 230},
+        "runsHiddenMode": "SHOW_ALL",  # the charts plot every run, not the first 10
+        "compareRunSections": [{"uuid": CHARTS_SECTION, "name": "Trials: score against size and hyperparameters",
+                                "display": True, "isReordered": False, "deleted": False, "isGenerated": False}],
+        "compareRunCharts": trial_charts(),
+    }  # fmt: skip
+
+
+def trial_charts() -> list[dict]:
+    """The chart view's cards, in the shape of the UI's own (RunsChartsCardConfig): without them it plots the
+    parent's first metrics (dev_examples.sst, ...)."""
+
+    def card(uuid: str, kind: str, **fields) -> dict:
+        common = {"uuid": uuid, "type": kind, "runsCountToCompare": 100, "metricSectionId": CHARTS_SECTION}
+        return {**common, "deleted": False, "isGenerated": False, **fields}
+
+    def axis(key: str, kind: str = "METRIC") -> dict:
+        return {"key": key, "type": kind}
+
+    score = axis("best_score")
+    return [
+        card("peftune-size", "SCATTER", xaxis=axis("trainable_params_per_task_pct"), yaxis=score),
+        card("peftune-dev", "SCATTER", xaxis=axis("trainable_params_per_task_pct"), yaxis=axis("dev_score")),
+        card(
+            "peftune-parallel",
+            "PARALLEL",
+            selectedParams=["method", "lr", "dropout", "weight_decay"],
+            selectedMetrics=["best_score"],
+            showAllRuns=True,
+        ),  # fmt: skip
+        card("peftune-lr", "SCATTER", xaxis=axis("lr", "PARAM"), yaxis=score),
+    ]
+
+
+def ui_base(uri: str) -> tuple[str, str | None]:
+    """(the UI's address, the command that serves it or None) for a tracking URI: a server is its own UI."""
+    if uri.startswith(("http://", "https://")):
+        return uri.rstrip("/"), None
+    return DEFAULT_UI, f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
+
+
+def trials_address(uri: str, experiment_id: str) -> str:
+    """The experiment's runs table in the model-training view, opened on :func:`trials_view`."""
+    query = f"{TRAINING_VIEW}&viewStateShareKey={TRIALS_VIEW_KEY}"
+    return f"{ui_base(uri)[0]}/#/experiments/{experiment_id}/runs?{query}"
+
+
+def run_address(uri: str, experiment_id: str, run_id: str) -> str:
+    return f"{ui_base(uri)[0]}/#/experiments/{experiment_id}/runs/{run_id}?{TRAINING_VIEW}"
+
+
+def compare_route(experiment_id: str, run_ids: Sequence[str]) -> str:
+    """MLflow's compare page of ``run_ids`` (parameters and metrics side by side, parallel coordinates, scatter),
+    as the UI's own route: a link in a run's description, whatever host serves the UI."""
+    runs = quote(json.dumps(list(run_ids), separators=(",", ":")))
+    experiments = quote(json.dumps([str(experiment_id)]))
+    return f"#/compare-runs?runs={runs}&experiments={experiments}&{TRAINING_VIEW}"
+
+
+def compare_address(uri: str, experiment_id: str, run_ids: Sequence[str]) -> str:
+    return f"{ui_base(uri)[0]}/{compare_route(experiment_id, run_ids)}"
+
+
+def artifact_route(experiment_id: str, run_id: str, path: str) -> str:
+    """The UI's route to a run's artifact ``path`` (opened in the run's Artifacts tab)."""
+    return f"#/experiments/{experiment_id}/runs/{run_id}/artifacts/{path}?{TRAINING_VIEW}"
+
+
+def run_label(method: str, size: str, phase: str, seed=None, default: bool = False) -> str:
+    """A trial run's name: ``lora r=8 · search``, ``adapter m=32 · confirm s3``, ``bitfit · search default``.
+
+    A search trial trains with the sweep's seed (all alike), so only a confirmation run names its seed. Names
+    are for reading; nothing finds a run by its name (two search trials of one method and size share one).
+    """
+    head = f"{method} {size}".strip()
+    tail = phase + (f" s{seed}" if phase == CONFIRM and seed is not None else "") + (" default" if default else "")
+    return f"{head} · {tail}"
 
 
 def trial_name(trial) -> str:

@@ -91,6 +91,11 @@ class SweepResult:
     def ui_command(self) -> str | None:
         return tracking.ui_hint(self.tracking_uri, self.experiment_id)[1]
 
+    @property
+    def parent_address(self) -> str:
+        """The sweep's own run in the UI: the report's headline is its description."""
+        return record_names.run_address(self.tracking_uri, self.experiment_id, self.parent_run_id)
+
     def summary(self) -> str:
         counts = ", ".join(f"{n} {s or 'unfinished'}" for s, n in sorted(self.statuses.items(), key=str))
         lines = [f"sweep {self.name}: {self.status}; {self.num_trials} trials ({counts})"]
@@ -107,7 +112,8 @@ class SweepResult:
         if failed:
             lines.append(f"{failed} trial(s) failed: their errors are the peftune.error tags of their runs")
         lines.append(f"MLflow parent run id: {self.parent_run_id}")
-        lines.append(f"MLflow UI: {self.ui_address}")
+        lines.append(f"MLflow UI: {self.ui_address}")  # the trials ranked by score, their columns shown
+        lines.append(f"MLflow sweep run (the answer in its description): {self.parent_address}")
         if self.ui_command:
             lines.append(f"  start it with: {self.ui_command}")
         lines.append(f"report: {self.report_dir}/")
@@ -262,6 +268,7 @@ def run_sweep(
             ray_experiment_path=experiment_path,
             expect_existing=exists,
             skipped_rows=skipped,
+            datasets=tracking.data_inputs(prepared),
         )
     confirm.log_dev_sizes(record, prepared, definition.seed)  # split sizes and the selection seed
     steps = steps_per_run(definition, prepared)

@@ -14,7 +14,9 @@ Tracking URI: ``--tracking-uri``, else ``MLFLOW_TRACKING_URI``, else
 ``sqlite:///mlflow.db`` in the working directory (made absolute). With a SQLite
 store, artifacts go to ``mlruns/<sweep>/`` beside the database file.
 
-Experiment: named after the sweep (``SweepDefinition.name``); it holds one parent run.
+Experiment: named after the sweep (``SweepDefinition.name``); it holds one parent run. Tags:
+``mlflow.experimentKind=custom_model_development`` and ``mlflow.sharedViewState.peftune-trials`` (the runs
+table the printed link opens: ``peftune.record.trials_view``).
 
 Parent run (run name ``<sweep>``):
 
@@ -29,12 +31,16 @@ Parent run (run name ``<sweep>``):
   (the preset's name), ``epochs``, ``batch_size``, ``max_length``, ``max_train_examples``,
   ``max_dev_examples``;
 - artifacts: ``sweep.yaml`` (the resolved definition: chosen budget, method spaces inlined) and
-  ``data_hashes.json`` (data file name -> sha256).
+  ``data_hashes.json`` (data file name -> sha256);
+- dataset inputs: every data file (name = file name, digest = its sha256's first 12 hex digits, profile
+  ``{"sha256": ...}``, context ``training`` or ``dev``);
+- once the report is written: ``mlflow.note.content`` (the run's description: the report's headline,
+  ``analysis.report.description``).
 
-Child run per trial (run name ``<method>-<ray trial id>``):
+Child run per trial (run name ``<method> <size> · <phase>[ s<seed>][ default]``: ``peftune.record.run_label``):
 
 - tags: ``mlflow.parentRunId=<parent run id>``, ``peftune.role=trial``, ``peftune.sweep=<name>``,
-  ``peftune.trial_id=<ray trial id>``, ``peftune.method=<method>``,
+  ``peftune.trial_id=<ray trial id>``, ``peftune.method=<method>``, ``peftune.size`` (``r=8``; "" without one),
   ``peftune.status`` = ``completed`` (all epochs) | ``early_stopped`` (stopped by ASHA) | ``failed`` |
   ``diverged`` (non-finite or exploding training loss: a result, never retried);
   ``peftune.error`` (failed: the exception line, then the end of the traceback; diverged: the reason);
@@ -56,6 +62,7 @@ Child run per trial (run name ``<method>-<ray trial id>``):
   ``head_params``; at the end (completed, early stopped, or failed after at least one epoch), step 0:
   ``best_score``, ``best_epoch`` and ``best_<task metric>`` (``best_sst_accuracy``, ...) of the epoch
   with the best score (the earliest on a tie);
+- dataset inputs: the train files (context ``training``); a confirmation run also the dev files (``dev``);
 - artifacts: ``checkpoint/`` (``trainable.safetensors`` + ``peftune.json``, loadable with
   ``peftune.checkpoint.load_checkpoint``) for the best ``checkpoints_per_method`` trials of each
   method by best score, logged when the sweep completes.
@@ -81,10 +88,12 @@ from pathlib import Path
 from ray import tune
 
 from peftune.errors import UserError
+from peftune.methods.sizes import size_label
 from peftune.record import (
     CHECKPOINT_TAG,
     COMPLETED,
     CONFIG_KEY,
+    CONFIRM,
     COUNT_METRICS,
     DEFAULT,
     DIVERGED,
@@ -96,15 +105,23 @@ from peftune.record import (
     PREDICTIONS_ARTIFACT,
     ROLE,
     SEARCH,
+    SHARED_VIEW_TAG,
+    SIZE_TAG,
     STATUS,
     SWEEP,
     TRAIN_COMMAND,
     TRIAL_ID,
+    TRIALS_VIEW_KEY,
     config_key,
     predictions_csv,
+    run_label,
     run_phase,
     sqlite_path,
+    trials_address,
+    trials_view,
+    ui_base,
 )
+from peftune.tracking_buffer import log_datasets
 
 log = logging.getLogger("peftune.tracking")
 
@@ -118,17 +135,41 @@ EPOCH_METRICS = (
 PARTIAL_METRICS = ("score", "steps", "tokens_seen", "progress", "train_time_s")
 CHECKPOINT_ARTIFACTS = ("trainable.safetensors", "peftune.json")  # the optimizer state stays with Ray
 MAX_TAG_CHARS = 5000
-EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"  # the UI's training view
+# the experiment's kind: MLflow 3.17's UI takes its view from the link's workflowType instead (record.TRAINING_VIEW);
+# the tag keeps the experiment marked as model training for other MLflow versions and clients
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+DIGEST_CHARS = 12  # of a data file's sha256 (data_hashes.json) as its MLflow dataset digest (at most 36 there)
+TRAINING, DEV_CONTEXT = "training", "dev"  # the datasets' mlflow.data.context: what a run did with the file
 SUMMARY_STATUSES = ("completed", "early_stopped", "diverged", "failed", "unfinished")
 
 
 def ui_hint(uri: str, experiment_id: str | None = None) -> tuple[str, str | None]:
-    """(address of the runs table, command that serves it or None) for a tracking URI."""
-    runs = f"#/experiments/{experiment_id}/runs" if experiment_id else ""
-    if uri.startswith(("http://", "https://")):
-        return f"{uri.rstrip('/')}/{runs}", None
-    command = f"mlflow ui --backend-store-uri {uri} --host 127.0.0.1 --port 5000"
-    return f"http://127.0.0.1:5000/{runs}", command
+    """(address of the sweep's trials in the runs table, command that serves it or None) for a tracking URI."""
+    base, command = ui_base(uri)
+    return (trials_address(uri, experiment_id) if experiment_id else f"{base}/"), command
+
+
+def data_inputs(prepared) -> list[dict[str, str]]:
+    """Every task's train and dev file as an MLflow dataset: {name (the file's name, as in ``data_hashes.json``),
+    digest (its sha256's first :data:`DIGEST_CHARS`), sha256, source (its path), context (training | dev)}."""
+    return [
+        {"name": Path(split.source).name, "digest": split.sha256[:DIGEST_CHARS], "sha256": split.sha256,
+         "source": str(Path(split.source).resolve()), "context": context}
+        for task in prepared.tasks.values()
+        for split, context in ((task.train, TRAINING), (task.dev, DEV_CONTEXT))
+    ]  # fmt: skip
+
+
+def inputs_of(phase: str, datasets) -> list[dict[str, str]]:
+    """What a run of ``phase`` read: a search trial trains on and selects in the train files (the selection
+    split is carved from them); a confirmation run also reads dev."""
+    return [d for d in datasets if phase == CONFIRM or d["context"] == TRAINING]
+
+
+def show_trials(client, experiment_id: str) -> None:
+    """The experiment's shared view of its trials (record.trials_view), which the printed link opens."""
+    view = json.dumps(trials_view(), separators=(",", ":"))
+    client.set_experiment_tag(experiment_id, SHARED_VIEW_TAG + TRIALS_VIEW_KEY, view)
 
 
 @functools.cache
@@ -239,6 +280,7 @@ class SweepRecord:
     experiment_id: str
     parent_run_id: str
     resumed: bool
+    datasets: tuple = ()  # the data files as MLflow datasets (data_inputs), logged on the parent and the trials
 
 
 def open_sweep(
@@ -249,6 +291,7 @@ def open_sweep(
     ray_experiment_path: str,
     expect_existing: bool,
     skipped_rows: list[dict] | None = None,
+    datasets: list[dict[str, str]] | None = None,
 ) -> SweepRecord:
     """Create the sweep's parent run, or find it again when the sweep resumes (and check it matches).
 
@@ -258,6 +301,8 @@ def open_sweep(
     the parent run is created).
     ``skipped_rows``: the data rows dropped under ``invalid_rows: skip`` ({file, line, reason}); a new
     parent run records their count (param ``skipped_rows``) and the list (``skipped_rows.json``).
+    ``datasets``: the data files as MLflow datasets (:func:`data_inputs`), logged on the parent run.
+    Both a new and a resumed sweep (re)write the experiment's view of its trials (:func:`show_trials`).
     """
     client = _client(tracking_uri)
     name = definition.name
@@ -285,14 +330,16 @@ def open_sweep(
             )
         client.update_run(parent.info.run_id, status="RUNNING")
         client.set_tag(parent.info.run_id, STATUS, "running")
-        return SweepRecord(tracking_uri, experiment_id, parent.info.run_id, resumed=True)
+        show_trials(client, experiment_id)
+        log_datasets(client, parent.info.run_id, datasets)
+        return SweepRecord(tracking_uri, experiment_id, parent.info.run_id, True, tuple(datasets or ()))
 
     if expect_existing:
         raise UserError(missing_record_error(name, tracking_uri, ray_experiment_path))
     if experiment_id is None:
         experiment_id = client.create_experiment(name, artifact_location=_artifact_location(tracking_uri, name))
-    # MLflow 3's UI opens an experiment without this tag in its GenAI view (traces; runs collapsed)
     client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
+    show_trials(client, experiment_id)
     run = client.create_run(
         experiment_id,
         run_name=name,
@@ -338,7 +385,8 @@ def open_sweep(
     client.log_dict(run_id, dict(sorted(data_hashes.items())), "data_hashes.json")
     if skipped_rows:
         client.log_dict(run_id, list(skipped_rows), "skipped_rows.json")
-    return SweepRecord(tracking_uri, experiment_id, run_id, resumed=False)
+    log_datasets(client, run_id, datasets)
+    return SweepRecord(tracking_uri, experiment_id, run_id, resumed=False, datasets=tuple(datasets or ()))
 
 
 def _artifact_location(uri: str, name: str) -> str | None:
@@ -662,14 +710,18 @@ class TrialLogger(tune.Callback):
         method, sampled = self.settings.split(trial.config)
         params = self._params(method, sampled)
         params["seed"] = self.settings.for_trial(trial.config).seed  # a confirmation trial's own seed
-        # a confirmation trial's seed and origin; every trial's phase, default mark and config key
+        # a confirmation trial's seed and origin; every trial's phase, default mark and config key; its size
         tags = {**trial_tags(trial.config), **search_tags(trial.config, method, sampled)}
         command = self._command(trial.config, method, sampled)
         if command:
             tags[TRAIN_COMMAND] = command
+        tags[SIZE_TAG] = size_label(method, params)
+        phase = tags[PHASE]
+        name = run_label(method, tags[SIZE_TAG], phase, params["seed"], default=tags[DEFAULT] == "true")
         self._write(
-            "trial_run", trial_id=trial_id, run_name=f"{method}-{trial_id}", method=method,
-            sweep=self.settings.sweep, params={k: _param_value(v) for k, v in params.items()}, tags=tags,
+            "trial_run", trial_id=trial_id, run_name=name, method=method, sweep=self.settings.sweep,
+            params={k: _param_value(v) for k, v in params.items()}, tags=tags,
+            datasets=inputs_of(phase, self.record.datasets),
         )  # fmt: skip
         self._runs[trial_id] = None
 

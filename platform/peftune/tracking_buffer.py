@@ -26,6 +26,7 @@ import logging
 import os
 import threading
 import time
+import warnings
 from collections import deque
 from pathlib import Path
 
@@ -171,16 +172,22 @@ class WriteBuffer:
                 if self._stop:
                     return
                 item = self._queue[0]
+            started = time.monotonic()
             try:
                 self._apply(item)
             except Exception as error:  # noqa: BLE001  any failure of the server or the link: retry
+                # how long MLflow's client held the attempt (its own retries, bounded by the driver's
+                # MLFLOW_HTTP_REQUEST_* settings) before this buffer took the write back
+                took = time.monotonic() - started
                 self.failures += 1
                 log.warning(
-                    "MLflow write %s failed (%s); %d pending, retrying in %.1fs",
+                    "MLflow write %s failed after %.1fs (%s); %d pending, retrying in %.1fs",
                     item["op"],
+                    took,
                     str(error).splitlines()[0][:200] if str(error) else type(error).__name__,
                     self.pending(),
                     backoff,
+                    extra={"attempt_s": took},
                 )
                 self._stopping.wait(backoff)
                 backoff = min(MAX_BACKOFF_S, backoff * 2)
@@ -217,8 +224,10 @@ class WriteBuffer:
         return self._runs.get(trial_id)
 
     def _op_trial_run(
-        self, trial_id: str, run_name: str, method: str, sweep: str, params: dict, tags: dict | None = None
-    ) -> None:
+        self, trial_id: str, run_name: str, method: str, sweep: str, params: dict, tags: dict | None = None,
+        datasets: list | None = None,
+    ) -> None:  # fmt: skip
+        """Create the trial's run (found again by trial id), its params and ``datasets`` (tracking.data_inputs)."""
         from mlflow.entities import Param
 
         run_id = self.run_id(trial_id)
@@ -229,6 +238,7 @@ class WriteBuffer:
             )
             run_id = self._runs[trial_id] = run.info.run_id
         self.client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()])
+        log_datasets(self.client, run_id, datasets)
 
     def _op_metrics(self, trial_id: str, metrics: list) -> None:
         from mlflow.entities import Metric
@@ -302,3 +312,24 @@ def log_best(client, run_id: str, task_metrics: list[str]) -> None:
         if best_epoch in values:
             metrics.append(Metric(f"best_{key}", values[best_epoch], now, 0))
     client.log_batch(run_id, metrics=metrics)
+
+
+def log_datasets(client, run_id: str, datasets) -> None:
+    """``datasets`` (``peftune.tracking.data_inputs``) as the run's MLflow dataset inputs (the UI's Dataset column
+    and filter); logging one again changes nothing (MLflow keeps one input per dataset name and digest)."""
+    if not datasets:
+        return
+    from mlflow.data.dataset_source_registry import resolve_dataset_source
+    from mlflow.data.meta_dataset import MetaDataset
+    from mlflow.entities import Dataset, DatasetInput, InputTag
+
+    inputs = []
+    for item in datasets:
+        with warnings.catch_warnings():  # MLflow registers its local-file source twice ("" and file:): either fits
+            warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
+            source = resolve_dataset_source(item["source"])
+        meta = MetaDataset(source, name=item["name"], digest=item["digest"]).to_dict()
+        entity = Dataset(meta["name"], meta["digest"], meta["source_type"], meta["source"],
+                         profile=json.dumps({"sha256": item["sha256"]}))  # fmt: skip
+        inputs.append(DatasetInput(entity, tags=[InputTag("mlflow.data.context", item["context"])]))
+    client.log_inputs(run_id, datasets=inputs)
