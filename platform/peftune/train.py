@@ -249,8 +249,8 @@ def train_command(config: TrainConfig, data: dict, threads: int | None = None) -
     """The ``peftune train`` command line that trains ``config`` on the data ``prepare(**data)`` reads.
 
     A trial's record keeps it (``peftune.train_command``): the same command, on the same code, data and
-    number of threads, gives the trial's scores (a different thread count sums in another order and the
-    run drifts apart from the trial within an epoch). The run is judged on its first split, as the trial.
+    number of threads, gives the trial's epoch scores (another thread count sums in another order: the
+    weights differ in their last digits). The run is judged on its first split, as the trial.
     """
     options = dataclasses.asdict(methods.make_method_config(config.method, config.method_options_with_dropout()))
     options.pop("dropout")
