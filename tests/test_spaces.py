@@ -196,7 +196,7 @@ def test_sweep_definition_resolves_budget_and_spaces(sweep_dir):
         ("warmup_ratio: 0.1", "warmup: 0.1", "train.warmup", "unknown training setting"),
         ("warmup_ratio: 0.1", "sampling: shuffled", "train.sampling", "sampling"),
         ("budget: small", "budget: huge", "budget", "no budget preset 'huge'"),
-        ("epochs: 1,", "epochs: 0,", "budgets.small.epochs", ">= 1"),
+        ("epochs: 1,", "epochs: 0,", "budgets.small.epochs", "from 1 to 1,000"),
         ("epochs: 1,", "", "budgets.small.epochs", "missing"),
         ("epochs: 1,", "epochs: 1, max_dev: 3,", "budgets.small.max_dev", "unknown key"),
         (

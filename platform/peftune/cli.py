@@ -1,4 +1,4 @@
-"""``peftune`` command line: train | methods | bench | sweep | report | evaluate.
+"""``peftune`` command line: train | methods | bench | sweep | report | evaluate | schema | up | down.
 
 Errors a user can act on (bad data rows, unknown methods or options, missing
 models) print one line naming what is wrong and exit with status 2.
@@ -7,6 +7,7 @@ models) print one line naming what is wrong and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import os
@@ -448,7 +449,22 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("down", help="stop the Ray head and MLflow server that `peftune up` started on these ports")
     services.add_arguments(p, starting=False)
     p.set_defaults(func=services.cmd_down)
+
+    p = sub.add_parser("schema", help="print the JSON Schema of a sweep definition (for an editor's YAML checks)")
+    p.add_argument("--output", type=Path, help="write it to this file instead of standard output")
+    p.set_defaults(func=cmd_schema)
     return parser
+
+
+def cmd_schema(args) -> int:
+    """The sweep definition's JSON Schema, e.g. for the YAML language server: ``# yaml-language-server: $schema=``."""
+    text = json.dumps(spaces.sweep_schema(), indent=2) + "\n"
+    if args.output is None:
+        sys.stdout.write(text)
+    else:
+        check_output_dir("--output", args.output.parent)
+        args.output.write_text(text, encoding="utf-8")
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:
