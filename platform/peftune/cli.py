@@ -19,6 +19,8 @@ from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
 
+from pydantic import TypeAdapter
+
 from peftune import record, spaces, sweep
 from peftune.backbone import DEFAULT_MODEL
 from peftune.errors import UserError, one_line, user_errors
@@ -458,7 +460,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def cmd_schema(args) -> int:
     """The sweep definition's JSON Schema, e.g. for the YAML language server: ``# yaml-language-server: $schema=``."""
-    text = json.dumps(spaces.sweep_schema(), indent=2) + "\n"
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **TypeAdapter(spaces.SweepFile).json_schema()}
+    text = json.dumps(schema, indent=2) + "\n"
     if args.output is None:
         sys.stdout.write(text)
     else:

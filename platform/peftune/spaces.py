@@ -38,7 +38,7 @@ MULTI_OBJECTIVE = (("score", "max"), ("trainable_params_per_task", "min"))  # wh
 # TrainConfig fields a sweep sets elsewhere (searched, budget, top level, the sweep's phases), so not in `train:`
 _SET_ELSEWHERE = {"method", "method_options", "tasks", "lr", "dropout", "weight_decay", "epochs", "batch_size", "seed",
                   "report_fractions", "eval_splits", "predictions_of"}  # fmt: skip
-NAME_PATTERN = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,99}"
+NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"  # anchored: JSON Schema searches
 _Name = Annotated[StrictStr, rule(lambda v: re.fullmatch(NAME_PATTERN, v), "expected a name of letters, digits, "
                   "'_', '-', '.', got {}"), Field(json_schema_extra={"pattern": NAME_PATTERN})]  # fmt: skip
 # `1:` is the integer 1, which `--budget 1` (a string) never names
