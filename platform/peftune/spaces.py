@@ -1,14 +1,10 @@
 """Search spaces and sweep definitions: YAML files -> dataclasses validated by pydantic.
 
-A method's search space, ``methods/<method>.yaml``: ``lr``, ``dropout``, ``weight_decay``, the method's
-``options`` (its size is required) and a ``default`` (the published setting and its ``source``: the method's
-first trial). Each parameter is a plain value (fixed), ``{low, high[, log][, step]}`` or ``{choices: [...]}``
-of the config field's type, and every value it can take must make a valid config of the method.
-
-A sweep definition (``sst_tuning.yaml`` comments each key) is a :class:`SweepFile`, whose JSON Schema
-``peftune schema`` prints; :func:`load_sweep` resolves it to a :class:`SweepDefinition`. Each rule is a type or
-a validator, written once (their vocabulary: :mod:`peftune.validation`); a problem is one :class:`SpaceError`
-line naming the file, the key path and what was expected.
+A method's search space, ``methods/<method>.yaml``, holds ``lr``, ``dropout``, ``weight_decay``, the method's
+``options`` (its size required) and a ``default`` (the published setting and its ``source``: its first trial),
+each a plain value (fixed), ``{low, high[, log][, step]}`` or ``{choices: [...]}`` that the method's config takes.
+A sweep definition (``sst_tuning.yaml`` comments each key) is a :class:`SweepFile`; :func:`load_sweep` resolves
+it to a :class:`SweepDefinition`. Each rule is a type or validator, written once (see :mod:`peftune.validation`).
 """
 
 import dataclasses
@@ -35,13 +31,11 @@ from peftune.validation import EMPTY, Bound, Section, SpaceError, at, count, fai
 SEARCH_SPACES_DIR = Path(str(importlib.resources.files("peftune") / "search_spaces"))  # installed as files: a dir
 METHODS_SUBDIR = "methods"
 MULTI_OBJECTIVE = (("score", "max"), ("trainable_params_per_task", "min"))  # what a multi-objective search optimises
-# TrainConfig fields a sweep sets elsewhere (searched, budget, top level, the sweep's phases), so not in `train:`
-_SET_ELSEWHERE = {"method", "method_options", "tasks", "lr", "dropout", "weight_decay", "epochs", "batch_size", "seed",
-                  "report_fractions", "eval_splits", "predictions_of"}  # fmt: skip
+# TrainConfig fields a sweep sets elsewhere (searched, budget, top level), as it does those without a plain default
+_SET_ELSEWHERE = {"method", "lr", "dropout", "weight_decay", "epochs", "batch_size", "seed"}
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"  # anchored: JSON Schema searches
 _Name = Annotated[StrictStr, rule(lambda v: re.fullmatch(NAME_PATTERN, v), "expected a name of letters, digits, "
                   "'_', '-', '.', got {}"), Field(json_schema_extra={"pattern": NAME_PATTERN})]  # fmt: skip
-# `1:` is the integer 1, which `--budget 1` (a string) never names
 _Preset = Annotated[str, rule(lambda v: isinstance(v, str), "expected a preset name (text), got {}", before=True)]
 _SEEDS = Bound(0, 1_000, "a sane bound on the seeds per configuration")
 # what every method searches, in what interval (upper bounds: beyond them a trial only diverges or forgets)
@@ -103,6 +97,8 @@ class Choice(Section):
 
 
 Param = Fixed | FloatRange | IntRange | Choice
+_KINDS = {kind: TypeAdapter(t) for kind, t in validation.SCALARS.items()}  # a value of a field of this type
+_LISTS = {kind: TypeAdapter(list[t]) for kind, t in validation.SCALARS.items()}
 
 
 def _values(param: Param) -> list:
@@ -110,24 +106,15 @@ def _values(param: Param) -> list:
     return [param.value] if isinstance(param, Fixed) else list(getattr(param, "choices", ()) or (param.low, param.high))
 
 
-_FINITE = rule(lambda v: not isinstance(v, float) or math.isfinite(v), "expected a finite number, got {}")
-# a value of a config field of this type (from its default); None: a field without one takes any value
-_TYPES = {int: StrictInt, float: validation.Float, bool: StrictBool, str: StrictStr, None: Annotated[Any, _FINITE]}
-_KINDS = {kind: TypeAdapter(t) for kind, t in _TYPES.items()}
-_LISTS = {kind: TypeAdapter(list[t]) for kind, t in _TYPES.items()}
-
-
 def _parse_param(raw, kind: type | None = None) -> Param:
-    """A plain value, ``{low, high[, log][, step]}`` or ``{choices: [...]}``, of values of ``kind`` (int, float,
-    bool, str; None: any). Raises pydantic's error, located below the parameter."""
+    """A plain value, ``{low, high[, log][, step]}`` or ``{choices: [...]}`` of ``kind``'s values (None: any)."""
     if not isinstance(raw, dict):
         if isinstance(raw, list) and kind is not None:
             fail("a list is not a parameter; write {choices: [...]} to search over values")
         return Fixed(_KINDS[kind].validate_python(raw))
-    if "choices" in raw:
-        for key in [k for k in raw if k != "choices"]:
-            fail("unknown key next to 'choices' (choices take no other key)", key)
-        return Choice(choices=tuple(at(("choices",), _LISTS[kind].validate_python, raw["choices"])))
+    if "choices" in raw:  # only `choices`, a list of distinct plain values, each of the field's type
+        choices = TypeAdapter(Choice).validate_python(raw).choices
+        return Choice(choices=tuple(at(("choices",), _LISTS[kind].validate_python, list(choices))))
     if kind not in (None, int, float):
         fail(f"a {kind.__name__} option cannot take a range; use a value or {{choices: [...]}}")
     integer = kind is int or (kind is None and all(type(raw.get(bound)) is int for bound in ("low", "high")))
@@ -211,17 +198,16 @@ def load_method_space(path: str | Path) -> MethodSpace:
         if spec.size_field and spec.size_field not in params:
             size = f"the size of {space.method!r} ({spec.size_field})"
             fail(f"missing: {size} must be searched or fixed", "options", spec.size_field)
-        default = _parse_default(space, params) if space.default is not None else {}
+        default, source = _parse_default(space, params) if space.default is not None else ({}, "")
     options = {k: v for k, v in params.items() if k not in _COMMON}
-    source = str((space.default or {}).get("source", "")).strip()
     return MethodSpace(space.method, *(params[k] for k in _COMMON), options, str(path), default, source)
 
 
-def _parse_default(space: _MethodFile, params: dict[str, Param]) -> dict[str, Any]:
-    """``default:``, the method's published setting: a value may lie outside a searched range (the control arm
-    is the published setting, not the nearest point of our space), but a choice must be one of its choices and
-    every value must make a valid config. Parameters it leaves out are drawn by the sampler."""
-    if not isinstance(space.default.get("source"), str) or not space.default["source"].strip():
+def _parse_default(space: _MethodFile, params: dict[str, Param]) -> tuple[dict[str, Any], str]:
+    """``default:``, the published setting (the control arm: a value may lie outside a searched range, but a choice
+    is one of its choices and the config takes every value) and its ``source``; the sampler draws the rest."""
+    source = space.default.get("source")
+    if not isinstance(source, str) or not source.strip():
         fail("missing: say where the default setting comes from", "default", "source")
     values = {}
     for key, value in ((k, v) for k, v in space.default.items() if k != "source"):
@@ -233,7 +219,7 @@ def _parse_default(space: _MethodFile, params: dict[str, Param]) -> dict[str, An
         if key in _COMMON:
             at(("default", key), _COMMON[key].check, value)
     _config(space.method, {k: v for k, v in values.items() if k not in _COMMON}, "default", refused="refused")
-    return values
+    return values, source.strip()
 
 
 # ----------------------------------------------------------------------------- sweep definitions
@@ -418,20 +404,18 @@ def _check_train(sweep: SweepFile) -> None:
     """``train:``: TrainConfig's fixed settings, each checked by TrainConfig itself (its rules, written there)."""
     settable = {f.name: type(f.default) for f in dataclasses.fields(TrainConfig)
                 if f.name not in _SET_ELSEWHERE and isinstance(f.default, (int, float, str))}  # fmt: skip
-    method, tasks = sweep.methods[0], list(sweep.tasks)
     for key, value in [*sweep.train.items(), (None, None)]:  # None: all of them together
-        if key in _SET_ELSEWHERE:
+        if key in TrainConfig.__dataclass_fields__.keys() - settable.keys():
             fail("set by the search space, the budget or the top level, not here", "train", key)
         if key is not None and key not in settable:
             fail(f"unknown training setting; expected one of {', '.join(sorted(settable))}", "train", key)
         if key is not None:
             at(("train", key), _KINDS[settable[key]].validate_python, value)
         try:
-            TrainConfig(method=method, tasks=tasks, **(sweep.train if key is None else {key: value}))
+            TrainConfig(method=sweep.methods[0], tasks=sweep.tasks, **(sweep.train if key is None else {key: value}))
         except PeftuneError as error:
             fail(str(error), "train", *([key] if key else []))
-    # Ray shows a trial only the GPUs it was given, numbered from 0: `cuda:1` with `gpus_per_trial: 0.25` never
-    # exists there (the device's form is TrainConfig's check)
+    # a trial sees only the GPUs Ray gives it, from cuda:0 (the device's form is TrainConfig's check)
     device, visible = sweep.train.get("device", "auto"), max(1, math.ceil(sweep.resources.gpus_per_trial))
     if device != "auto" and torch.device(device).type == "cuda" and (torch.device(device).index or 0) >= visible:
         fail(f"{show(device)}: a trial sees only the GPU(s) Ray gives it, cuda:0 to cuda:{visible - 1} with "
@@ -451,9 +435,8 @@ def shipped_files() -> list[Path]:
 
 @dataclasses.dataclass
 class ConditionalSpace:
-    """Optuna define-by-run space: a categorical ``method``, then that method's own parameters, named
-    ``<method>/<param>`` (TPE models each method's lr apart; Ray unflattens them to ``{"lora": {"lr": ...}}``).
-    A module-level class, not a closure: Ray pickles the searcher with the experiment."""
+    """Optuna define-by-run space: ``method``, then that method's own parameters as ``<method>/<param>`` (TPE
+    models each method's lr apart); a module-level class, not a closure: Ray pickles the searcher with it."""
 
     spaces: dict[str, MethodSpace]
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import math
 import re
 import reprlib
 from pathlib import Path
@@ -27,6 +28,7 @@ from pydantic import (
     ConfigDict,
     Field,
     Strict,
+    StrictBool,
     StrictInt,
     StrictStr,
     ValidationError,
@@ -196,6 +198,11 @@ def rule(ok, message: str, before: bool = False):
         return value
 
     return BeforeValidator(check) if before else AfterValidator(check)
+
+
+# a strict value of a config field of this type (from its default); None: any value (a float among them finite)
+_FINITE = rule(lambda v: not isinstance(v, float) or math.isfinite(v), "expected a finite number, got {}")
+SCALARS = {int: StrictInt, float: Float, bool: StrictBool, str: StrictStr, None: Annotated[Any, _FINITE]}
 
 
 @dataclasses.dataclass(frozen=True)
