@@ -28,7 +28,8 @@ from peftune.tasks import task_names
 from peftune.train import MAX_SEED, TrainConfig
 from peftune.validation import EMPTY, Bound, Section, SpaceError, at, count, fail, named, one_of, rule, section, show
 
-SEARCH_SPACES_DIR = Path(str(importlib.resources.files("peftune") / "search_spaces"))  # installed as files: a dir
+# package data, installed as files (a directory); in a source tree, a link to the top-level search_spaces/
+SEARCH_SPACES_DIR = Path(str(importlib.resources.files("peftune") / "search_spaces")).resolve()
 METHODS_SUBDIR = "methods"
 MULTI_OBJECTIVE = (("score", "max"), ("trainable_params_per_task", "min"))  # what a multi-objective search optimises
 # TrainConfig fields a sweep sets elsewhere (searched, budget, top level), as it does those without a plain default

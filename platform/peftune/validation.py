@@ -132,6 +132,7 @@ def fail(message: str, *loc) -> NoReturn:
 _EXPECTED = {"int_type": "an integer", "float_type": "a number", "bool_type": "true or false", "string_type": "text",
              "dict_type": "a mapping", "dataclass_type": "a mapping", "list_type": "a list", "tuple_type": "a list",
              "finite_number": "a finite number"}  # fmt: skip
+_WORDS = {"missing": "missing", "missing_argument": "missing", "unexpected_keyword_argument": "unknown key"}
 
 
 def _problem(error: ValidationError | PydanticCustomError) -> tuple[tuple, str]:
@@ -142,7 +143,7 @@ def _problem(error: ValidationError | PydanticCustomError) -> tuple[tuple, str]:
         first = error.errors(include_url=False)[0]
     loc = (*first["loc"], *(first.get("ctx") or {}).get("loc", ()))
     if first["type"] not in _EXPECTED:
-        return loc, "missing" if first["type"] in ("missing", "missing_argument") else first["msg"]
+        return loc, _WORDS.get(first["type"], first["msg"])
     return loc, f"expected {_EXPECTED[first['type']]}, got {_got(first['input'])}"
 
 
@@ -247,11 +248,12 @@ def count(low: int, high: int | None = None, why: str = ""):
     return Bound(low, high, why).annotated()
 
 
-def one_of(names, what: str = "value"):
-    """A string among ``names``, which the JSON Schema lists (an editor completes them)."""
+def one_of(names, what: str = ""):
+    """A string among ``names``, which the JSON Schema lists (an editor completes them); ``what`` they name."""
     names, schema = tuple(names), WithJsonSchema({"type": "string", "enum": list(names)})
-    check = rule(names.__contains__, f"unknown {what} {{}}; expected one of {', '.join(names)}")
-    return Annotated[StrictStr, check, schema]
+    listed = ", ".join(names)
+    message = f"unknown {what} {{}}; expected one of {listed}" if what else f"expected one of {listed}, got {{}}"
+    return Annotated[StrictStr, rule(names.__contains__, message), schema]
 
 
 def names_of(what: str, valid):
