@@ -156,11 +156,11 @@ def key_path(loc: tuple) -> str:
 
 def _got(value) -> str:
     """What a user wrote: a quoted number is named a string, not shown as a number."""
-    try:
-        quoted = isinstance(value, str) and float(value) is not None
-    except ValueError:
-        quoted = False
-    return f"a string, {show(value)} (write a number without quotes)" if quoted else show(value)
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            float(value)
+            return f"a string, {show(value)} (write a number without quotes)"
+    return show(value)
 
 
 def at(loc: tuple, function, *args, **kwargs):
