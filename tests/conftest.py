@@ -54,6 +54,27 @@ def sweep_command(definition: Path, data_dir: Path, uri: str, work: Path, *extra
             "--allow-failures", *extra]  # fmt: skip
 
 
+def copy_repository(target: Path) -> None:
+    """The files a fresh clone has (the tracked ones when this is a git checkout), symlinks kept as links."""
+    import shutil
+    import subprocess
+
+    listed = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True)
+    names = listed.stdout.splitlines() if listed.returncode == 0 and listed.stdout else None
+    if names is None:
+        ignore = shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.db", "*.egg-info", "build")
+        shutil.copytree(REPO, target, ignore=ignore, symlinks=True, dirs_exist_ok=True)
+        return
+    for name in names + ["README.md"]:
+        source = REPO / name
+        (target / name).parent.mkdir(parents=True, exist_ok=True)
+        if source.is_symlink():  # platform/peftune/search_spaces: the shipped spaces, linked into the package
+            (target / name).unlink(missing_ok=True)
+            (target / name).symlink_to(os.readlink(source))
+        elif source.is_file():
+            shutil.copy2(source, target / name)
+
+
 def write_task_file(path: Path, header: list[str], rows: list[list]) -> Path:
     """A file in the shared data format: TSV, an unnamed index column, then id and the columns."""
     lines = ["\t".join(["", "id", *header])]

@@ -78,7 +78,7 @@ def sweep_dir(tmp_path) -> Path:
     [
         ("cpus_per_trial: 1", "cpus_per_trial: .nan", "resources.cpus_per_trial", "finite"),
         ("cpus_per_trial: 1", "gpus_per_trial: .inf", "resources.gpus_per_trial", "finite"),
-        ("seed: 0", "seed: 4294967296", "seed", "[0, 4294967295]"),
+        ("seed: 0", "seed: 4294967296", "seed", "from 0 to 4,294,967,295"),
         ("warmup_ratio: 0.1", "device: tpu", "train.device", "'tpu'"),
         ("warmup_ratio: 0.1", "max_grad_norm: .nan", "train.max_grad_norm", "finite"),
         ("warmup_ratio: 0.1", "log_every: -5", "train.log_every", ">= 0"),

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, SHARED_DATA
+from conftest import REPO, SHARED_DATA, copy_repository
 from peftune import services
 
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
@@ -62,20 +62,6 @@ def adapt(command: str, ports: services.Ports, data: Path) -> str:
         assert rest.count(old) == 1, (old, rest)
         rest = rest.replace(old, new)
     return f"DATA={data} && {rest}"
-
-
-def copy_repository(target: Path) -> None:
-    """The files a fresh clone has (the tracked ones when this is a git checkout)."""
-    listed = subprocess.run(["git", "ls-files"], cwd=REPO, capture_output=True, text=True)
-    names = listed.stdout.splitlines() if listed.returncode == 0 and listed.stdout else None
-    if names is None:
-        shutil.copytree(REPO, target, ignore=shutil.ignore_patterns(".git", ".venv", "__pycache__", "*.db"))
-        return
-    for name in names + ["README.md"]:
-        source = REPO / name
-        if source.is_file():
-            (target / name).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(source, target / name)
 
 
 def run(command: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import optuna
 import pytest
 import yaml
 
-from peftune import cli, methods, spaces
+from peftune import cli, methods, spaces, validation
 from peftune.spaces import Choice, FloatRange, IntRange, SpaceError
 
 SHIPPED = spaces.shipped_files()
@@ -196,7 +197,7 @@ def test_sweep_definition_resolves_budget_and_spaces(sweep_dir):
         ("warmup_ratio: 0.1", "warmup: 0.1", "train.warmup", "unknown training setting"),
         ("warmup_ratio: 0.1", "sampling: shuffled", "train.sampling", "sampling"),
         ("budget: small", "budget: huge", "budget", "no budget preset 'huge'"),
-        ("epochs: 1,", "epochs: 0,", "budgets.small.epochs", ">= 1"),
+        ("epochs: 1,", "epochs: 0,", "budgets.small.epochs", "from 1 to 1,000"),
         ("epochs: 1,", "", "budgets.small.epochs", "missing"),
         ("epochs: 1,", "epochs: 1, max_dev: 3,", "budgets.small.max_dev", "unknown key"),
         (
@@ -256,3 +257,34 @@ def test_conditional_space_gives_each_method_only_its_own_parameters():
                 assert param.low <= value <= param.high
         study.tell(trial, 0.5)
     assert seen == set(definition.methods)
+
+
+# ----------------------------------------------------------------------------- the JSON Schema (peftune schema)
+
+
+def test_the_json_schema_names_the_keys_and_holds_every_shipped_definition(tmp_path, capsys):
+    jsonschema = pytest.importorskip("jsonschema")  # installed with Ray
+    assert cli.main(["schema", "--output", str(tmp_path / "schema.json")]) == 0
+    schema = json.loads((tmp_path / "schema.json").read_text())
+    assert cli.main(["schema"]) == 0 and json.loads(capsys.readouterr().out) == schema
+    assert set(schema["properties"]) == {"name", "description", "tasks", "methods", "model", "seed", "search",
+                                         "scheduler", "resources", "max_failures", "checkpoints_per_method", "train",
+                                         "budget", "budgets", "confirm", "invalid_rows"}  # fmt: skip
+    assert set(schema["required"]) == {"name", "tasks", "methods", "budgets"}
+    assert schema["additionalProperties"] is False
+    check = jsonschema.Draft202012Validator(schema)
+    definitions = [p for p in SHIPPED if p.parent.name != spaces.METHODS_SUBDIR]
+    assert len(definitions) >= 3
+    for path in definitions:
+        document = validation.read_yaml(path)  # as the loader reads it (1e-4 is a number)
+        assert not list(check.iter_errors(document)), path
+    # what the loader refuses, the schema flags too, so an editor shows it: unknown keys, types, names, bounds
+    document = validation.read_yaml(spaces.resolve_sweep_path("smoke"))
+    for bad in ({"surprise": 1}, {"seed": -1}, {"seed": "0"}, {"methods": ["lorra"]}, {"tasks": []},
+                {"search": {"sampler": "random"}}, {"budgets": {"smoke": {"epochs": 1}}},
+                {"budgets": {"smoke": {"num_samples": 2, "epochs": 1, "max_length": 4096}}},
+                {"confirm": {"margin": 1.0}}, {"name": "a name"}):  # fmt: skip
+        assert not check.is_valid({**document, **bad}), bad
+        with pytest.raises(SpaceError):
+            spaces.load_sweep(write(tmp_path / "bad" / "smoke.yaml", yaml.safe_dump({**document, **bad})),
+                              spaces_dir=spaces.SEARCH_SPACES_DIR / spaces.METHODS_SUBDIR)  # fmt: skip

@@ -1,4 +1,4 @@
-"""``peftune`` command line: train | methods | bench | sweep | report | evaluate.
+"""``peftune`` command line: train | methods | bench | sweep | report | evaluate | schema | up | down.
 
 Errors a user can act on (bad data rows, unknown methods or options, missing
 models) print one line naming what is wrong and exit with status 2.
@@ -7,6 +7,7 @@ models) print one line naming what is wrong and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import math
 import os
@@ -20,6 +21,7 @@ from pathlib import Path
 
 import torch
 import yaml
+from pydantic import TypeAdapter
 
 from peftune import bench, checkpoint, data, methods, record, services, spaces, sweep, train
 from peftune.backbone import DEFAULT_MODEL, BertConfig, BertModel, check_tokenizer_files, read_json, resolve_model_dir
@@ -333,7 +335,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (add_train_parser, add_methods_parser, add_sweep_parser, add_report_parser, add_evaluate_parser,
-                add_bench_parser, add_services_parsers):  # fmt: skip
+                add_bench_parser, add_services_parsers, add_schema_parser):  # fmt: skip
         add(sub)
     return parser
 
@@ -473,6 +475,24 @@ def add_services_parsers(sub) -> None:
     p = sub.add_parser("down", help="stop the Ray head and MLflow server that `peftune up` started on these ports")
     services.add_arguments(p, starting=False)
     p.set_defaults(func=services.cmd_down)
+
+
+def add_schema_parser(sub) -> None:
+    p = sub.add_parser("schema", help="print the JSON Schema of a sweep definition (for an editor's YAML checks)")
+    p.add_argument("--output", type=Path, help="write it to this file instead of standard output")
+    p.set_defaults(func=cmd_schema)
+
+
+def cmd_schema(args) -> int:
+    """The sweep definition's JSON Schema, e.g. for the YAML language server: ``# yaml-language-server: $schema=``."""
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **TypeAdapter(spaces.SweepFile).json_schema()}
+    text = json.dumps(schema, indent=2) + "\n"
+    if args.output is None:
+        sys.stdout.write(text)
+    else:
+        check_output_dir("--output", args.output.parent)
+        args.output.write_text(text, encoding="utf-8")
+    return EXIT_OK
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,276 @@
+"""A user's YAML file, read and validated: the hardened loader, the rules' vocabulary, one-line errors.
+
+The loader is a safe one (a file never names code to import) that also refuses duplicate keys (YAML says
+they are an error; PyYAML keeps the last), aliases (a few nested ones expand to gigabytes) and files over
+:data:`MAX_BYTES`, reads ``1e-4`` as a float (YAML 1.1 wants ``1.0e-4``), and reports a broken file as one
+line with its line and column. The models of the files (``peftune.spaces``) are pydantic dataclasses built
+from the types here: strict scalars, finite numbers, intervals (:class:`Bound`), names among a registry
+(:func:`one_of`) and sections that refuse unknown keys (:class:`Section`). Under :func:`named`, pydantic's
+first error becomes one :class:`SpaceError` line naming the file, the key path and what was expected.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+import math
+import re
+import reprlib
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import yaml
+from pydantic import (
+    AfterValidator,
+    AllowInfNan,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    Strict,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    WithJsonSchema,
+    model_validator,
+)
+from pydantic.dataclasses import dataclass
+from pydantic_core import PydanticCustomError
+
+from peftune.errors import UserError, one_line
+
+MAX_SHOWN = 80  # characters of a user's value echoed in an error message
+MAX_BYTES = 1_000_000  # a sweep definition is a few kilobytes: anything near this is not one
+
+
+class SpaceError(UserError):
+    """A search space or sweep file is invalid: names the file, the key and what was expected."""
+
+    def __init__(self, path: str | Path, key: str | None, problem: str):
+        self.path, self.key, self.problem = str(path), key, problem
+        # bounded and on one line whatever the input: keys and problems may quote a user's file
+        key, problem = one_line(key, MAX_SHOWN) if key else key, one_line(problem, 4 * MAX_SHOWN)
+        super().__init__(f"{path}: {key}: {problem}" if key else f"{path}: {problem}")
+
+    def __reduce__(self):
+        return SpaceError, (self.path, self.key, self.problem)
+
+
+_REPR = reprlib.Repr()  # walks at most a few levels and items: cheap even on a huge nested value
+_REPR.maxlevel, _REPR.maxstring, _REPR.maxother = 3, MAX_SHOWN, MAX_SHOWN
+
+
+def show(value) -> str:
+    """``repr(value)`` cut to MAX_SHOWN characters: an error message never echoes an unbounded value."""
+    return one_line(_REPR.repr(value), MAX_SHOWN)
+
+
+# ----------------------------------------------------------------------------- the YAML loader
+
+
+class _Loader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that refuses aliases and duplicate keys, and reads ``1e-4`` as a float."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"aliases are not allowed (*{one_line(event.anchor, MAX_SHOWN)})", event.start_mark
+            )
+        return super().compose_node(parent, index)
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                duplicate = key in seen
+                seen.add(key)
+            except TypeError:  # an unhashable key: the base class names it
+                continue
+            if duplicate:
+                raise yaml.constructor.ConstructorError(None, None, f"duplicate key {show(key)}", key_node.start_mark)
+        return super().construct_mapping(node, deep)
+
+
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:\d[\d_]*\.?\d*|\.\d+)[eE][-+]?\d+$"),
+    list("-+0123456789."),
+)
+
+
+def read_yaml(path: str | Path) -> dict:
+    """The mapping a YAML file holds; anything else (no file, broken YAML, a list) is a :class:`SpaceError`."""
+    path = Path(path)
+    if not path.is_file():
+        raise SpaceError(path, None, "file not found")
+    if path.stat().st_size > MAX_BYTES:
+        raise SpaceError(path, None, f"{path.stat().st_size:,} bytes; expected a YAML file of at most {MAX_BYTES:,}")
+    try:
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=_Loader)  # a SafeLoader: no Python objects
+    except yaml.MarkedYAMLError as error:
+        mark = error.problem_mark or error.context_mark
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise SpaceError(path, None, f"not valid YAML: {where}{error.problem or error.context}") from None
+    except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as error:
+        raise SpaceError(path, None, f"not valid YAML: {type(error).__name__}: {error}") from None
+    if not isinstance(data, dict):
+        raise SpaceError(path, None, f"expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+# ----------------------------------------------------------------------------- errors: one line, file and key
+
+
+def fail(message: str, *loc) -> NoReturn:
+    """A problem ``loc`` below where validation is, as pydantic's own kind of error (pydantic adds the rest)."""
+    raise PydanticCustomError("peftune", "{message}", {"message": message, "loc": loc})
+
+
+_EXPECTED = {"int_type": "an integer", "float_type": "a number", "bool_type": "true or false", "string_type": "text",
+             "dict_type": "a mapping", "dataclass_type": "a mapping", "list_type": "a list", "tuple_type": "a list",
+             "finite_number": "a finite number"}  # fmt: skip
+_WORDS = {"missing": "missing", "missing_argument": "missing", "unexpected_keyword_argument": "unknown key"}
+
+
+def _problem(error: ValidationError | PydanticCustomError) -> tuple[tuple, str]:
+    """(location, what was expected) of pydantic's first error, or of :func:`fail`'s."""
+    if isinstance(error, PydanticCustomError):
+        first = {"loc": (), "ctx": error.context, "type": "peftune", "msg": error.message()}
+    else:
+        first = error.errors(include_url=False)[0]
+    loc = (*first["loc"], *(first.get("ctx") or {}).get("loc", ()))
+    if first["type"] not in _EXPECTED:
+        return loc, _WORDS.get(first["type"], first["msg"])
+    return loc, f"expected {_EXPECTED[first['type']]}, got {_got(first['input'])}"
+
+
+def key_path(loc: tuple) -> str:
+    """pydantic's location -> the key path a user reads: ``budgets.cpu.epochs``, ``tasks[1]``, ``budgets.1``."""
+    key = "".join(f"[{p}]" if isinstance(p, int) and loc[i + 1 : i + 2] != ("[key]",) else f".{p}"
+                  for i, p in enumerate(loc) if p != "[key]")  # fmt: skip
+    return key.lstrip(".")
+
+
+def _got(value) -> str:
+    """What a user wrote: a quoted number is named a string, not shown as a number."""
+    if isinstance(value, str):
+        with contextlib.suppress(ValueError):
+            float(value)
+            return f"a string, {show(value)} (write a number without quotes)"
+    return show(value)
+
+
+def at(loc: tuple, function, *args, **kwargs):
+    """``function(...)``, its first problem located ``loc`` below where validation is."""
+    try:
+        return function(*args, **kwargs)
+    except (ValidationError, PydanticCustomError) as error:
+        inner, message = _problem(error)
+        fail(message, *loc, *inner)
+
+
+@contextlib.contextmanager
+def named(path):
+    """The first problem in this block -> one SpaceError naming the file, the key path and what was expected."""
+    try:
+        yield
+    except (ValidationError, PydanticCustomError) as error:
+        loc, message = _problem(error)
+        raise SpaceError(path, key_path(loc) or None, message) from None
+
+
+# ----------------------------------------------------------------------------- the rules' vocabulary
+
+CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
+section = functools.partial(dataclass, frozen=True, config=CONFIG)  # a validated dataclass: `@section()`
+Float = Annotated[float, Strict(), AllowInfNan(False)]  # an integer is a float too (1 -> 1.0); a bool is not
+EMPTY = BeforeValidator(lambda value: {} if value is None else value)  # `search:` alone: the section's defaults
+
+
+def rule(ok, message: str, before: bool = False):
+    """A check of a value: ``message`` (``{}``: the value, cut short) when ``ok(value)`` is false."""
+
+    def check(value):
+        if not ok(value):
+            fail(message.format(show(value)))
+        return value
+
+    return BeforeValidator(check) if before else AfterValidator(check)
+
+
+# a strict value of a config field of this type (from its default); None: any value (a float among them finite)
+_FINITE = rule(lambda v: not isinstance(v, float) or math.isfinite(v), "expected a finite number, got {}")
+SCALARS = {int: StrictInt, float: Float, bool: StrictBool, str: StrictStr, None: Annotated[Any, _FINITE]}
+
+
+@dataclasses.dataclass(frozen=True)
+class Bound:
+    """The interval a number lies in, written once: its check, its message, its JSON Schema."""
+
+    low: float
+    high: float | None = None
+    why: str = ""
+    low_open: bool = False
+    high_open: bool = False
+
+    def check(self, value, integer: bool = False):
+        above = self.high is not None and (value >= self.high if self.high_open else value > self.high)
+        if above or (value <= self.low if self.low_open else value < self.low):
+            why = f" ({self.why})" if self.why else ""
+            fail(f"out of range: expected {'an integer' if integer else 'a number'} {self.where(integer)}{why}, "
+                 f"got {show(value)}")  # fmt: skip
+        return value
+
+    def where(self, integer: bool = False) -> str:
+        """``>= 1``, ``from 1 to 1,000``, ``in (0, 10]``."""
+        low = f"{self.low:,}" if integer else f"{self.low:g}"
+        if self.high is None:
+            return f"{'>' if self.low_open else '>='} {low}"
+        if integer:
+            return f"from {low} to {self.high:,}"
+        return f"in {'(' if self.low_open else '['}{low}, {self.high:g}{')' if self.high_open else ']'}"
+
+    def annotated(self, integer: bool = True):
+        """The type of a value in this interval (an integer by default), with its JSON Schema."""
+        schema = {"type": "integer" if integer else "number"}
+        schema["exclusiveMinimum" if self.low_open else "minimum"] = self.low
+        if self.high is not None:
+            schema["exclusiveMaximum" if self.high_open else "maximum"] = self.high
+        check = AfterValidator(lambda value: self.check(value, integer))
+        return Annotated[StrictInt if integer else Float, check, WithJsonSchema(schema)]
+
+
+def count(low: int, high: int | None = None, why: str = ""):
+    """An integer >= ``low`` (and <= ``high``, for the reason ``why``)."""
+    return Bound(low, high, why).annotated()
+
+
+def one_of(names, what: str = ""):
+    """A string among ``names``, which the JSON Schema lists (an editor completes them); ``what`` they name."""
+    names, schema = tuple(names), WithJsonSchema({"type": "string", "enum": list(names)})
+    listed = ", ".join(names)
+    message = f"unknown {what} {{}}; expected one of {listed}" if what else f"expected one of {listed}, got {{}}"
+    return Annotated[StrictStr, rule(names.__contains__, message), schema]
+
+
+def names_of(what: str, valid):
+    """A non-empty list of distinct names among ``valid`` (tasks, methods)."""
+    listed = rule(lambda v: isinstance(v, list) and v, f"expected a non-empty list of {what} names, got {{}}", True)
+    distinct = rule(lambda v: len(set(v)) == len(v), f"a {what} is listed twice in {{}}")
+    return Annotated[list[one_of(valid, what)], listed, distinct, Field(json_schema_extra={"minItems": 1})]
+
+
+@section()
+class Section:
+    """A mapping of known keys: an unknown one is refused, naming those it knows."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _known_keys(cls, data: Any):
+        for key in data if isinstance(data, dict) else ():
+            if key not in cls.__dataclass_fields__:
+                fail(f"unknown key; expected one of {', '.join(cls.__dataclass_fields__)}", key)
+        return data
