@@ -11,7 +11,7 @@ def inside(param, value) -> bool:
     """Whether the searched ``param`` can propose ``value``."""
     if isinstance(param, (spaces.FloatRange, spaces.IntRange)):
         return param.low <= value <= param.high
-    return value in param.values()
+    return value in param.choices if isinstance(param, spaces.Choice) else value == param.value
 
 
 @pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)

@@ -48,11 +48,12 @@ def test_heads_train_at_their_own_rate(tiny_prepared):
     assert lora_b and not any(moved[n] for n in lora_b)
 
 
-def test_head_lr_defaults_to_lr_and_is_refused_where_the_heads_are_the_method():
+def test_head_lr_defaults_to_lr_and_frozen_heads_train_at_lr():
     groups = train.build_optimizer(train.build_model(config(), tiny_backbone()), config(lr=2e-3)).param_groups
     assert {g["lr"] for g in groups} == {2e-3}
-    with pytest.raises(train.UserError, match="head_lr"):
-        config(method="frozen", method_options={}, head_lr=1e-3)
+    frozen = config(method="frozen", method_options={}, lr=2e-3, head_lr=1e-1)  # its heads are its method
+    groups = train.build_optimizer(train.build_model(frozen, tiny_backbone()), frozen).param_groups
+    assert {g["lr"] for g in groups} == {2e-3} and frozen.heads_lr == 2e-3
     with pytest.raises(train.UserError, match="head_lr"):
         config(head_lr=float("nan"))
 

@@ -405,6 +405,7 @@ def _check_train(sweep: SweepFile) -> None:
     """``train:``: TrainConfig's fixed settings, each checked by TrainConfig itself (its rules, written there)."""
     settable = {f.name: type(f.default) for f in dataclasses.fields(TrainConfig)
                 if f.name not in _SET_ELSEWHERE and isinstance(f.default, (int, float, str))}  # fmt: skip
+    settable["head_lr"] = float  # None by default (the method's lr); a number when set
     for key, value in [*sweep.train.items(), (None, None)]:  # None: all of them together
         if key in TrainConfig.__dataclass_fields__.keys() - settable.keys():
             fail("set by the search space, the budget or the top level, not here", "train", key)

@@ -760,7 +760,7 @@ class TrialLogger(tune.Callback):
             "seed": config.seed,
             "warmup_ratio": config.warmup_ratio,
             "sampling": config.sampling,
-            "head_lr": config.head_lr if config.head_lr is not None else config.lr,
+            "head_lr": config.heads_lr,
             "max_grad_norm": config.max_grad_norm,
             "precision": config.precision,
             "threads": self.settings.threads,

@@ -60,7 +60,8 @@ class TrainConfig:
     dropout: float = 0.1  # heads and the method's own modules (the searched dropout)
     weight_decay: float = 0.01
     # the task heads' own learning rate; None: the method's ``lr``. A head is a fresh linear layer: at an
-    # adapter's 1e-5 it barely moves in a short run, at prompt tuning's 0.3 it blows up
+    # adapter's 1e-5 it barely moves in a short run, at prompt tuning's 0.3 it blows up. Frozen trains its
+    # heads alone: they are its method, and train at ``lr`` (see ``heads_lr``)
     head_lr: float | None = None
     epochs: int = 3
     batch_size: int = 32
@@ -154,10 +155,13 @@ class TrainConfig:
         value = self.head_lr
         if value is None:
             return
-        if self.method == "frozen":
-            raise UserError("TrainConfig.head_lr: frozen trains only its heads, whose rate is lr; leave head_lr unset")
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
             raise UserError(f"TrainConfig.head_lr must be a finite number > 0 (or None: lr), got {str(value)[:80]!r}")
+
+    @property
+    def heads_lr(self) -> float:
+        """The rate the heads train at: ``head_lr`` where set, except for frozen (heads only: ``lr``)."""
+        return self.lr if self.head_lr is None or self.method == "frozen" else self.head_lr
 
     def method_options_with_dropout(self) -> dict:
         return {**self.method_options, "dropout": self.dropout}
@@ -388,7 +392,7 @@ def build_model(config: TrainConfig, backbone: BertModel, native_pooling: str = 
 def build_optimizer(model: MultitaskModel, config: TrainConfig) -> torch.optim.Optimizer:
     """AdamW over the trainable parameters: the heads at ``head_lr`` (when set), the rest at ``lr``."""
     heads = {id(p) for p in model.heads.parameters()}
-    head_lr = config.lr if config.head_lr is None else config.head_lr
+    head_lr = config.heads_lr
     groups = {}
     for name, parameter in model.named_parameters():
         if not parameter.requires_grad:
