@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import math
 import os
@@ -44,7 +45,7 @@ from typing import Any
 import ray
 from ray import tune
 
-from peftune import confirm, search, spaces, tracking, tracking_buffer, worker
+from peftune import confirm, lease, search, spaces, tracking, tracking_buffer, worker
 from peftune import record as record_names
 from peftune.errors import UserError
 from peftune.resume import RunCallbacks, installed
@@ -167,6 +168,18 @@ def steps_per_run(definition: SweepDefinition, prepared) -> int:
     return definition.budget.epochs * math.ceil(examples / definition.budget.batch_size)
 
 
+def one_driver(run: Callable[..., SweepResult]) -> Callable[..., SweepResult]:
+    """``run`` under the sweep's lease (``peftune.lease``): a second driver of a running sweep is refused at once."""
+
+    @functools.wraps(run)
+    def holding_the_lease(definition, data_dir, tracking_uri=None, *, storage_path=DEFAULT_STORAGE_PATH, **options):
+        with lease.held(_storage_uri(storage_path), definition.name):
+            return run(definition, data_dir, tracking_uri, storage_path=storage_path, **options)
+
+    return holding_the_lease
+
+
+@one_driver
 def run_sweep(
     definition: SweepDefinition,
     data_dir: str | Path,
@@ -186,6 +199,8 @@ def run_sweep(
 ) -> SweepResult:
     """Run (or resume) ``definition`` as one Ray Tune experiment logged to MLflow.
 
+    One driver per sweep: the sweep's lease (``peftune.lease``) is held from start to end; while another
+    driver holds it, ``lease.LeaseHeld`` (a user error) is raised before anything starts.
     ``resume``: None (default) resumes when Tune has state for this sweep name under
     ``storage_path`` and starts it otherwise; True requires that state; False refuses it.
     ``shared_storage``: ``storage_path`` is a directory every node of the cluster shares (NFS).
