@@ -119,6 +119,19 @@ def test_object_storage_keeps_its_leases_in_a_local_directory(monkeypatch, tmp_p
     assert s3.parent == tmp_path / "leases" and s3 != lease.lease_dir("s3://bucket/other")
 
 
+def test_held_releases_at_the_end_and_a_refused_start_leaves_no_directory_behind(tmp_path):
+    storage = tmp_path / "new" / "ray_results"
+    with pytest.raises(ValueError, match="bad input"):
+        with lease.held(str(storage), "s"):
+            assert list(storage.glob("s.driver.*.lease"))
+            raise lease.UserError("bad input")  # nothing started: what the lease created goes again
+    assert not (tmp_path / "new").exists()
+    with pytest.raises(KeyboardInterrupt):
+        with lease.held(str(storage), "s"):
+            raise KeyboardInterrupt  # the sweep ran: its directory stays, the lease is released
+    assert storage.is_dir() and not list(storage.iterdir())
+
+
 # ----------------------------------------------------------------------------- real drivers
 
 METHODS = {
@@ -239,7 +252,8 @@ def test_two_drivers_of_one_sweep_the_second_refused_then_a_takeover_after_sigki
     finally:
         for driver in drivers:
             driver.kill()
-    assert not list(storage.glob("leased.driver.*.lease"))  # released at the end
+    left = [json.loads(path.read_text())["pid"] for path in storage.glob("leased.driver.*.lease")]
+    assert left == [running.process.pid]  # the third released its own; the killed driver's lapsed one stays
 
     runs = mlflow.search_runs(experiment_names=["leased"])
     assert (runs["tags.peftune.role"] == "sweep").sum() == 1

@@ -221,7 +221,7 @@ def held(storage: str, name: str) -> Iterator[Lease]:
     A user error in the block means nothing started: the storage directory, if this created it, goes again.
     """
     directory = lease_dir(storage)
-    existed = directory.exists()
+    created = [d for d in (directory, *directory.parents) if not d.exists()]  # what acquire's mkdir makes
     lease = Lease(directory, name)
     lease.acquire()
     nothing_started = False
@@ -232,6 +232,6 @@ def held(storage: str, name: str) -> Iterator[Lease]:
         raise
     finally:
         lease.release()
-        if nothing_started and not existed:
+        for made in created if nothing_started else ():
             with contextlib.suppress(OSError):
-                directory.rmdir()  # only when empty
+                made.rmdir()  # only when empty: whatever else was written there stays

@@ -14,8 +14,13 @@
   dispatches by ``trial.config["method"]``: a trial is only ever compared with trials of its own
   method, and not before it has trained ``min_steps`` optimizer steps (the floor).
 
-Every trial's config carries ``{"peftune": {"phase": "search", "default": bool, "config_key": str}}``;
-``peftune.tracking.TrialLogger`` turns it into tags of the trial's child run.
+- The joint and the multi-objective search (``StoredOptunaSearch``: Ray's ``OptunaSearch``) keep their one study
+  (``<sweep>``) in the same storage.
+
+Every trial's config carries ``{"peftune": {"phase": "search", "default": bool, "config_key": str,
+"optuna_study": str, "optuna_trial": int}}`` (a joint trial: phase and the Optuna pair);
+``peftune.tracking.TrialLogger`` turns it into tags of the trial's child run. Each Optuna trial carries its Ray
+trial id and, once the record has it, its MLflow run id as user attributes (``RunLinks``).
 
 State across a resume, through public means only: Tune saves and restores the searcher
 (``save``/``restore``); the studies themselves live in the Optuna storage. The scheduler's rungs

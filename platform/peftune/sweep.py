@@ -23,7 +23,9 @@
    interrupted ones continue from their checkpoints; the searcher's state comes back
    through its own save/restore, the Optuna studies from their storage, the scheduler's
    rungs from the MLflow record, and the callbacks through ``peftune.resume``;
-5. ``peftune.tracking`` logs everything to MLflow from the driver.
+5. ``peftune.tracking`` logs everything to MLflow from the driver;
+6. one driver per sweep: the driver holds the sweep's lease (``peftune.lease``) from start to end, and ships
+   the code it imported to every trial (``init_ray``: Ray's ``py_modules``), whatever the nodes have installed.
 """
 
 from __future__ import annotations
