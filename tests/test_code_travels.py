@@ -9,21 +9,26 @@ trials there; after an edit to a method in that copy, a second job's trials run 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import textwrap
 import time
 from pathlib import Path
 
 import mlflow
+import psutil
 import pytest
 
+import test_jobs
 from test_jobs import BIN, LocalCluster, free_port
 
 pytestmark = pytest.mark.slow
+cluster_env = test_jobs.cluster_env  # the fixture: token authentication with a token of the test's own
 REPO = Path(__file__).resolve().parents[1]
 
 # on the worker node: only Ray's copies of peftune and analysis (under runtime_resources/) may be imported
@@ -74,12 +79,18 @@ def apply_frozen(backbone, config: FrozenConfig, context) -> None:
 
 
 class WorkerNode:
-    """``ray start --address ... --block`` with one CPU, in its own session, under ``env``."""
+    """``ray start --address ... --block`` with one CPU, in its own session and temp dir, under ``env``.
+
+    Its own temp dir, as on another machine: nodes sharing one unpack Ray's runtime environments into the same
+    directories, and one node's unpacking pulled the job's working directory from under the other's driver.
+    """
 
     def __init__(self, gcs: str, env: dict[str, str], log: Path):
+        self.temp_dir = tempfile.mkdtemp(prefix="rw", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
         ports = ("--dashboard-agent-listen-port", "--dashboard-agent-grpc-port", "--metrics-export-port",
                  "--runtime-env-agent-port", "--node-manager-port", "--object-manager-port")  # fmt: skip
-        command = [str(BIN / "ray"), "start", f"--address={gcs}", "--num-cpus=1", "--block", "--disable-usage-stats"]
+        command = [str(BIN / "ray"), "start", f"--address={gcs}", "--num-cpus=1", "--block", "--disable-usage-stats",
+                   f"--temp-dir={self.temp_dir}"]  # fmt: skip
         command += [f"{flag}={free_port()}" for flag in ports]
         self.log = log.open("w")
         self.process = subprocess.Popen(command, env=env, stdout=self.log, stderr=subprocess.STDOUT,
@@ -92,7 +103,12 @@ class WorkerNode:
                 self.process.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 os.killpg(self.process.pid, signal.SIGKILL)
+        for process in psutil.process_iter(["cmdline"]):  # its daemons that left the session
+            if any(self.temp_dir in part for part in process.info["cmdline"] or []):
+                with contextlib.suppress(psutil.Error):
+                    process.kill()
         self.log.close()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
 
 
 def alive_nodes(env: dict[str, str], gcs: str) -> int:
@@ -114,6 +130,9 @@ def copy_sources(destination: Path) -> Path:
 
 def test_a_job_s_trials_run_its_own_code_on_a_node_without_the_package(tmp_path, tiny_data_dir, cluster_env):
     head_env = {k: v for k, v in cluster_env.items() if k != "PYTHONPATH"}  # the installed peftune only
+    # Ray's memory monitor counts the whole machine's memory, which the test shares with other work: seen killing
+    # this tiny job's workers at 95 % of it; the kernel's own OOM killer still guards the machine
+    head_env["RAY_memory_monitor_refresh_ms"] = "0"
     hide = tmp_path / "hide"
     hide.mkdir()
     (hide / "sitecustomize.py").write_text(HIDE)
