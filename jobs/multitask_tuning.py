@@ -19,9 +19,16 @@ address and where the report goes. All logic lives in the library (``peftune.cli
 """
 
 import sys
+from pathlib import Path
 
-from analysis.report import on_sweep_finished, open_decisions
-from peftune import cli
+# the source tree this job came with goes first on the path (`ray job submit --working-dir .` adds only its root,
+# and peftune lives under platform/): the driver runs the submitted code, and ships it to every trial
+ROOT = Path(__file__).resolve().parents[1]
+if (ROOT / "platform" / "peftune").is_dir():
+    sys.path[:0] = [str(ROOT / "platform"), str(ROOT)]
+
+from analysis.report import on_sweep_finished, open_decisions  # noqa: E402
+from peftune import cli  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(cli.job_main("multitask_tuning", __doc__, on_finished=on_sweep_finished, open_decisions=open_decisions))

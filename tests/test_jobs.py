@@ -40,7 +40,7 @@ class LocalCluster:
     ``ray stop``, which would stop every Ray on the machine.
     """
 
-    def __init__(self, env: dict[str, str]):
+    def __init__(self, env: dict[str, str], num_cpus: int = 2):
         self.temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
         self.dashboard_port = free_port()
         ports = {
@@ -60,11 +60,12 @@ class LocalCluster:
             "--head",
             "--block",
             "--dashboard-host=127.0.0.1",
-            "--num-cpus=2",
+            f"--num-cpus={num_cpus}",
             "--include-dashboard=true",
             f"--temp-dir={self.temp_dir}",
         ]
         command += [f"{flag}={port}" for flag, port in ports.items()]
+        self.gcs_address = f"127.0.0.1:{ports['--port']}"  # where other nodes join
         self.log = open(Path(self.temp_dir) / "ray-start.log", "w")  # noqa: SIM115 (closed in stop())
         self.process = subprocess.Popen(
             command, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
@@ -68,6 +69,8 @@ def test_trials_are_split_equally_and_each_method_starts_with_its_published_defa
             "phase": "search",
             "default": True,
             "config_key": record.config_key(method, config[method]),
+            "optuna_study": f"s.{method}",  # the way to its Optuna trial (tags of its MLflow run)
+            "optuna_trial": 0,
         }
         published = shipped_space(method).default
         assert {k: config[method][k] for k in published} == published
@@ -418,7 +421,8 @@ def run_driver(args: list[str], kill_after_starts: int | None) -> str:
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,  # the driver and the local Ray it starts: killed together, as a crash does
-        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)},
+        # a short lease (peftune.lease): the next driver takes over the killed one's once it lapsed, seconds later
+        env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "PEFTUNE_LEASE_S": "3"},
     )
     lines, starts = [], 0
     try:
@@ -450,6 +454,7 @@ def test_a_driver_killed_right_after_a_trial_start_leaves_no_ghost_and_runs_no_c
     args = [str(tmp_path / "fair.yaml"), str(tiny_data_dir), uri, str(tmp_path / "ray")]
     first = run_driver(args, kill_after_starts=3)
     assert "SWEEP" not in first, first[-3000:]
+    threading.Event().wait(3.5)  # the killed driver's lease lapses (PEFTUNE_LEASE_S=3): the next one takes over
     second = run_driver(args, kill_after_starts=None)
     assert "SWEEP completed" in second, second[-3000:]
 

@@ -14,8 +14,13 @@
   dispatches by ``trial.config["method"]``: a trial is only ever compared with trials of its own
   method, and not before it has trained ``min_steps`` optimizer steps (the floor).
 
-Every trial's config carries ``{"peftune": {"phase": "search", "default": bool, "config_key": str}}``;
-``peftune.tracking.TrialLogger`` turns it into tags of the trial's child run.
+- The joint and the multi-objective search (``StoredOptunaSearch``: Ray's ``OptunaSearch``) keep their one study
+  (``<sweep>``) in the same storage.
+
+Every trial's config carries ``{"peftune": {"phase": "search", "default": bool, "config_key": str,
+"optuna_study": str, "optuna_trial": int}}`` (a joint trial: phase and the Optuna pair);
+``peftune.tracking.TrialLogger`` turns it into tags of the trial's child run. Each Optuna trial carries its Ray
+trial id and, once the record has it, its MLflow run id as user attributes (``RunLinks``).
 
 State across a resume, through public means only: Tune saves and restores the searcher
 (``save``/``restore``); the studies themselves live in the Optuna storage. The scheduler's rungs
@@ -25,14 +30,17 @@ sweep (``tracking.result_history``) the first time it sees a trial after it was 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import warnings
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import optuna
+from ray import tune
 from ray.tune.schedulers import ASHAScheduler, FIFOScheduler, TrialScheduler
 from ray.tune.search import Searcher
 from ray.tune.search.optuna import OptunaSearch
@@ -44,11 +52,28 @@ from peftune.spaces import MethodSpace
 
 METRIC, MODE = "score", "max"
 DEFAULT_ATTR = "peftune.default"  # user attribute of an enqueued default trial in its Optuna study
+# user attributes linking an Optuna trial to its Ray trial and MLflow run (optuna-dashboard shows them); the
+# MLflow run carries the way back as tags: peftune.optuna_study, peftune.optuna_trial (the trial's number)
+RAY_TRIAL_ATTR, MLFLOW_RUN_ATTR = "ray_trial_id", "mlflow_run_id"
 ALL = "*"  # the one group of a scheduler shared by all methods (the joint search)
 
 
-def study_name(sweep: str, method: str) -> str:
-    return f"{sweep}.{method}"
+def study_name(sweep: str, method: str | None = None) -> str:
+    """``<sweep>.<method>`` for a per-method study; ``<sweep>`` for the joint or multi-objective one."""
+    return sweep if method is None else f"{sweep}.{method}"
+
+
+def study_names(definition: spaces.SweepDefinition) -> list[str]:
+    if per_method(definition):
+        return [study_name(definition.name, method) for method in definition.methods]
+    return [study_name(definition.name)]
+
+
+def set_user_attr(storage, study: str, number: int, key: str, value: Any) -> None:
+    """Set a user attribute of trial ``number`` of ``study`` through the storage's public interface (a finished or
+    frozen trial included)."""
+    trial_id = storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(study), number)
+    storage.set_trial_user_attr(trial_id, key, value)
 
 
 def default_storage_url(tracking_uri: str, storage_path: str) -> str:
@@ -119,18 +144,24 @@ class PerMethodSearcher(Searcher):
         self.handed = {m: 0 for m in self.spaces}  # trials handed out per method
         self.live: dict[str, list] = {}  # Ray trial id -> [method, Optuna trial number]
         self._studies: dict[str, Any] = {}
+        self._storage = None
 
     # the studies are rebuilt from the storage after unpickling (Tune pickles the searcher)
     def __getstate__(self):
         state = dict(self.__dict__)
-        state["_studies"] = {}
+        state["_studies"], state["_storage"] = {}, None
         return state
+
+    def storage(self):
+        if getattr(self, "_storage", None) is None:  # a searcher pickled before it kept its storage has none
+            self._storage = optuna.storages.RDBStorage(self.storage_url)
+        return self._storage
 
     def study(self, method: str):
         if method not in self._studies:
             warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning, module="optuna")
             index = list(self.spaces).index(method)
-            storage = optuna.storages.RDBStorage(self.storage_url)
+            storage = self.storage()
             try:  # a resumed study: its sampler must not replay the random draws of the first session
                 asked = len(optuna.load_study(study_name=study_name(self.sweep, method), storage=storage).trials)
             except KeyError:
@@ -181,7 +212,10 @@ class PerMethodSearcher(Searcher):
             number, is_default = optuna_trial.number, bool(optuna_trial.user_attrs.get(DEFAULT_ATTR))
         self.handed[method] += 1
         self.live[trial_id] = [method, number]
+        name = study_name(self.sweep, method)
+        set_user_attr(self.storage(), name, number, RAY_TRIAL_ATTR, trial_id)  # an orphan's: its new Ray trial
         marks = {"phase": SEARCH, "default": is_default, "config_key": config_key(method, params)}
+        marks.update(optuna_study=name, optuna_trial=number)
         return {"method": method, method: params, "peftune": marks}
 
     def orphan(self, method: str):
@@ -241,6 +275,68 @@ def _suggest(optuna_trial, space: MethodSpace) -> dict[str, Any]:
         name: param.value if isinstance(param, spaces.Fixed) else param.suggest(optuna_trial, name)
         for name, param in space.params().items()
     }
+
+
+class RunLinks(tune.Callback):
+    """Gives each Optuna trial its MLflow run id (``MLFLOW_RUN_ATTR``) at its first result after the record knows
+    the run: while the trial still runs, since Optuna freezes a told trial's attributes.
+
+    ``run_id(ray trial id)`` answers from the driver's memory (the tracking buffer), never from the store, so a
+    tracking outage holds up nothing; a trial whose run the store took only after the trial ended keeps its Ray
+    trial id alone (its MLflow run still names its study and Optuna trial).
+    """
+
+    def __init__(self, storage_url: str, run_id: Callable[[str], str | None]):
+        self.storage_url, self.run_id = storage_url, run_id
+        self.linked: set[str] = set()
+        self._storage = None
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        marks = trial.config.get("peftune") or {}
+        if trial.trial_id in self.linked or "optuna_trial" not in marks:
+            return  # linked already, or not an Optuna trial (a confirmation run)
+        run_id = self.run_id(trial.trial_id)
+        if run_id is None:
+            return
+        if self._storage is None:
+            self._storage = optuna.storages.RDBStorage(self.storage_url)
+        with contextlib.suppress(optuna.exceptions.UpdateFinishedTrialError):  # told already: it stays unlinked
+            set_user_attr(self._storage, marks["optuna_study"], int(marks["optuna_trial"]), MLFLOW_RUN_ATTR, run_id)
+        self.linked.add(trial.trial_id)
+
+
+class StoredOptunaSearch(OptunaSearch):
+    """Ray's ``OptunaSearch`` (the joint and the multi-objective search) on a study in the Optuna storage.
+
+    The study outlives the driver like the per-method ones (``optuna-dashboard`` opens it, a resume goes on
+    with it); each Optuna trial gets its Ray trial id as a user attribute, and each Ray trial's config the
+    study's name and the Optuna trial's number (the ``peftune`` marks: tags of its MLflow run).
+    """
+
+    def __init__(self, space, *, storage_url: str, study: str, **options):
+        storage = optuna.storages.RDBStorage(storage_url)
+        super().__init__(space, storage=storage, study_name=study, **options)
+        self.peftune_storage, self.peftune_study = storage, study
+        self.numbers: dict[str, int] = {}  # Ray trial id -> Optuna trial number
+
+    def suggest(self, trial_id: str) -> dict | None:
+        config = super().suggest(trial_id)
+        if not isinstance(config, dict):
+            return config
+        if trial_id not in self.numbers:
+            self.numbers[trial_id] = self._just_asked()
+            set_user_attr(self.peftune_storage, self.peftune_study, self.numbers[trial_id], RAY_TRIAL_ATTR, trial_id)
+        marks = {"phase": SEARCH, "optuna_study": self.peftune_study, "optuna_trial": self.numbers[trial_id]}
+        return {**config, "peftune": marks}
+
+    def _just_asked(self) -> int:
+        """The trial OptunaSearch has just asked: the newest running one not yet given to a Ray trial (one driver
+        per sweep asks in this study, and it asks one trial at a time)."""
+        study_id = self.peftune_storage.get_study_id_from_name(self.peftune_study)
+        running = self.peftune_storage.get_all_trials(
+            study_id, deepcopy=False, states=(optuna.trial.TrialState.RUNNING,)
+        )
+        return max(t.number for t in running if RAY_TRIAL_ATTR not in t.user_attrs)
 
 
 # ----------------------------------------------------------------------------- the scheduler
@@ -368,7 +464,8 @@ def per_method(definition: spaces.SweepDefinition) -> bool:
 
 
 def make_searcher(definition: spaces.SweepDefinition, storage_url: str | None = None):
-    """``storage_url``: the Optuna storage of the per-method studies (needed with ``allocation: per_method``)."""
+    """``storage_url``: the Optuna storage of the sweep's studies (needed with ``allocation: per_method``; without
+    it the joint or multi-objective study stays in memory, which only a test that never resumes should want)."""
     if per_method(definition):
         if storage_url is None:
             raise UserError("a per-method search needs an Optuna storage URL")
@@ -394,12 +491,16 @@ def make_searcher(definition: spaces.SweepDefinition, storage_url: str | None = 
             sampler = optuna.samplers.NSGAIISampler(seed=seed, population_size=population)
         else:
             sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=search.n_startup_trials)
+    else:  # multivariate + group: TPE models each method's parameters jointly, conditioned on the method
+        metric, mode = METRIC, MODE
+        sampler = optuna.samplers.TPESampler(
+            seed=seed, n_startup_trials=search.n_startup_trials, multivariate=True, group=True
+        )
+    if storage_url is None:
         return OptunaSearch(space, metric=metric, mode=mode, sampler=sampler)
-    # multivariate + group: TPE models each method's parameters jointly, conditioned on the method
-    sampler = optuna.samplers.TPESampler(
-        seed=seed, n_startup_trials=search.n_startup_trials, multivariate=True, group=True
+    return StoredOptunaSearch(
+        space, storage_url=storage_url, study=study_name(definition.name), metric=metric, mode=mode, sampler=sampler
     )
-    return OptunaSearch(space, metric="score", mode="max", sampler=sampler)
 
 
 def live_rungs(definition: spaces.SweepDefinition, steps_per_run: int | None = None) -> list[float]:

@@ -23,13 +23,18 @@
    interrupted ones continue from their checkpoints; the searcher's state comes back
    through its own save/restore, the Optuna studies from their storage, the scheduler's
    rungs from the MLflow record, and the callbacks through ``peftune.resume``;
-5. ``peftune.tracking`` logs everything to MLflow from the driver.
+5. ``peftune.tracking`` logs everything to MLflow from the driver;
+6. one driver per sweep: the driver holds the sweep's lease (``peftune.lease``) from start to end, and ships
+   the code it imported to every trial (``init_ray``: Ray's ``py_modules``), whatever the nodes have installed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
+import importlib.util
+import json
 import logging
 import math
 import os
@@ -44,7 +49,7 @@ from typing import Any
 import ray
 from ray import tune
 
-from peftune import confirm, search, spaces, tracking, tracking_buffer, worker
+from peftune import confirm, lease, search, spaces, tracking, tracking_buffer, worker
 from peftune import record as record_names
 from peftune.errors import UserError
 from peftune.resume import RunCallbacks, installed
@@ -122,16 +127,40 @@ class SweepResult:
 
 
 def init_ray(address: str | None = None) -> None:
-    """Connect to a cluster (``address`` or ``RAY_ADDRESS``, as ``ray job submit`` sets) or start Ray locally."""
+    """Connect to a cluster (``address`` or ``RAY_ADDRESS``, as ``ray job submit`` sets) or start Ray locally.
+
+    Either way the trials run this driver's own code (:func:`code_runtime_env`), not a copy a node has installed.
+    """
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS")
+    runtime_env = code_runtime_env()
     if address:
-        ray.init(address=address)
+        ray.init(address=address, runtime_env=runtime_env)
     else:
         # a Ray of this process only (address="local": never join a cluster started on this
         # machine by someone else), dashboard off: nothing listens beyond the driver's needs
-        ray.init(address="local", include_dashboard=False, dashboard_host="127.0.0.1")
+        ray.init(address="local", include_dashboard=False, dashboard_host="127.0.0.1", runtime_env=runtime_env)
+
+
+def code_runtime_env() -> dict[str, Any]:
+    """Ray's runtime environment that ships the driver's ``peftune`` (and ``analysis``) to every worker.
+
+    ``py_modules``: Ray zips each package directory this process imports from (a few hundred kB; uploaded to
+    the cluster once per content hash), unpacks it on each node and puts it first on the workers' path, so a
+    node's installed copy, or none, does not matter; the dependencies must be on the node (README). Nothing
+    is added when the job's own runtime environment already sets ``py_modules`` (Ray refuses to merge two).
+    """
+    job = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}").get("runtime_env") or {}
+    if "py_modules" in job:
+        log.info("the job sets py_modules itself: the trials import peftune from there")
+        return {}
+    here = Path(__file__).resolve().parent
+    # the analysis package runs on the driver; shipped too, from beside peftune, for whatever a job hands the trials
+    # (found without importing it: the library does not import analysis)
+    spec = importlib.util.find_spec("analysis")
+    found = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
+    return {"py_modules": [str(here), *(str(p) for p in found[:1])]}
 
 
 def check_storage(storage: str, shared: bool) -> None:
@@ -186,6 +215,18 @@ def steps_per_run(definition: SweepDefinition, prepared) -> int:
     return definition.budget.epochs * math.ceil(examples / definition.budget.batch_size)
 
 
+def one_driver(run: Callable[..., SweepResult]) -> Callable[..., SweepResult]:
+    """``run`` under the sweep's lease (``peftune.lease``): a second driver of a running sweep is refused at once."""
+
+    @functools.wraps(run)
+    def holding_the_lease(definition, data_dir, tracking_uri=None, *, storage_path=DEFAULT_STORAGE_PATH, **options):
+        with lease.held(_storage_uri(storage_path), definition.name):
+            return run(definition, data_dir, tracking_uri, storage_path=storage_path, **options)
+
+    return holding_the_lease
+
+
+@one_driver
 def run_sweep(
     definition: SweepDefinition,
     data_dir: str | Path,
@@ -205,6 +246,8 @@ def run_sweep(
 ) -> SweepResult:
     """Run (or resume) ``definition`` as one Ray Tune experiment logged to MLflow.
 
+    One driver per sweep: the sweep's lease (``peftune.lease``) is held from start to end; while another
+    driver holds it, ``lease.LeaseHeld`` (a user error) is raised before anything starts.
     ``resume``: None (default) resumes when Tune has state for this sweep name under
     ``storage_path`` and starts it otherwise; True requires that state; False refuses it.
     ``shared_storage``: ``storage_path`` is a directory every node of the cluster shares (NFS).
@@ -282,7 +325,8 @@ def run_sweep(
     logged_metrics = [*task_metrics, *record_names.split_metric_names(task_metrics)]
     trial_logger = tracking.TrialLogger(record, settings, logged_metrics, pending, dev_examples(prepared))
     trial_logger.open_buffer()  # first the writes an earlier run left pending: a resume reads the record
-    all_callbacks = [trial_logger, *callbacks]
+    links = search.RunLinks(optuna_url, trial_logger.known_run_id)  # each Optuna trial gets its MLflow run id
+    all_callbacks = [trial_logger, links, *callbacks]
 
     try:
         init_ray(ray_address)

@@ -665,6 +665,11 @@ class TrialLogger(tune.Callback):
         """Wait, at most ``timeout`` s, for every queued write to reach MLflow; False if some are still pending."""
         return self.buffer is None or self.buffer.flush(timeout)
 
+    def known_run_id(self, trial_id: str) -> str | None:
+        """The trial's MLflow run id when this driver knows it already (from memory: no call to the store)."""
+        known = self._runs.get(trial_id)
+        return known or (self.buffer.known_run_id(trial_id) if self.buffer is not None else None)
+
     def _write(self, op: str, **args) -> None:
         self.open_buffer()
         self.buffer.put(op, **args)

@@ -211,6 +211,10 @@ class WriteBuffer:
 
     # -- the operations (each idempotent)
 
+    def known_run_id(self, trial_id: str) -> str | None:
+        """The trial's run id if this buffer has created or found its run already (no call to the store)."""
+        return self._runs.get(trial_id)
+
     def run_id(self, trial_id: str) -> str | None:
         if trial_id not in self._runs:
             runs = self.client.search_runs(
