@@ -259,15 +259,74 @@ def run_sweep(
     the next run of the sweep. ``open_decisions(tracking URI, sweep name)``: the configurations of the
     report's inconclusive decisions, which the confirmation gives more seeds (``peftune.confirm``).
     """
+    _set_environment()
+    tracking_uri = record_names.resolve_tracking_uri(tracking_uri)
+    storage = _storage_uri(storage_path)
+    experiment_path = f"{storage.rstrip('/')}/{definition.name}"
+    exists = _check_resume(definition, resume, tracking_uri, experiment_path)
+    prepared = _prepare(definition, data_dir)  # a bad file or a missing model is refused before Ray starts
+    init_ray(ray_address)
+    check_storage(storage, shared_storage)
+    record = _open_record(definition, prepared, tracking_uri, experiment_path, exists)
+    steps = steps_per_run(definition, prepared)
+    settings = trial_settings(definition, steps, data_dir)
+    optuna_url = optuna_storage or search.default_storage_url(tracking_uri, storage)
+    pending = tracking_buffer.pending_path(storage, definition.name)
+    if not exists:
+        tracking_buffer.set_aside_stale(pending)
+    task_metrics = _task_metric_names(definition.tasks)
+    logged_metrics = [*task_metrics, *record_names.split_metric_names(task_metrics)]
+    trial_logger = tracking.TrialLogger(record, settings, logged_metrics, pending, dev_examples(prepared))
+    trial_logger.open_buffer()  # first the writes an earlier run left pending: a resume reads the record
+    links = search.RunLinks(optuna_url, trial_logger.known_run_id)  # each Optuna trial gets its MLflow run id
+    where = (tracking_uri, experiment_path, reports_dir)
+    try:
+        init_ray(ray_address)
+        shared = worker.SharedData(ray.put(prepared))  # each worker fetches it once, not once per trial
+        trainable = tune.with_parameters(worker.trainable, prepared=shared, settings=settings)
+        runnable = tune.with_resources(trainable, trial_resources(definition.resources))
+        del prepared  # the object store holds it now
+        tuner = _tuner(definition, runnable, storage, exists, optuna_url, tracking.RecordedResults(record),
+                       steps, verbose)  # fmt: skip
+        with installed([trial_logger, links, *callbacks]):
+            grid = tuner.fit()
+        if not trial_logger.flush(tracking_wait_s):
+            return _unrecorded(definition, record, *where, trial_logger, len(grid))
+        searched = confirm.search_run_ids(record)
+        trials = [t for t in tracking.trial_records(record) if t.run_id in searched]
+        complete = len(grid) >= definition.budget.num_samples and len([t for t in trials if t.status]) >= len(grid)
+        confirmation = None
+        if complete:  # the search is over: confirm the best configurations of every method with seeds
+            confirmation = confirm.run_confirmation(
+                definition, record, runnable, trial_logger=trial_logger, storage=storage, callbacks=callbacks,
+                verbose=verbose, flush_s=tracking_wait_s, open_decisions=open_decisions,
+            )  # fmt: skip
+            if not trial_logger.flush(tracking_wait_s):
+                return _unrecorded(definition, record, *where, trial_logger, len(grid))
+            complete = confirmation.status != "interrupted"
+        status = sweep_status(trials) if complete else INTERRUPTED
+        logged = _close(definition, record, grid, status, complete)
+    except BaseException as error:
+        _close_after(error, definition, record, trial_logger, tracking_wait_s, pending)
+        raise
+    confirmed = dataclasses.asdict(confirmation) if confirmation else None
+    result = _result(definition, record, where, status, trials, checkpoints_logged=logged, confirmation=confirmed)
+    if complete and on_finished is not None:
+        on_finished(result)  # the report goes here
+    return result
+
+
+def _set_environment() -> None:
     # num_to_keep=1 makes Tune snapshot its state at each checkpoint, as resuming needs; that is cheap here
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     # MLflow's own retries (7, with backoff: minutes) would hold every write of a tracking outage; the write
     # buffer (peftune.tracking_buffer) retries instead, so a write fails fast into it. A user's setting wins.
     for key, value in MLFLOW_FAIL_FAST.items():
         os.environ.setdefault(key, value)
-    tracking_uri = record_names.resolve_tracking_uri(tracking_uri)
-    storage = _storage_uri(storage_path)
-    experiment_path = f"{storage.rstrip('/')}/{definition.name}"
+
+
+def _check_resume(definition: SweepDefinition, resume: bool | None, tracking_uri: str, experiment_path: str) -> bool:
+    """Whether Tune has state for this sweep (a resume), checked against ``resume`` and the MLflow record."""
     exists = tune.Tuner.can_restore(experiment_path)
     if resume is True and not exists:
         raise UserError(f"nothing to resume: no Ray Tune state for sweep {definition.name!r} at {experiment_path}")
@@ -279,11 +338,14 @@ def run_sweep(
     with record_names.store_errors(tracking_uri):
         if exists and not tracking.has_parent_run(tracking_uri, definition.name):
             raise UserError(tracking.missing_record_error(definition.name, tracking_uri, experiment_path))
+    return exists
 
+
+def _prepare(definition: SweepDefinition, data_dir: str | Path):
+    """The sweep's data, read and tokenized once, and the model's weights: what every trial trains on."""
     budget = definition.budget
-    # the data and the model first: a bad file or a missing model is refused before Ray starts
     log.info("reading and tokenizing %s from %s (model %s)", ",".join(definition.tasks), data_dir, definition.model)
-    prepared = prepare(
+    return prepare(
         data_dir,
         list(definition.tasks),
         model=definition.model,
@@ -294,8 +356,10 @@ def run_sweep(
         invalid_rows=definition.invalid_rows,
         selection_examples=budget.selection_examples,
     )
-    init_ray(ray_address)
-    check_storage(storage, shared_storage)
+
+
+def _open_record(definition: SweepDefinition, prepared, tracking_uri: str, experiment_path: str, exists: bool):
+    """The sweep's parent run (opened or found again), with its data, skipped rows and split sizes."""
     skipped = skipped_rows(prepared)
     if skipped:
         log.warning(
@@ -314,107 +378,60 @@ def run_sweep(
             datasets=tracking.data_inputs(prepared),
         )
     confirm.log_dev_sizes(record, prepared, definition.seed)  # split sizes and the selection seed
-    steps = steps_per_run(definition, prepared)
-    settings = trial_settings(definition, steps, data_dir)
-    optuna_url = optuna_storage or search.default_storage_url(tracking_uri, storage)
-    history = tracking.RecordedResults(record)
-    pending = tracking_buffer.pending_path(storage, definition.name)
-    if not exists:
-        tracking_buffer.set_aside_stale(pending)
-    task_metrics = _task_metric_names(definition.tasks)
-    logged_metrics = [*task_metrics, *record_names.split_metric_names(task_metrics)]
-    trial_logger = tracking.TrialLogger(record, settings, logged_metrics, pending, dev_examples(prepared))
-    trial_logger.open_buffer()  # first the writes an earlier run left pending: a resume reads the record
-    links = search.RunLinks(optuna_url, trial_logger.known_run_id)  # each Optuna trial gets its MLflow run id
-    all_callbacks = [trial_logger, links, *callbacks]
+    return record
 
-    try:
-        init_ray(ray_address)
-        shared = worker.SharedData(ray.put(prepared))  # each worker fetches it once, not once per trial
-        trainable = tune.with_parameters(worker.trainable, prepared=shared, settings=settings)
-        runnable = tune.with_resources(trainable, trial_resources(definition.resources))
-        del prepared  # the object store holds it now
-        if exists:
-            log.info("resuming sweep %s from %s", definition.name, experiment_path)
-            # Tune brings back the pickled searcher (and restores its saved state), the scheduler (which
-            # refills its rungs from the record) and a RunCallbacks (which forwards to this run's callbacks)
-            tuner = tune.Tuner.restore(experiment_path, trainable=runnable, resume_unfinished=True, resume_errored=True)
-        else:
-            tuner = tune.Tuner(
-                runnable,
-                tune_config=tune.TuneConfig(
-                    # metric and mode are set on the searcher and the scheduler themselves (not here)
-                    search_alg=search.make_searcher(definition, optuna_url),
-                    scheduler=search.make_scheduler(definition, history, steps),
-                    num_samples=budget.num_samples,
-                    max_concurrent_trials=definition.resources.max_concurrent_trials,
-                    reuse_actors=True,  # one worker process runs trial after trial: torch is imported once
-                    trial_name_creator=record_names.trial_name,
-                    trial_dirname_creator=record_names.trial_name,
-                ),
-                run_config=tune.RunConfig(
-                    name=definition.name,
-                    storage_path=storage,
-                    callbacks=[RunCallbacks()],
-                    failure_config=tune.FailureConfig(max_failures=definition.max_failures),
-                    checkpoint_config=tune.CheckpointConfig(
-                        num_to_keep=1, checkpoint_score_attribute="score", checkpoint_score_order="max"
-                    ),
-                    verbose=verbose,
-                ),
-            )
-        with installed(all_callbacks):
-            grid = tuner.fit()
-        if not trial_logger.flush(tracking_wait_s):
-            return _unrecorded(definition, record, tracking_uri, experiment_path, reports_dir, trial_logger, len(grid))
-        confirmation = None
-        searched = confirm.search_run_ids(record)
-        trials = [t for t in tracking.trial_records(record) if t.run_id in searched]
-        complete = len(grid) >= budget.num_samples and len([t for t in trials if t.status]) >= len(grid)
-        if complete:  # the search is over: confirm the best configurations of every method with seeds
-            confirmation = confirm.run_confirmation(
-                definition,
-                record,
-                runnable,
-                trial_logger=trial_logger,
-                storage=storage,
-                callbacks=callbacks,
-                verbose=verbose,
-                flush_s=tracking_wait_s,
-                open_decisions=open_decisions,
-            )
-            if not trial_logger.flush(tracking_wait_s):
-                return _unrecorded(
-                    definition, record, tracking_uri, experiment_path, reports_dir, trial_logger, len(grid)
-                )
-            complete = confirmation.status != "interrupted"
-        status = sweep_status(trials) if complete else INTERRUPTED
-        logged = []
-        if complete:
-            tracking.log_method_budgets(record)
-            logged = tracking.log_best_checkpoints(record, _best_checkpoints(grid), definition.checkpoints_per_method)
-        tracking.close_sweep(record, status)
-    except BaseException as error:
-        # a second Ctrl-C (Tune handles only the first) lands here too: the records are closed all the same
-        with _sigint_ignored():
-            trial_logger.close_open_runs()
-            if trial_logger.flush(tracking_wait_s):
-                tracking.close_sweep(record, INTERRUPTED if isinstance(error, KeyboardInterrupt) else FAILED)
-            else:
-                log.error("MLflow unreachable: the record of sweep %s stays open; %s", definition.name, pending)
-        raise
-    result = _result(
-        definition,
-        record,
-        (tracking_uri, experiment_path, reports_dir),
-        status,
-        trials,
-        checkpoints_logged=logged,
-        confirmation=dataclasses.asdict(confirmation) if confirmation else None,
+
+def _tuner(definition, runnable, storage: str, exists: bool, optuna_url: str, history, steps: int, verbose):
+    """A new Tuner for the search, or the saved one restored (its searcher, scheduler and callbacks with it)."""
+    experiment_path = f"{storage.rstrip('/')}/{definition.name}"
+    if exists:
+        log.info("resuming sweep %s from %s", definition.name, experiment_path)
+        # Tune brings back the pickled searcher (and restores its saved state), the scheduler (which
+        # refills its rungs from the record) and a RunCallbacks (which forwards to this run's callbacks)
+        return tune.Tuner.restore(experiment_path, trainable=runnable, resume_unfinished=True, resume_errored=True)
+    return tune.Tuner(
+        runnable,
+        tune_config=tune.TuneConfig(
+            # metric and mode are set on the searcher and the scheduler themselves (not here)
+            search_alg=search.make_searcher(definition, optuna_url),
+            scheduler=search.make_scheduler(definition, history, steps),
+            num_samples=definition.budget.num_samples,
+            max_concurrent_trials=definition.resources.max_concurrent_trials,
+            reuse_actors=True,  # one worker process runs trial after trial: torch is imported once
+            trial_name_creator=record_names.trial_name,
+            trial_dirname_creator=record_names.trial_name,
+        ),
+        run_config=tune.RunConfig(
+            name=definition.name,
+            storage_path=storage,
+            callbacks=[RunCallbacks()],
+            failure_config=tune.FailureConfig(max_failures=definition.max_failures),
+            checkpoint_config=tune.CheckpointConfig(
+                num_to_keep=1, checkpoint_score_attribute="score", checkpoint_score_order="max"
+            ),
+            verbose=verbose,
+        ),
     )
-    if complete and on_finished is not None:
-        on_finished(result)  # the report goes here
-    return result
+
+
+def _close(definition: SweepDefinition, record, grid, status: str, complete: bool) -> list:
+    """Close the sweep's record with ``status``; a complete sweep first logs its budgets and best checkpoints."""
+    logged = []
+    if complete:
+        tracking.log_method_budgets(record)
+        logged = tracking.log_best_checkpoints(record, _best_checkpoints(grid), definition.checkpoints_per_method)
+    tracking.close_sweep(record, status)
+    return logged
+
+
+def _close_after(error: BaseException, definition, record, trial_logger, wait_s: float, pending) -> None:
+    """The records closed all the same after ``error`` (a second Ctrl-C, which Tune does not handle, included)."""
+    with _sigint_ignored():
+        trial_logger.close_open_runs()
+        if trial_logger.flush(wait_s):
+            tracking.close_sweep(record, INTERRUPTED if isinstance(error, KeyboardInterrupt) else FAILED)
+        else:
+            log.error("MLflow unreachable: the record of sweep %s stays open; %s", definition.name, pending)
 
 
 def skipped_rows(prepared) -> list[dict[str, Any]]:
