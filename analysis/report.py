@@ -327,6 +327,18 @@ def write_report(sweep: SweepRuns, directory: str | Path, *, reference: bool = T
     return report
 
 
+def plot_context(report: Report) -> dict:
+    """What every score-versus-parameters plot of the report is told about its sweep."""
+    sweep = report.sweep
+    return {
+        "sweep": sweep.name,
+        "backbone": sweep.backbone,
+        "tasks": sweep.tasks,
+        "status_summary": sweep.status_summary(),
+        "reference": report.reference,
+    }
+
+
 def _write_plots(report: Report, out: Callable[[str], Path]) -> None:
     """The report's PNG plots; ``out(name)``: the path of a new file of the report."""
     sweep, trials = report.sweep, report.trials
@@ -340,13 +352,7 @@ def _write_plots(report: Report, out: Callable[[str], Path]) -> None:
             backbone=sweep.backbone,
         )
     if len(trials):
-        common = {
-            "sweep": sweep.name,
-            "backbone": sweep.backbone,
-            "tasks": sweep.tasks,
-            "status_summary": sweep.status_summary(),
-            "reference": report.reference,
-        }
+        common = plot_context(report)
         for objective in report.objectives:
             task = objective.split("_")[0]
             name = "score_vs_params.png" if objective == "score" else f"score_vs_params_{task}.png"
@@ -850,14 +856,7 @@ def _trials_html(report: Report, embed: _Embedder) -> list[str]:
     sweep, trials = report.sweep, report.trials
     if not len(trials):
         return ["<p>No trial recorded yet.</p>"]
-    common = {
-        "sweep": sweep.name,
-        "backbone": sweep.backbone,
-        "tasks": sweep.tasks,
-        "status_summary": sweep.status_summary(),
-        "reference": report.reference,
-        "task_metrics": sweep.task_metrics,
-    }
+    common = {**plot_context(report), "task_metrics": sweep.task_metrics}
     parts = [
         "<div class='row'><div class='plot' id='score-vs-params'>",  # every search trial, hoverable
         embed(plots.score_vs_params_figure(trials, objective="score", **common)),

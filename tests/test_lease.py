@@ -24,6 +24,7 @@ import pytest
 
 from conftest import sweep_command
 from peftune import cli, lease
+from tiny_sweep import FROZEN_AND_TOP_K
 
 # ----------------------------------------------------------------------------- the rules, on files
 
@@ -134,22 +135,7 @@ def test_held_releases_at_the_end_and_a_refused_start_leaves_no_directory_behind
 
 # ----------------------------------------------------------------------------- real drivers
 
-METHODS = {
-    "frozen": """\
-        method: frozen
-        lr: {low: 1.0e-4, high: 1.0e-2, log: true}
-        dropout: {low: 0.0, high: 0.3}
-        weight_decay: 0.0
-    """,
-    "top_k": """\
-        method: top_k
-        lr: {low: 2.0e-4, high: 1.0e-3, log: true}
-        dropout: 0.1
-        weight_decay: {low: 0.0, high: 0.1}
-        options:
-          k: {choices: [1, 2]}
-    """,
-}
+METHODS = FROZEN_AND_TOP_K
 SWEEP = """\
     name: leased
     tasks: [sst]

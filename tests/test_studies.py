@@ -13,24 +13,9 @@ import pytest
 import ray
 
 from peftune import search, sweep
-from tiny_sweep import write_definition
+from tiny_sweep import FROZEN_AND_TOP_K, write_definition
 
-METHODS = {
-    "frozen": """\
-        method: frozen
-        lr: {low: 1.0e-4, high: 1.0e-2, log: true}
-        dropout: {low: 0.0, high: 0.3}
-        weight_decay: 0.0
-    """,
-    "top_k": """\
-        method: top_k
-        lr: {low: 2.0e-4, high: 1.0e-3, log: true}
-        dropout: 0.1
-        weight_decay: {low: 0.0, high: 0.1}
-        options:
-          k: {choices: [1, 2]}
-    """,
-}
+METHODS = FROZEN_AND_TOP_K
 SWEEP = """\
     name: {name}
     tasks: [sst]
