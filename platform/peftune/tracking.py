@@ -84,7 +84,10 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
+import mlflow
+from mlflow.entities import Metric, Param
 from ray import tune
 
 from peftune.errors import UserError
@@ -199,8 +202,6 @@ def code_version() -> str:
 
 
 def _client(uri: str):
-    import mlflow
-
     return mlflow.MlflowClient(tracking_uri=uri)
 
 
@@ -308,26 +309,12 @@ def open_sweep(
     name = definition.name
     experiment_id = find_experiment_id(client, name)
     parent = find_parent_run(client, experiment_id, name) if experiment_id else None
-    definition_fp = definition.fingerprint()
-    data_fp = fingerprint_hashes(data_hashes, getattr(definition, "invalid_rows", "raise"))
+    fingerprints = {
+        "peftune.definition_fingerprint": definition.fingerprint(),
+        "peftune.data_fingerprint": fingerprint_hashes(data_hashes, getattr(definition, "invalid_rows", "raise")),
+    }
     if parent is not None:
-        if not expect_existing:
-            raise UserError(
-                f"sweep {name!r} is already recorded in {tracking_uri} (parent run "
-                f"{parent.info.run_id}) but Ray has no state for it at {ray_experiment_path}: "
-                f"pick another sweep name (--name) or point --storage-path at its Ray results"
-            )
-        tags = parent.data.tags
-        if tags.get("peftune.definition_fingerprint") != definition_fp:
-            raise UserError(
-                f"sweep {name!r} was started with another definition (methods, tasks, budget, spaces "
-                f"or settings differ): resume it with the same file and budget, or pick another name"
-            )
-        if tags.get("peftune.data_fingerprint") != data_fp:
-            raise UserError(
-                f"the data files differ from those sweep {name!r} started with: resume it on the same "
-                f"data, or pick another name"
-            )
+        _check_resumed(parent, name, fingerprints, expect_existing, tracking_uri, ray_experiment_path)
         client.update_run(parent.info.run_id, status="RUNNING")
         client.set_tag(parent.info.run_id, STATUS, "running")
         show_trials(client, experiment_id)
@@ -340,31 +327,51 @@ def open_sweep(
         experiment_id = client.create_experiment(name, artifact_location=_artifact_location(tracking_uri, name))
     client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
     show_trials(client, experiment_id)
-    run = client.create_run(
-        experiment_id,
-        run_name=name,
-        tags={
-            ROLE: "sweep",
-            SWEEP: name,
-            "peftune.backbone": definition.model,
-            "peftune.code_version": code_version(),
-            STATUS: "running",
-            "peftune.definition_fingerprint": definition_fp,
-            "peftune.data_fingerprint": data_fp,
-            "peftune.ray_experiment_path": ray_experiment_path,
-        },
-    )
-    run_id = run.info.run_id
-    budget = definition.budget
-    params = {
+    tags = {ROLE: "sweep", SWEEP: name, "peftune.backbone": definition.model, "peftune.code_version": code_version(),
+            STATUS: "running", **fingerprints, "peftune.ray_experiment_path": ray_experiment_path}  # fmt: skip
+    run_id = client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
+    params = sweep_params(definition, len(skipped_rows or []))
+    client.log_batch(run_id, params=[Param(k, _param_value(v)) for k, v in params.items()])
+    client.log_text(run_id, definition.to_yaml(), "sweep.yaml")
+    client.log_dict(run_id, dict(sorted(data_hashes.items())), "data_hashes.json")
+    if skipped_rows:
+        client.log_dict(run_id, list(skipped_rows), "skipped_rows.json")
+    log_datasets(client, run_id, datasets)
+    return SweepRecord(tracking_uri, experiment_id, run_id, resumed=False, datasets=tuple(datasets or ()))
+
+
+def _check_resumed(parent, name: str, fingerprints: dict, expect_existing: bool, uri: str, ray_path: str) -> None:
+    """A found parent run may be resumed only with Tune's state, the same definition and the same data."""
+    if not expect_existing:
+        raise UserError(
+            f"sweep {name!r} is already recorded in {uri} (parent run {parent.info.run_id}) but Ray has no "
+            f"state for it at {ray_path}: pick another sweep name (--name) or point --storage-path at its Ray results"
+        )
+    tags = parent.data.tags
+    if tags.get("peftune.definition_fingerprint") != fingerprints["peftune.definition_fingerprint"]:
+        raise UserError(
+            f"sweep {name!r} was started with another definition (methods, tasks, budget, spaces "
+            f"or settings differ): resume it with the same file and budget, or pick another name"
+        )
+    if tags.get("peftune.data_fingerprint") != fingerprints["peftune.data_fingerprint"]:
+        raise UserError(
+            f"the data files differ from those sweep {name!r} started with: resume it on the same "
+            f"data, or pick another name"
+        )
+
+
+def sweep_params(definition, skipped_rows: int) -> dict[str, Any]:
+    """The parent run's params: the sweep's search, budget and data settings."""
+    budget, search = definition.budget, definition.search
+    return {
         "tasks": definition.tasks,
         "methods": definition.methods,
         "num_samples": budget.num_samples,
         "scheduler": definition.scheduler.type,
-        "objective": definition.search.objective,
-        "sampler": definition.search.sampler,
-        "allocation": definition.search.allocation,
-        "asynchronous": definition.search.asynchronous,
+        "objective": search.objective,
+        "sampler": search.sampler,
+        "allocation": search.allocation,
+        "asynchronous": search.asynchronous,
         "seed": definition.seed,
         "model": definition.model,
         "budget": definition.budget_name,
@@ -376,17 +383,8 @@ def open_sweep(
         "selection_examples": budget.selection_examples,
         "decision_margin": definition.confirm.margin,
         "invalid_rows": getattr(definition, "invalid_rows", "raise"),
-        "skipped_rows": len(skipped_rows or []),
+        "skipped_rows": skipped_rows,
     }
-    from mlflow.entities import Param
-
-    client.log_batch(run_id, params=[Param(k, _param_value(v)) for k, v in params.items()])
-    client.log_text(run_id, definition.to_yaml(), "sweep.yaml")
-    client.log_dict(run_id, dict(sorted(data_hashes.items())), "data_hashes.json")
-    if skipped_rows:
-        client.log_dict(run_id, list(skipped_rows), "skipped_rows.json")
-    log_datasets(client, run_id, datasets)
-    return SweepRecord(tracking_uri, experiment_id, run_id, resumed=False, datasets=tuple(datasets or ()))
 
 
 def _artifact_location(uri: str, name: str) -> str | None:
@@ -479,8 +477,6 @@ def log_method_budgets(record: SweepRecord) -> dict[str, dict[str, float]]:
     stopped at a rung within an epoch counts the steps, tokens and seconds of that rung (its ``fidelity_``
     metrics), not only its last full epoch's.
     """
-    from mlflow.entities import Metric
-
     client = _client(record.tracking_uri)
     budgets: dict[str, dict[str, float]] = {}
     for run in child_runs(client, record.experiment_id, record.parent_run_id):
@@ -506,8 +502,6 @@ def log_method_budgets(record: SweepRecord) -> dict[str, dict[str, float]]:
 
 
 def log_sweep_summary(client, record: SweepRecord) -> None:
-    from mlflow.entities import Metric
-
     runs = trial_records(record)
     trials = [run for run in runs if run.phase == "search"]  # confirmation runs re-train, they are not trials
     counts = Counter(trial.status or "unfinished" for trial in trials)
