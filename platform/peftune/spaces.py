@@ -455,8 +455,3 @@ class ConditionalSpace:
             else:
                 param.suggest(trial, f"{method}/{name}")
         return constants
-
-
-def sampled_settings(config: dict) -> tuple[str, dict[str, Any]]:
-    """A trial's config (as Ray gives it) -> (method, {lr, dropout, weight_decay, <options>})."""
-    return config["method"], dict(config.get(config["method"]) or {})

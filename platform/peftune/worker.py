@@ -22,7 +22,7 @@ import ray
 import torch
 from ray import tune
 
-from peftune import methods, record, spaces
+from peftune import methods, record
 from peftune.train import TrainConfig, TrainingDiverged, run_trial, train_command
 
 DIVERGED_FLAG = "diverged"  # set in a diverged trial's final result
@@ -50,7 +50,8 @@ class TrialSettings:
 
     @staticmethod
     def split(config: dict) -> tuple[str, dict[str, Any]]:
-        return spaces.sampled_settings(config)
+        """A trial's config (as Ray gives it) -> (method, {lr, dropout, weight_decay, <options>})."""
+        return config["method"], dict(config.get(config["method"]) or {})
 
     def train_config(self, method: str, sampled: dict[str, Any]) -> TrainConfig:
         options = dict(sampled)
