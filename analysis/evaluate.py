@@ -44,14 +44,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import mlflow
 import pandas as pd
+import yaml
 
 from analysis import confirmed, pareto, plots
 from analysis.report import ARTIFACT_PATH, to_markdown
 from analysis.runs import SweepRuns, read_sweep_record
+from peftune.backbone import load_tokenizer, resolve_model_dir
+from peftune.checkpoint import CheckpointError, load_checkpoint, load_trainable
+from peftune.data import DataError, TaskData, encode_split
 from peftune.errors import UserError
 from peftune.methods.options import options_from_params
 from peftune.record import REPORTS_DIR
+from peftune.tasks import get_task, overall_score
+from peftune.train import TrainConfig, evaluate, prepare, run_trial, select_device
 
 log = logging.getLogger("analysis.evaluate")
 
@@ -131,7 +138,6 @@ def method_params(row: pd.Series) -> dict[str, str]:
 
 def train_config(row: pd.Series, seed: int, train_settings: dict, device: str):
     """The ``TrainConfig`` the trial trained, with another seed: its params, the sweep's fixed settings, the device."""
-    from peftune.train import TrainConfig
 
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     settings = {k: v for k, v in train_settings.items() if k in fields}
@@ -203,8 +209,6 @@ def check_data(prepared, recorded: dict[str, str] | None, test_hashes: dict[str,
 
 def load_test_splits(test_dir, tasks: Sequence[str], tokenizer, max_length: int, invalid_rows: str) -> dict:
     """Task name -> EncodedSplit of ``TaskSpec.test_file`` in ``test_dir`` (all rows, validated like any data file)."""
-    from peftune.data import DataError, encode_split
-    from peftune.tasks import get_task
 
     test_dir = Path(test_dir)
     if not test_dir.is_dir():
@@ -234,7 +238,6 @@ def evaluate_sweep(
     log_artifacts: bool = True,
 ) -> Evaluation:
     """Re-train (or restore) the frontier configurations of sweep ``name`` with ``seeds`` seeds; score dev and test."""
-    import mlflow
 
     if seeds < 1:
         raise UserError(f"--seeds must be >= 1, got {seeds}")
@@ -281,12 +284,6 @@ class _EvaluationData:
 
 def _evaluation_data(sweep: SweepRuns, client, data_dir, test_dir, invalid_rows: str, device: str) -> _EvaluationData:
     """Read the sweep's data with its recorded budget, then the test split (once, after every selection)."""
-    import yaml
-
-    from peftune.backbone import load_tokenizer, resolve_model_dir
-    from peftune.data import TaskData
-    from peftune.tasks import get_task
-    from peftune.train import prepare, select_device
 
     p = sweep.parent_params
     model = str(p.get("model") or sweep.backbone)
@@ -316,8 +313,6 @@ def _evaluation_data(sweep: SweepRuns, client, data_dir, test_dir, invalid_rows:
 def _evaluate_seed(data: _EvaluationData, trial: pd.Series, seed: int, restore: bool) -> list[dict]:
     """The dev and test rows of ``trial`` with ``seed``: its checkpoint restored when asked and accepted, else
     re-trained."""
-    from peftune.tasks import overall_score
-    from peftune.train import evaluate
 
     started = time.perf_counter()
     batch_size = int(trial["batch_size"]) * 2
@@ -367,7 +362,6 @@ def _restore(client, trial: pd.Series, prepared, device):
     A refused checkpoint (another backbone, a method mismatch) is re-trained with the trial's seed instead:
     the evaluation stays complete, and the warning says why.
     """
-    from peftune.checkpoint import CheckpointError, load_checkpoint
 
     with tempfile.TemporaryDirectory(prefix="peftune-ckpt-") as directory, _quiet_downloads():
         local = client.download_artifacts(trial["run_id"], "checkpoint", directory)
@@ -381,8 +375,6 @@ def _restore(client, trial: pd.Series, prepared, device):
 
 def _retrain(config, prepared):
     """Train ``config``; return the model at its best dev epoch (via a temporary checkpoint) and its dev metrics."""
-    from peftune.checkpoint import load_trainable
-    from peftune.train import run_trial
 
     best: dict = {"score": -math.inf}
     with tempfile.TemporaryDirectory(prefix="peftune-eval-") as directory:
