@@ -35,7 +35,11 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
+import optuna
 import pandas as pd
+import plotly.graph_objects as go
+from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
+from optuna.importance import PedAnovaImportanceEvaluator
 
 from analysis import decisions, pareto
 from analysis.plots import TASK_NAMES, method_color, zero_floor
@@ -117,7 +121,6 @@ def _search_params(trials: pd.DataFrame) -> dict[str, dict]:
 
 def _distributions(param_sets: dict[int, dict]) -> dict:
     """Observed ranges -> Optuna distributions; parameters with a single observed value are dropped."""
-    from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 
     values: dict[str, list] = {}
     for params in param_sets.values():
@@ -147,7 +150,6 @@ def importance_study(trials: pd.DataFrame, task_metrics: Sequence[str] = (), *, 
     Single objective: maximize ``score``; task metrics ride along as user attributes. Multi-objective:
     (maximize score, minimize trainable parameters per task).
     """
-    import optuna
 
     pool = pareto.eligible(trials)
     pool = pool[pool["score"].notna() & (pool[pareto.COST].notna() if multi_objective else True)]
@@ -191,9 +193,6 @@ def param_importances(trials: pd.DataFrame, task_metrics: Sequence[str] = ()) ->
 
 
 def _importances(single, trials: pd.DataFrame, task_metrics: Sequence[str]) -> pd.DataFrame:
-    import optuna
-    from optuna.importance import PedAnovaImportanceEvaluator
-
     n = len(single.trials)
     evaluator = PedAnovaImportanceEvaluator(target_quantile=min(0.5, max(0.1, 5 / n)))
     columns: dict[str, dict[str, float]] = {}
@@ -261,8 +260,6 @@ def importance_target_label(target: str) -> str:
 
 
 def importance_figure(importances: pd.DataFrame, *, sweep: str, backbone: str):
-    import plotly.graph_objects as go
-
     fig = go.Figure()
     for target in [c for c in importances.columns if c != "param"]:
         fig.add_trace(go.Bar(x=importances["param"], y=importances[target], name=importance_target_label(target)))
@@ -324,7 +321,6 @@ def _log_axis(label: str, values: pd.Series, zero_at: float | None = None) -> di
 
 def parallel_coordinates_figure(trials: pd.DataFrame, task_metrics: Sequence[str], *, sweep: str, backbone: str):
     """Plotly parallel coordinates of the completed trials, coloured by dev score."""
-    import plotly.graph_objects as go
 
     pool = pareto.eligible(trials)
     pool = pool[pool["score"].notna() & pool[pareto.COST_PCT].notna()]
