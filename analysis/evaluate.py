@@ -53,7 +53,7 @@ from analysis.report import ARTIFACT_PATH, to_markdown
 from analysis.runs import SweepRuns, read_sweep_record
 from peftune.backbone import load_tokenizer, resolve_model_dir
 from peftune.checkpoint import CheckpointError, load_checkpoint, load_trainable
-from peftune.data import DataError, TaskData, encode_split
+from peftune.data import DataError, TaskData, encode_split, read_task_file
 from peftune.errors import UserError
 from peftune.methods.options import options_from_params
 from peftune.record import REPORTS_DIR
@@ -207,9 +207,18 @@ def check_data(prepared, recorded: dict[str, str] | None, test_hashes: dict[str,
             )
 
 
+def check_test_dir(test_dir, tasks: Sequence[str], invalid_rows: str) -> None:
+    """``test_dir`` holds every task's test file, each valid (read and checked; a job does this before its sweep)."""
+    test_dir = Path(test_dir)
+    if not test_dir.is_dir():
+        raise DataError(test_dir, "test directory not found", expected="a directory holding the labelled test files")
+    for task in tasks:
+        spec = get_task(task)
+        read_task_file(test_dir / spec.test_file, spec, invalid_rows=invalid_rows)
+
+
 def load_test_splits(test_dir, tasks: Sequence[str], tokenizer, max_length: int, invalid_rows: str) -> dict:
     """Task name -> EncodedSplit of ``TaskSpec.test_file`` in ``test_dir`` (all rows, validated like any data file)."""
-
     test_dir = Path(test_dir)
     if not test_dir.is_dir():
         raise DataError(test_dir, "test directory not found", expected="a directory holding the labelled test files")

@@ -23,7 +23,7 @@ import torch
 import yaml
 from pydantic import TypeAdapter
 
-from peftune import bench, checkpoint, data, methods, record, services, spaces, sweep, train
+from peftune import bench, checkpoint, methods, record, services, spaces, sweep, train
 from peftune.backbone import DEFAULT_MODEL, BertConfig, BertModel, check_tokenizer_files, read_json, resolve_model_dir
 from peftune.errors import UserError, one_line, user_errors
 from peftune.model import MultitaskModel
@@ -670,12 +670,11 @@ def main_from_args(
 
 def check_test_dir(test_dir, definition: spaces.SweepDefinition, seeds: int) -> None:
     """Each task's test file, read and validated before the sweep starts (its rows are not used until the end)."""
+    from analysis.evaluate import check_test_dir as check_files  # deferred: pandas and plotting load slowly
+
     if seeds < 1:
         raise UserError(f"--test-seeds must be >= 1, got {seeds}")
-    if not Path(test_dir).is_dir():
-        raise UserError(f"--test-dir {test_dir}: not a directory; expected one holding the labelled test files")
-    for task in parse_tasks(list(definition.tasks)):
-        data.read_task_file(Path(test_dir) / task.test_file, task, invalid_rows=definition.invalid_rows)
+    check_files(test_dir, definition.tasks, definition.invalid_rows)
 
 
 def final_evaluation(result: sweep.SweepResult, args, invalid_rows: str, on_finished) -> None:
