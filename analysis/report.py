@@ -522,7 +522,7 @@ def _header_lines(sweep: SweepRuns) -> list[str]:
         f"- trials: {sweep.status_summary()}",
         *_confirmation_line(sweep),
         f"- budget: {budget or 'not recorded'}; scheduler {p.get('scheduler', '?')}; "
-        f"objective {p.get('objective', '?')}; {_search_mode(p)}",
+        f"objective {p.get('objective', '?')}; {_search_mode(p)}; {_budget_unit(p)}",
         *_skipped_rows_line(p),
         f"- MLflow: `{sweep.tracking_uri}`, experiment {sweep.experiment_id}, parent run `{sweep.parent_run_id}`",
         f"- code version: `{sweep.parent_tags.get('peftune.code_version', 'unknown')}`",
@@ -536,6 +536,16 @@ def _search_mode(params: dict) -> str:
     if params.get("asynchronous") is True or str(params.get("asynchronous")) == "True":
         return "asynchronous search (draws and stops depend on timing)"
     return "synchronous search per method (reproducible: the same trials and stops whatever the timing)"
+
+
+def _budget_unit(params: dict) -> str:
+    """What each method's equal share of the search was counted in."""
+    unit = params.get("budget_unit") or "trials"
+    if params.get("allocation", "per_method") != "per_method":
+        return "one joint search (no per-method share)"
+    if unit == "trials":
+        return "equal share per method: trials"
+    return f"equal share per method: {unit} (num_samples full trials' worth each; the fairness table has the spend)"
 
 
 def _skipped_rows_line(params: dict) -> list[str]:
@@ -582,9 +592,10 @@ def answer_notes(report: Report) -> dict[str, str]:
         "expected_max": "Per method, the expected best selection score of its first n search trials (trial 1: "
         "its published default; later ones drawn from its searched trials; Dodge et al. 2019): how much each "
         "further trial of tuning is worth (`expected_max.csv`).",
-        "fairness": "Trials, steps and compute seconds each method received in the search; default: the control "
-        "arm (the method's published default), a seed mean where it was confirmed, else its one search run; tuning "
-        "gain = best tuned seed mean − default, with its interval and decision where both were confirmed; spread: "
+        "fairness": "Trials, steps, tokens (a prompt's vectors included) and compute seconds each method received in "
+        "the search; default: the control arm (the method's published default), a seed mean where it was "
+        "confirmed, else its one search run; tuning gain = best tuned seed mean − default, with its interval and "
+        "decision where both were confirmed; spread: "
         "IQR and std of the completed search trials' selection scores (how sensitive the method is to tuning).",
     }
 

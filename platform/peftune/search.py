@@ -7,7 +7,9 @@
   (SQLite beside the MLflow store by default; ``optuna-dashboard <url>`` opens it). It hands out
   trials round-robin over the methods that still have budget, so every method gets the same
   number of trials (±1) and no method waits for another's trials. The budget ``num_samples``
-  is the number of trials IN ALL, split equally across the methods.
+  is the number of trials IN ALL, split equally across the methods; with ``search.unit: steps`` or
+  ``tokens`` it is that many full trials' worth of optimizer steps or training tokens (``Allocation``):
+  a trial stopped early leaves its method budget for another, a costlier configuration buys fewer.
 - Each study's first trial is the method's published default (the ``default:`` block of its
   space, enqueued with ``study.enqueue_trial``): the control arm, and a point TPE learns from.
 - ``PerMethodScheduler`` (a ``TrialScheduler``) keeps one stock ``ASHAScheduler`` per method and
@@ -31,10 +33,12 @@ sweep (``tracking.result_history``) the first time it sees a trial after it was 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -106,6 +110,100 @@ def budget_split(num_samples: int, methods: list[str]) -> dict[str, int]:
     return {m: base + (i < extra) for i, m in enumerate(methods)}
 
 
+SPENT_RESULT = {"steps": "steps", "tokens": "tokens_seen"}  # the trial result a budget in that unit counts
+
+
+@dataclass
+class Allocation:
+    """Each method's share of the search budget and what its trials spent: who may start a trial next.
+
+    ``unit`` "trials": ``budget[m]`` trials. "steps" or "tokens": ``budget[m]`` full trials' worth of optimizer steps
+    or training tokens (``full_cost`` each: a full run on the reference input, no virtual tokens). A finished trial
+    counts what it trained (one that ASHA stopped early, its part), a running one reserves its method's expected
+    cost (the mean of its finished trials' costs; ``full_cost`` before any), and a method starts a trial while at
+    least half that cost is left: each method's spend ends within about half a trial of its share. A method gets at
+    most ``cap`` trials (as if every one stopped at ``min_fraction``, the first rung).
+    """
+
+    unit: str
+    budget: dict[str, int]  # method -> its trials (budget_split)
+    full_cost: float = 1.0
+    min_fraction: float = 1.0
+    steps_per_run: int = 0  # a full trial's optimizer steps (the rungs that stay depend on them: live_rungs)
+    spent: dict[str, float] = field(default_factory=dict)  # method -> steps or tokens its finished trials trained
+    costs: dict[str, list[float]] = field(default_factory=dict)  # method -> each finished trial's cost (if it trained)
+
+    def cap(self, method: str) -> int:
+        if self.unit == "trials":
+            return self.budget[method]
+        return math.ceil(self.budget[method] / self.min_fraction)
+
+    def expected(self, method: str) -> float:
+        costs = self.costs.get(method)
+        return sum(costs) / len(costs) if costs else self.full_cost
+
+    def record(self, method: str, result: dict) -> None:
+        """A finished trial of ``method`` with its last ``result`` (empty when it failed before reporting)."""
+        if self.unit == "trials":
+            return
+        cost = float(result.get(SPENT_RESULT[self.unit]) or 0.0)
+        self.spent[method] = self.spent.get(method, 0.0) + cost
+        if cost > 0:
+            self.costs.setdefault(method, []).append(cost)
+
+    def may_start(self, method: str, handed: int, running: int) -> bool:
+        if handed >= self.cap(method):
+            return False
+        if self.unit == "trials":
+            return True
+        left = self.budget[method] * self.full_cost - self.spent.get(method, 0.0) - running * self.expected(method)
+        return left >= self.expected(method) / 2
+
+    def exhausted(self, method: str, handed: int, running: int) -> bool:
+        """No trial of ``method`` will start again (one running may still free its reservation otherwise)."""
+        if self.unit == "trials":
+            return handed >= self.cap(method)
+        return running == 0 and not self.may_start(method, handed, 0)
+
+    def trials_bound(self) -> int:
+        """The most trials the search can run: Tune's ``num_samples``."""
+        return sum(self.cap(m) for m in self.budget)
+
+    def state(self) -> dict:
+        return {"spent": dict(self.spent), "costs": {m: list(c) for m, c in self.costs.items()}}
+
+
+def allocation(definition: spaces.SweepDefinition, steps_per_run: int = 0, tokens_per_run: int = 0) -> Allocation:
+    """The per-method budget of ``definition``: ``steps_per_run`` and ``tokens_per_run`` are a full trial's, on
+    the reference input (``sweep.steps_per_run``, ``sweep.tokens_per_run``)."""
+    unit = definition.search.unit
+    full_cost = {"trials": 1.0, "steps": float(steps_per_run), "tokens": float(tokens_per_run)}[unit]
+    if full_cost <= 0:
+        raise UserError(f"search.unit {unit}: a full trial's {unit} are unknown (no training rows?)")
+    budget = budget_split(definition.budget.num_samples, definition.methods)
+    return Allocation(unit, budget, full_cost, min_fraction(definition, steps_per_run), steps_per_run)
+
+
+def min_fraction(definition: spaces.SweepDefinition, steps_per_run: int | None = None) -> float:
+    """The smallest part of a full run at which the scheduler can stop a trial (1: it never stops one)."""
+    scheduler = definition.scheduler
+    if scheduler.type == "none" or definition.multi_objective:
+        return 1.0
+    if scheduler.fidelity == "data":
+        return min(live_rungs(definition, steps_per_run), default=1.0)
+    return min(1.0, scheduler.grace_period / definition.budget.epochs)
+
+
+def search_finished(allocation: Allocation, results: list[tuple[str, dict]]) -> bool:
+    """Whether a per-method search whose trials ended with ``results`` ((method, last result) each) is over."""
+    allocation = dataclasses.replace(allocation, spent={}, costs={})  # counted from ``results`` alone
+    handed: dict[str, int] = {}
+    for method, result in results:
+        handed[method] = handed.get(method, 0) + 1
+        allocation.record(method, result)
+    return all(allocation.exhausted(m, handed.get(m, 0), 0) for m in allocation.budget)
+
+
 # ----------------------------------------------------------------------------- the searcher
 
 
@@ -134,6 +232,7 @@ class PerMethodSearcher(Searcher):
         seed: int = 0,
         n_startup_trials: int = 10,
         asynchronous: bool = False,
+        allocation: Allocation | None = None,
     ):
         super().__init__(metric=METRIC, mode=MODE)
         self.asynchronous = asynchronous
@@ -141,6 +240,7 @@ class PerMethodSearcher(Searcher):
         self.sweep, self.storage_url, self.seed = sweep, storage_url, seed
         self.n_startup_trials = n_startup_trials
         self.budget = budget_split(num_samples, list(self.spaces))
+        self.allocation = allocation or Allocation("trials", self.budget)
         self.handed = {m: 0 for m in self.spaces}  # trials handed out per method
         self.live: dict[str, list] = {}  # Ray trial id -> [method, Optuna trial number]
         self._studies: dict[str, Any] = {}
@@ -186,12 +286,22 @@ class PerMethodSearcher(Searcher):
         """The method with the fewest trials handed out among those with budget left (listed order breaks ties),
         and, unless ``asynchronous``, none of its trials running; None when every open method is running."""
         asynchronous = getattr(self, "asynchronous", True)  # a searcher pickled before the option was async
-        running = set() if asynchronous else {method for method, _ in self.live.values()}
-        ready = [m for m in self.spaces if self.handed[m] < self.budget[m] and m not in running]
+        running = self.running()
+        ready = [m for m in self.spaces if self.budgets().may_start(m, self.handed[m], running[m])]
+        ready = [m for m in ready if asynchronous or not running[m]]
         return min(ready, key=lambda m: self.handed[m]) if ready else None
 
+    def budgets(self) -> Allocation:
+        if getattr(self, "allocation", None) is None:  # a searcher pickled before budgets had units: in trials
+            self.allocation = Allocation("trials", self.budget)
+        return self.allocation
+
+    def running(self) -> dict[str, int]:
+        return {m: sum(method == m for method, _ in self.live.values()) for m in self.spaces}
+
     def finished(self) -> bool:
-        return all(self.handed[m] >= self.budget[m] for m in self.spaces)
+        running = self.running()
+        return all(self.budgets().exhausted(m, self.handed[m], running[m]) for m in self.spaces)
 
     def suggest(self, trial_id: str) -> dict | str | None:
         if self.finished():
@@ -242,6 +352,7 @@ class PerMethodSearcher(Searcher):
         if entry is None:
             return
         method, number = entry
+        self.budgets().record(method, result or {})
         score = (result or {}).get(METRIC)
         if error or score is None or not math.isfinite(score):
             self.study(method).tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
@@ -249,12 +360,16 @@ class PerMethodSearcher(Searcher):
             self.study(method).tell(number, float(score), skip_if_finished=True)
 
     def get_state(self) -> dict:
-        return {"handed": dict(self.handed), "live": dict(self.live), "budget": dict(self.budget)}
+        state = {"handed": dict(self.handed), "live": dict(self.live), "budget": dict(self.budget)}
+        return {**state, "allocation": self.budgets().state()}
 
     def set_state(self, state: dict) -> None:
         self.handed.update(state["handed"])
         self.live = {k: list(v) for k, v in state["live"].items()}
         self.budget.update(state["budget"])
+        spent = state.get("allocation", {})
+        self.budgets().spent.update(spent.get("spent", {}))
+        self.budgets().costs.update(spent.get("costs", {}))
 
     def save(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "w") as file:
@@ -463,9 +578,12 @@ def per_method(definition: spaces.SweepDefinition) -> bool:
     return definition.search.allocation == "per_method" and not definition.multi_objective
 
 
-def make_searcher(definition: spaces.SweepDefinition, storage_url: str | None = None):
+def make_searcher(
+    definition: spaces.SweepDefinition, storage_url: str | None = None, budgets: Allocation | None = None
+):
     """``storage_url``: the Optuna storage of the sweep's studies (needed with ``allocation: per_method``; without
-    it the joint or multi-objective study stays in memory, which only a test that never resumes should want)."""
+    it the joint or multi-objective study stays in memory, which only a test that never resumes should want);
+    ``budgets``: the per-method budget (:func:`allocation`; default: ``num_samples`` trials split equally)."""
     if per_method(definition):
         if storage_url is None:
             raise UserError("a per-method search needs an Optuna storage URL")
@@ -477,6 +595,7 @@ def make_searcher(definition: spaces.SweepDefinition, storage_url: str | None = 
             seed=definition.seed,
             n_startup_trials=definition.search.n_startup_trials,
             asynchronous=definition.search.asynchronous,
+            allocation=budgets,
         )
 
     # TPE's `group` (conditional spaces) is flagged experimental; it is what a per-method space needs

@@ -246,6 +246,9 @@ class SearchSettings(Section):
     n_startup_trials: count(1) = 10  # random trials before TPE models the space
     allocation: one_of(("per_method", "joint")) = "per_method"  # a TPE study per method (equal trials), or one
     asynchronous: StrictBool = False  # false: a method's trial waits for its earlier ones (reproducible)
+    # per_method's equal share: num_samples trials, or num_samples full trials' worth of optimizer steps or of
+    # training tokens (a trial stopped early leaves its method budget for more; a long prompt buys fewer trials)
+    unit: one_of(("trials", "steps", "tokens")) = "trials"
 
 
 @section()
@@ -308,6 +311,9 @@ class _Settings(Section):
             fail("nsga2 is for objective: multi; use tpe", "search", "sampler")
         if self.scheduler.type == "asha" and self.search.objective == "multi":
             fail("ASHA takes one metric: a multi-objective search needs type: none", "scheduler", "type")
+        per_method = self.search.allocation == "per_method" and self.search.objective == "single"
+        if self.search.unit != "trials" and not per_method:
+            fail("a budget in steps or tokens needs allocation: per_method and objective: single", "search", "unit")
 
 
 @section(kw_only=True)

@@ -215,6 +215,18 @@ def steps_per_run(definition: SweepDefinition, prepared) -> int:
     return definition.budget.epochs * math.ceil(examples / definition.budget.batch_size)
 
 
+def tokens_per_run(definition: SweepDefinition, prepared) -> int:
+    """A full trial's training tokens on ``prepared`` (every task's training rows once per epoch, no padding)."""
+    return definition.budget.epochs * sum(int(task.train.input_ids.numel()) for task in prepared.tasks.values())
+
+
+def search_over(definition: SweepDefinition, grid, budgets: search.Allocation) -> bool:
+    """Whether the search has run its whole budget (``grid``: Tune's results of the search trials)."""
+    if budgets.unit == "trials":
+        return len(grid) >= definition.budget.num_samples
+    return search.search_finished(budgets, [(result.config.get("method"), result.metrics or {}) for result in grid])
+
+
 def one_driver(run: Callable[..., SweepResult]) -> Callable[..., SweepResult]:
     """``run`` under the sweep's lease (``peftune.lease``): a second driver of a running sweep is refused at once."""
 
@@ -269,6 +281,7 @@ def run_sweep(
     check_storage(storage, shared_storage)
     record = _open_record(definition, prepared, tracking_uri, experiment_path, exists)
     steps = steps_per_run(definition, prepared)
+    budgets = search.allocation(definition, steps, tokens_per_run(definition, prepared))
     settings = trial_settings(definition, steps, data_dir)
     optuna_url = optuna_storage or search.default_storage_url(tracking_uri, storage)
     pending = tracking_buffer.pending_path(storage, definition.name)
@@ -287,14 +300,14 @@ def run_sweep(
         runnable = tune.with_resources(trainable, trial_resources(definition.resources))
         del prepared  # the object store holds it now
         tuner = _tuner(definition, runnable, storage, exists, optuna_url, tracking.RecordedResults(record),
-                       steps, verbose)  # fmt: skip
+                       budgets, verbose)  # fmt: skip
         with installed([trial_logger, links, *callbacks]):
             grid = tuner.fit()
         if not trial_logger.flush(tracking_wait_s):
             return _unrecorded(definition, record, *where, trial_logger, len(grid))
         searched = confirm.search_run_ids(record)
         trials = [t for t in tracking.trial_records(record) if t.run_id in searched]
-        complete = len(grid) >= definition.budget.num_samples and len([t for t in trials if t.status]) >= len(grid)
+        complete = search_over(definition, grid, budgets) and len([t for t in trials if t.status]) >= len(grid)
         confirmation = None
         if complete:  # the search is over: confirm the best configurations of every method with seeds
             confirmation = confirm.run_confirmation(
@@ -381,7 +394,7 @@ def _open_record(definition: SweepDefinition, prepared, tracking_uri: str, exper
     return record
 
 
-def _tuner(definition, runnable, storage: str, exists: bool, optuna_url: str, history, steps: int, verbose):
+def _tuner(definition, runnable, storage: str, exists: bool, optuna_url: str, history, budgets, verbose):
     """A new Tuner for the search, or the saved one restored (its searcher, scheduler and callbacks with it)."""
     experiment_path = f"{storage.rstrip('/')}/{definition.name}"
     if exists:
@@ -393,9 +406,9 @@ def _tuner(definition, runnable, storage: str, exists: bool, optuna_url: str, hi
         runnable,
         tune_config=tune.TuneConfig(
             # metric and mode are set on the searcher and the scheduler themselves (not here)
-            search_alg=search.make_searcher(definition, optuna_url),
-            scheduler=search.make_scheduler(definition, history, steps),
-            num_samples=definition.budget.num_samples,
+            search_alg=search.make_searcher(definition, optuna_url, budgets),
+            scheduler=search.make_scheduler(definition, history, budgets.steps_per_run),
+            num_samples=budgets.trials_bound() if search.per_method(definition) else definition.budget.num_samples,
             max_concurrent_trials=definition.resources.max_concurrent_trials,
             reuse_actors=True,  # one worker process runs trial after trial: torch is imported once
             trial_name_creator=record_names.trial_name,

@@ -371,6 +371,7 @@ def sweep_params(definition, skipped_rows: int) -> dict[str, Any]:
         "objective": search.objective,
         "sampler": search.sampler,
         "allocation": search.allocation,
+        "budget_unit": search.unit,
         "asynchronous": search.asynchronous,
         "seed": definition.seed,
         "model": definition.model,

@@ -523,6 +523,9 @@ class _Trial:
             torch.cuda.reset_peak_memory_stats(self.device)
         backbone = prepared.backbone.build(self.device)
         self.model = build_model(config, backbone, prepared.backbone.pooling).to(self.device)
+        # a prompt's vectors go through every layer with each example: they count as tokens trained on
+        prompt = backbone.embeddings.input_prompt
+        self.virtual_tokens = prompt.length if prompt is not None else 0
         self.counts = count_parameters(self.model)
         self.optimizer = build_optimizer(self.model, config)
         self.tasks = {t: prepared.tasks[t] for t in config.tasks}
@@ -562,11 +565,11 @@ class _Trial:
             self.startup_s = time.perf_counter() - self.started
         started = time.perf_counter()
         # the loss stays on the device: summed there, looked at every `guard.every` steps (one host sync per
-        # look, not per step); tokens are counted on the host from the CPU-side masks
+        # look, not per step); tokens (the input's and a prompt's) are counted on the host from the CPU-side masks
         loss_sum = torch.zeros((), device=device)
         window, window_start, tokens = torch.zeros((), device=device), 0, 0
         for step, batch in enumerate(plan):
-            batch_tokens = int(batch.attention_mask.sum())
+            batch_tokens = int(batch.attention_mask.sum()) + self.virtual_tokens * int(batch.input_ids.shape[0])
             tokens += batch_tokens
             window = window + self.step(batch)
             self.progress["examples_seen"] += int(batch.input_ids.shape[0])
