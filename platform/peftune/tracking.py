@@ -133,6 +133,7 @@ EPOCH_METRICS = (
     *("steps", "examples_seen", "tokens_seen", "progress"),  # the fidelity: steps, examples, tokens, fraction
     # where a trial's time goes besides training, and what packing trials onto a GPU must leave room for
     *("startup_s", "eval_time_s", "checkpoint_time_s", "peak_gpu_memory_mb"),
+    *("granted_cpu", "granted_gpu"),  # what Ray gave the trial: the sweep's resources, as scheduled
 )
 # a report within an epoch (a data-fidelity rung), logged at step = examples seen: fidelity_score, ...
 PARTIAL_METRICS = ("score", "steps", "tokens_seen", "progress", "train_time_s")

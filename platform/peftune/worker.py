@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import dataclasses
+import logging
 import math
 import tempfile
 from collections.abc import Callable
@@ -23,8 +24,9 @@ import torch
 from ray import tune
 
 from peftune import methods, record
-from peftune.train import TrainConfig, TrainingDiverged, run_trial, train_command
+from peftune.train import TrainConfig, TrainingDiverged, run_trial, select_device, train_command
 
+log = logging.getLogger("peftune.worker")
 DIVERGED_FLAG = "diverged"  # set in a diverged trial's final result
 
 
@@ -127,12 +129,14 @@ def trainable(config: dict, prepared, settings: TrialSettings) -> None:
     """
     prepared = worker_prepared(prepared)
     settings = settings.for_trial(config)
-    cpus = ray.get_runtime_context().get_assigned_resources().get("CPU", 1)
-    torch.set_num_threads(settings.threads or max(1, int(cpus)))
+    granted = granted_resources()
+    torch.set_num_threads(settings.threads or max(1, int(granted["granted_cpu"])))
     method, sampled = settings.split(config)
     train_config = settings.train_config(method, sampled)
+    check_granted_gpu(granted, train_config.device)
 
     def report(metrics: dict, save: Callable[[Path], None] | None) -> None:
+        metrics = {**metrics, **granted}
         if save is None:  # a data-fidelity rung within an epoch: a result for the scheduler, no checkpoint
             tune.report(metrics)
             return
@@ -155,6 +159,25 @@ def trainable(config: dict, prepared, settings: TrialSettings) -> None:
         tune.report(diverged_result(str(error)))
     finally:
         release_freed_memory()
+
+
+def granted_resources() -> dict[str, float]:
+    """The CPUs and GPU fraction Ray granted this trial (what the sweep's ``resources`` asked for, if it fit)."""
+    assigned = ray.get_runtime_context().get_assigned_resources()
+    return {"granted_cpu": float(assigned.get("CPU", 1)), "granted_gpu": float(assigned.get("GPU", 0))}
+
+
+def check_granted_gpu(granted: dict[str, float], device: str) -> None:
+    """A trial Ray gave a GPU on a node without CUDA (a GPU declared with ``ray start --num-gpus``, a driver
+    missing): with ``device: auto`` it trains on the CPU and says so in one line; a ``cuda`` device refuses."""
+    if not granted["granted_gpu"] or torch.cuda.is_available():
+        return
+    line = (f"Ray granted this trial {granted['granted_gpu']:g} GPU (ids {ray.get_gpu_ids()}) but CUDA is not "
+            f"available on node {ray.util.get_node_ip_address()}")  # fmt: skip
+    if device == "auto":
+        log.warning("%s: it trains on the CPU", line)
+        return
+    select_device(device)  # "cuda": the one-line UserError naming the device
 
 
 def release_freed_memory() -> None:
