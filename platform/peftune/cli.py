@@ -535,6 +535,13 @@ EXIT_CODES_HELP = (
 
 def add_arguments(parser, definition_default: str | None = None) -> None:
     """The sweep flags shared by ``jobs/*.py`` and ``peftune sweep``."""
+    _add_what_runs(parser, definition_default)
+    _add_where_kept(parser)
+    _add_after_the_sweep(parser)
+
+
+def _add_what_runs(parser, definition_default: str | None) -> None:
+    """The definition, its budget and the overrides of what the sweep runs."""
     if definition_default is None:
         parser.add_argument(
             "definition",
@@ -564,6 +571,16 @@ def add_arguments(parser, definition_default: str | None = None) -> None:
         help="search (max score, min trainable parameters) with Optuna directly, no scheduler",
     )
     parser.add_argument(
+        "--invalid-rows",
+        choices=["raise", "skip"],
+        help="a malformed data row stops the sweep (raise) or is dropped and recorded in the parent run (skip); "
+        "default: the definition's invalid_rows",
+    )
+
+
+def _add_where_kept(parser) -> None:
+    """Where the record, Tune's state, the studies and the reports go, and resuming."""
+    parser.add_argument(
         "--tracking-uri",
         help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory)",
     )
@@ -583,19 +600,6 @@ def add_arguments(parser, definition_default: str | None = None) -> None:
         default=record.REPORTS_DIR,
         help=f"reports go to <dir>/<sweep>/ (default ./{record.REPORTS_DIR})",
     )
-    group = parser.add_mutually_exclusive_group()
-    group.add_argument(
-        "--resume",
-        action="store_true",
-        help="resume the sweep of this name (an error if there is none); running a sweep again resumes it anyway",
-    )
-    group.add_argument("--fresh", action="store_true", help="refuse to resume: an error if the sweep exists")
-    parser.add_argument(
-        "--invalid-rows",
-        choices=["raise", "skip"],
-        help="a malformed data row stops the sweep (raise) or is dropped and recorded in the parent run (skip); "
-        "default: the definition's invalid_rows",
-    )
     parser.add_argument(
         "--ray-address", help="Ray cluster to join (default: $RAY_ADDRESS, as `ray job submit` sets; else a local Ray)"
     )
@@ -605,6 +609,17 @@ def add_arguments(parser, definition_default: str | None = None) -> None:
         help="--storage-path is a directory every node of the cluster mounts (NFS); needed for a local "
         "path on a multi-node cluster",
     )
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument(
+        "--resume",
+        action="store_true",
+        help="resume the sweep of this name (an error if there is none); running a sweep again resumes it anyway",
+    )
+    group.add_argument("--fresh", action="store_true", help="refuse to resume: an error if the sweep exists")
+
+
+def _add_after_the_sweep(parser) -> None:
+    """The final evaluation on held-out test files, and the exit status of a sweep with failures."""
     parser.add_argument(
         "--test-dir",
         help="labelled held-out test files (dev's format: ids-sst-test.csv, quora-test.csv, sts-test.csv); checked "

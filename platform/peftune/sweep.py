@@ -284,20 +284,12 @@ def run_sweep(
     budgets = search.allocation(definition, steps, tokens_per_run(definition, prepared))
     settings = trial_settings(definition, steps, data_dir)
     optuna_url = optuna_storage or search.default_storage_url(tracking_uri, storage)
-    pending = tracking_buffer.pending_path(storage, definition.name)
-    if not exists:
-        tracking_buffer.set_aside_stale(pending)
-    task_metrics = _task_metric_names(definition.tasks)
-    logged_metrics = [*task_metrics, *record_names.split_metric_names(task_metrics)]
-    trial_logger = tracking.TrialLogger(record, settings, logged_metrics, pending, dev_examples(prepared))
-    trial_logger.open_buffer()  # first the writes an earlier run left pending: a resume reads the record
+    trial_logger = _trial_logger(definition, record, settings, prepared, storage, exists)
     links = search.RunLinks(optuna_url, trial_logger.known_run_id)  # each Optuna trial gets its MLflow run id
     where = (tracking_uri, experiment_path, reports_dir)
     try:
         init_ray(ray_address)
-        shared = worker.SharedData(ray.put(prepared))  # each worker fetches it once, not once per trial
-        trainable = tune.with_parameters(worker.trainable, prepared=shared, settings=settings)
-        runnable = tune.with_resources(trainable, trial_resources(definition.resources))
+        runnable = _runnable(definition, prepared, settings)
         del prepared  # the object store holds it now
         tuner = _tuner(definition, runnable, storage, exists, optuna_url, tracking.RecordedResults(record),
                        budgets, verbose)  # fmt: skip
@@ -320,13 +312,32 @@ def run_sweep(
         status = sweep_status(trials) if complete else INTERRUPTED
         logged = _close(definition, record, grid, status, complete)
     except BaseException as error:
-        _close_after(error, definition, record, trial_logger, tracking_wait_s, pending)
+        _close_after(error, definition, record, trial_logger, tracking_wait_s, trial_logger.pending_path)
         raise
     confirmed = dataclasses.asdict(confirmation) if confirmation else None
     result = _result(definition, record, where, status, trials, checkpoints_logged=logged, confirmation=confirmed)
     if complete and on_finished is not None:
         on_finished(result)  # the report goes here
     return result
+
+
+def _trial_logger(definition, record, settings, prepared, storage: str, exists: bool) -> tracking.TrialLogger:
+    """The callback that records every trial, with the writes an earlier run of the sweep left pending."""
+    pending = tracking_buffer.pending_path(storage, definition.name)
+    if not exists:
+        tracking_buffer.set_aside_stale(pending)
+    task_metrics = _task_metric_names(definition.tasks)
+    logged_metrics = [*task_metrics, *record_names.split_metric_names(task_metrics)]
+    trial_logger = tracking.TrialLogger(record, settings, logged_metrics, pending, dev_examples(prepared))
+    trial_logger.open_buffer()  # first the writes an earlier run left pending: a resume reads the record
+    return trial_logger
+
+
+def _runnable(definition: SweepDefinition, prepared, settings: worker.TrialSettings):
+    """Tune's trainable: the data put once in the object store (each worker fetches it once, not per trial)."""
+    shared = worker.SharedData(ray.put(prepared))
+    trainable = tune.with_parameters(worker.trainable, prepared=shared, settings=settings)
+    return tune.with_resources(trainable, trial_resources(definition.resources))
 
 
 def _set_environment() -> None:
