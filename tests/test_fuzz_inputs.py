@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from peftune import data, spaces
+from peftune import data, spaces, train
 from peftune.data import DataError
 from peftune.spaces import SpaceError
 from peftune.tasks import get_task
@@ -189,7 +189,7 @@ def test_fuzz_yaml_loaders_raise_only_space_errors(tmp_path_factory, sweep_chang
         FUZZ_COUNTS["yaml: clean errors"] += 1
     else:  # what is accepted is finite and in range
         definition.fingerprint()
-        assert 0 <= definition.seed <= spaces.MAX_SEED and definition.resources.cpus_per_trial > 0
+        assert 0 <= definition.seed <= train.MAX_SEED and definition.resources.cpus_per_trial > 0
         FUZZ_COUNTS["yaml: accepted (valid)"] += 1
 
 

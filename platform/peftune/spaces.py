@@ -25,7 +25,7 @@ from peftune.backbone import DEFAULT_MODEL, BertConfig
 from peftune.data import INVALID_ROW_POLICIES
 from peftune.errors import PeftuneError
 from peftune.tasks import task_names
-from peftune.train import MAX_SEED, TrainConfig
+from peftune.train import RATES, SEED, TrainConfig
 from peftune.validation import EMPTY, Bound, Section, SpaceError, at, count, fail, named, one_of, rule, section, show
 
 # package data, installed as files (a directory); in a source tree, a link to the top-level search_spaces/
@@ -40,8 +40,7 @@ _Name = Annotated[StrictStr, rule(lambda v: re.fullmatch(NAME_PATTERN, v), "expe
 _Preset = Annotated[str, rule(lambda v: isinstance(v, str), "expected a preset name (text), got {}", before=True)]
 _SEEDS = Bound(0, 1_000, "a sane bound on the seeds per configuration")
 # what every method searches, in what interval (upper bounds: beyond them a trial only diverges or forgets)
-_COMMON = {"lr": Bound(0.0, 10.0, low_open=True), "dropout": Bound(0.0, 1.0, high_open=True),
-           "weight_decay": Bound(0.0, 10.0)}  # fmt: skip
+_COMMON = {key: RATES[key] for key in ("lr", "dropout", "weight_decay")}  # TrainConfig's own intervals
 
 
 @section()
@@ -297,7 +296,7 @@ class _Settings(Section):
     name: _Name
     description: StrictStr = ""
     model: Annotated[StrictStr, Field(min_length=1)] = DEFAULT_MODEL  # a model name or directory
-    seed: Bound(0, MAX_SEED, "numpy's and torch's range").annotated() = 0
+    seed: SEED.annotated() = 0
     search: Annotated[SearchSettings, EMPTY] = dataclasses.field(default_factory=SearchSettings)
     scheduler: Annotated[SchedulerSettings, EMPTY] = dataclasses.field(default_factory=SchedulerSettings)
     resources: Annotated[Resources, EMPTY] = dataclasses.field(default_factory=Resources)

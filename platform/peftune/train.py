@@ -36,13 +36,24 @@ from peftune.backbone import (
 )
 from peftune.data import TaskData, bucketed_batches, load_tasks, multitask_schedule, restore_order
 from peftune.errors import UserError
+from peftune.methods.base import DROPOUT
 from peftune.model import POOLINGS, MultitaskModel
 from peftune.params import count_parameters
 from peftune.tasks import get_task, overall_score, parse_tasks
+from peftune.validation import Bound, checked
 
 log = logging.getLogger("peftune.train")
 
 SAMPLING = ("round_robin", "proportional", "temperature")
+MAX_SEED = 2**32 - 1  # numpy's seed range; torch takes it too
+# TrainConfig's intervals, written once: the search spaces check their lr, dropout and weight decay with these
+LR = Bound(0.0, 10.0, "beyond it a trial only diverges", low_open=True)
+WEIGHT_DECAY = Bound(0.0, 10.0, "beyond it a trial only forgets")
+RATES = {"lr": LR, "head_lr": LR, "dropout": DROPOUT, "weight_decay": WEIGHT_DECAY,
+         "warmup_ratio": Bound(0.0, 1.0, high_open=True), "max_grad_norm": Bound(0.0, low_open=True),
+         "temperature": Bound(0.0, low_open=True)}  # fmt: skip
+SEED = Bound(0, MAX_SEED, "numpy's and torch's range")
+COUNTS = {"epochs": Bound(1), "batch_size": Bound(1), "seed": SEED, "log_every": Bound(0, why="0: no progress lines")}
 PRECISIONS = ("auto", "bf16", "fp32")
 
 
@@ -93,21 +104,12 @@ class TrainConfig:
         self.tasks = [t.name for t in parse_tasks(self.tasks)]
         self._check_types()
         methods.make_method_config(self.method, self.method_options_with_dropout())  # validates
-        positive = {
-            "lr": self.lr,
-            "epochs": self.epochs,
-            "batch_size": self.batch_size,
-            "temperature": self.temperature,
-        }
-        for key, value in positive.items():
-            if not value > 0:
-                raise UserError(f"TrainConfig.{key} must be > 0, got {value!r}")
         self._check_head_lr()
-        for key in ("dropout", "warmup_ratio"):
-            if not 0.0 <= getattr(self, key) < 1.0:
-                raise UserError(f"TrainConfig.{key} must be in [0, 1), got {getattr(self, key)!r}")
-        if self.weight_decay < 0 or self.max_grad_norm <= 0:
-            raise UserError("TrainConfig.weight_decay must be >= 0 and max_grad_norm > 0")
+        for key, bound in RATES.items():
+            if getattr(self, key) is not None:  # head_lr None: the method's lr
+                checked("TrainConfig", key, bound, getattr(self, key))
+        for key, bound in COUNTS.items():
+            checked("TrainConfig", key, bound, getattr(self, key), integer=True)
         if self.sampling not in SAMPLING:
             raise UserError(f"TrainConfig.sampling {self.sampling!r}, expected one of {SAMPLING}")
         if not all(0.0 < f < 1.0 for f in self.report_fractions):
@@ -120,12 +122,6 @@ class TrainConfig:
             raise UserError(f"TrainConfig.eval_splits: {self.eval_splits!r}, expected selection and/or dev")
         if self.predictions_of not in (None, *self.eval_splits):
             raise UserError(f"TrainConfig.predictions_of {self.predictions_of!r}: not one of the eval_splits")
-        if self.log_every < 0:
-            raise UserError(f"TrainConfig.log_every must be >= 0 (0: no progress lines), got {self.log_every!r}")
-        if not 0 <= self.seed <= MAX_SEED:
-            raise UserError(
-                f"TrainConfig.seed must be in [0, {MAX_SEED}] (what numpy and torch accept), got {self.seed}"
-            )
         try:
             check_device_name(self.device)
         except ValueError as error:
@@ -155,8 +151,8 @@ class TrainConfig:
         value = self.head_lr
         if value is None:
             return
-        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-            raise UserError(f"TrainConfig.head_lr must be a finite number > 0 (or None: lr), got {str(value)[:80]!r}")
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+            raise UserError(f"TrainConfig.head_lr must be a finite number (or None: lr), got {str(value)[:80]!r}")
 
     @property
     def heads_lr(self) -> float:
@@ -296,9 +292,6 @@ def _selection_flag(selection_examples) -> str | None:
 
 
 # ----------------------------------------------------------------------------- device
-
-
-MAX_SEED = 2**32 - 1  # numpy's seed range; torch takes it too
 
 
 def check_device_name(name) -> None:

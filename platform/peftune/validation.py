@@ -243,6 +243,14 @@ class Bound:
         return Annotated[StrictInt if integer else Float, check, WithJsonSchema(schema)]
 
 
+def checked(owner: str, key: str, bound: Bound, value, integer: bool = False):
+    """``bound.check`` outside a model of a file (``TrainConfig``, a method config): a UserError ``owner.key: ...``."""
+    try:
+        return bound.check(value, integer)
+    except PydanticCustomError as error:
+        raise UserError(f"{owner}.{key}: {error.message()}") from None
+
+
 def count(low: int, high: int | None = None, why: str = ""):
     """An integer >= ``low`` (and <= ``high``, for the reason ``why``)."""
     return Bound(low, high, why).annotated()

@@ -28,6 +28,9 @@ from torch import nn
 
 from peftune.backbone import BertConfig, BertModel
 from peftune.errors import UnknownNameError, UserError
+from peftune.validation import Bound, checked
+
+DROPOUT = Bound(0.0, 1.0, high_open=True)  # of a method's modules and the heads (TrainConfig, every search space)
 
 PER_TASK = "per_task"
 
@@ -67,7 +70,7 @@ class MethodConfig:
             value = getattr(self, spec.name)
             if isinstance(value, float) and not math.isfinite(value):
                 raise UserError(f"{type(self).__name__}.{spec.name} must be a finite number, got {value!r}")
-        check_range(self, "dropout", 0.0, 1.0, high_inclusive=False)
+        checked(type(self).__name__, "dropout", DROPOUT, self.dropout)
 
     def check_backbone(self, bert: BertConfig) -> None:
         """Refuse sizes this backbone cannot hold (a LoRA rank above its hidden size, k above its layers...),
