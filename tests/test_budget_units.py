@@ -6,7 +6,6 @@ token count of a prompt's vectors in a real training run, and one real tiny swee
 
 from __future__ import annotations
 
-import textwrap
 from collections import Counter
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from ray.tune.search import Searcher
 from peftune import search, spaces, sweep
 from peftune.errors import UserError
 from peftune.train import TrainConfig, run_trial
+from tiny_sweep import FROZEN_AND_TOP_K, write_definition
 
 SPACES_DIR = spaces.SEARCH_SPACES_DIR / "methods"
 METHODS = ["frozen", "lora"]
@@ -164,36 +164,26 @@ options:
   prompt_length: {choices: [24, 32]}
 default: {lr: 3.0e-2, prompt_length: 32, source: "test"}
 """
-FROZEN = """\
-method: frozen
-lr: {low: 1.0e-4, high: 1.0e-2, log: true}
-dropout: 0.1
-weight_decay: 0.0
-default: {lr: 1.0e-3, source: "test"}
-"""
 REAL_SWEEP = """\
-name: tokens
+name: {name}
 tasks: [sst]
 methods: [frozen, prompt]
-search: {n_startup_trials: 2, unit: tokens}
-scheduler: {type: none}
-resources: {cpus_per_trial: 1, max_concurrent_trials: 2}
+search: {{n_startup_trials: 2, unit: tokens}}
+scheduler: {{type: none}}
+resources: {{cpus_per_trial: 1, max_concurrent_trials: 2}}
 max_failures: 0
 checkpoints_per_method: 0
-confirm: {seeds: 0}
+confirm: {{seeds: 0}}
 budget: tiny
 budgets:
-  tiny: {num_samples: 6, epochs: 1, batch_size: 16, max_length: 32, max_train_examples: 32, max_dev_examples: 16}
+  tiny: {{num_samples: 6, epochs: 1, batch_size: 16, max_length: 32, max_train_examples: 32, max_dev_examples: 16}}
 """
 
 
 @pytest.mark.slow
 def test_a_real_sweep_in_tokens_gives_a_long_prompt_fewer_trials_for_the_same_tokens(tmp_path, tiny_data_dir):
-    (tmp_path / "methods").mkdir()
-    (tmp_path / "methods" / "frozen.yaml").write_text(FROZEN)
-    (tmp_path / "methods" / "prompt.yaml").write_text(PROMPT)
-    (tmp_path / "tokens.yaml").write_text(textwrap.dedent(REAL_SWEEP))
-    definition = spaces.load_sweep(tmp_path / "tokens.yaml")
+    method_spaces = {"frozen": FROZEN_AND_TOP_K["frozen"], "prompt": PROMPT}
+    definition = write_definition(tmp_path, "tokens", method_spaces, REAL_SWEEP)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     ray.init(address="local", num_cpus=2, include_dashboard=False)
     try:

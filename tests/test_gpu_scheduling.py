@@ -8,45 +8,36 @@ given a GPU where CUDA is missing says so in one line and trains on the CPU.
 
 from __future__ import annotations
 
-import textwrap
 from pathlib import Path
 
 import mlflow
 import pytest
 import ray
 
-from peftune import spaces, sweep
+from peftune import sweep
+from tiny_sweep import FROZEN_AND_TOP_K, write_definition
 
 pytestmark = pytest.mark.slow
 
-FROZEN = """\
-method: frozen
-lr: {low: 1.0e-4, high: 1.0e-2, log: true}
-dropout: 0.1
-weight_decay: 0.0
-default: {lr: 1.0e-3, source: "test"}
-"""
 SWEEP = """\
-name: gpus
+name: {name}
 tasks: [sst]
 methods: [frozen]
-search: {n_startup_trials: 4}
-scheduler: {type: none}
-resources: {cpus_per_trial: 0.5, gpus_per_trial: 0.25}
+search: {{n_startup_trials: 4}}
+scheduler: {{type: none}}
+resources: {{cpus_per_trial: 0.5, gpus_per_trial: 0.25}}
 max_failures: 0
 checkpoints_per_method: 0
-confirm: {seeds: 0}
+confirm: {{seeds: 0}}
 budget: tiny
 budgets:
-  tiny: {num_samples: 4, epochs: 1, batch_size: 16, max_length: 32, max_train_examples: 32, max_dev_examples: 16}
+  tiny: {{num_samples: 4, epochs: 1, batch_size: 16, max_length: 32, max_train_examples: 32, max_dev_examples: 16}}
 """
 
 
 def test_four_quarter_gpu_trials_share_one_declared_gpu_and_say_they_train_on_the_cpu(tmp_path, tiny_data_dir):
-    (tmp_path / "methods").mkdir()
-    (tmp_path / "methods" / "frozen.yaml").write_text(FROZEN)
-    (tmp_path / "gpus.yaml").write_text(textwrap.dedent(SWEEP))
-    definition = spaces.load_sweep(tmp_path / "gpus.yaml")
+    frozen = {"frozen": FROZEN_AND_TOP_K["frozen"]}
+    definition = write_definition(tmp_path, "gpus", frozen, SWEEP)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     context = ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False)
     try:
