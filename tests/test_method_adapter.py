@@ -71,7 +71,7 @@ def test_registered_with_bottleneck_as_size():
         ({"bottleneck": 2.5}, "got 2.5"),
         ({"activation": "swish"}, "activation = 'swish'"),
         ({"init_std": -1.0}, "init_std = -1.0"),
-        ({"dropout": 1.0}, "dropout = 1.0"),
+        ({"dropout": 1.0}, "dropout: out of range"),
         ({"layers": [0, 0]}, "layers = [0, 0]"),
         ({"layers": [-1]}, "layers = [-1]"),
         ({"layers": "top"}, "layers = 'top'"),
