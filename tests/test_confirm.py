@@ -8,6 +8,7 @@ has two child runs.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 import statistics
@@ -353,6 +354,15 @@ def test_candidates_are_each_methods_best_distinct_configurations(tmp_path):
     with_default = confirm.select_candidates(children, top_k=1, defaults=True)
     assert [c.run_id for c in with_default] == [runs["b"], runs["a"], runs["g"]]
     assert with_default[1].default and not with_default[0].default
+
+    # the confirmation starts the longest runs first (from the search trials' seconds per full run)
+    seconds = [30.0, 90.0, 0.0, 60.0, 90.0]
+    timed = [dataclasses.replace(c, seconds_per_run=t) for c, t in zip(picked, seconds, strict=True)]
+    wanted = [(c, seed, "") for c in timed for seed in (1, 2)]
+    order = [(c.run_id, seed) for c, seed, _ in confirm.longest_first(wanted)]
+    assert order[:4] == [(runs["a"], 1), (runs["a"], 2), (runs["f"], 1), (runs["f"], 2)]  # 90 s each: as listed
+    assert order[-2:] == [(runs["d"], 1), (runs["d"], 2)]
+    assert sorted(order) == sorted((c.run_id, seed) for c, seed, _ in wanted)  # every one, once
 
     config = confirm.trial_config(picked[0], seed=7)
     assert config["method"] == "lora" and config["lora"]["rank"] == 4 and config["lora"]["lr"] == trials[1].lr

@@ -90,6 +90,7 @@ class Candidate:
     default: bool  # the method's control-arm (default) trial
     params: dict  # its MLflow params, as logged (strings)
     trainable_pct: float = math.inf  # trainable parameters per task, % of the backbone (inf: not recorded)
+    seconds_per_run: float = 0.0  # its search trial's training seconds per full run (0: not recorded)
 
 
 def select_candidates(
@@ -139,7 +140,22 @@ def _candidate(run) -> Candidate | None:
         tags.get(DEFAULT, "false") == "true",
         dict(run.data.params),
         metrics.get("trainable_params_per_task_pct", math.inf),
+        _seconds_per_run(metrics),
     )
+
+
+def _seconds_per_run(metrics: Mapping[str, float]) -> float:
+    """Training seconds of a full run, from a search trial's last report (an epoch's, or a rung's within one)."""
+    epoch = (metrics.get("progress", 0.0), metrics.get("train_time_s", 0.0))
+    rung = (metrics.get("fidelity_progress", 0.0), metrics.get("fidelity_train_time_s", 0.0))
+    progress, seconds = max(epoch, rung)
+    return seconds / progress if progress > 0 else 0.0
+
+
+def longest_first(wanted: Sequence[tuple[Candidate, int, str]]) -> list[tuple[Candidate, int, str]]:
+    """The confirmation trials in the order they start: the longest runs first, so that the last minutes of
+    the confirmation do not leave one long run (a prompt of length 100) alone on the cluster."""
+    return sorted(wanted, key=lambda item: -item[0].seconds_per_run)  # stable: ties keep their order
 
 
 def _rank(candidate: Candidate) -> tuple:
@@ -303,7 +319,7 @@ class Round:
     def run(self, wanted: Sequence[tuple[Candidate, int, str]]) -> ConfirmationResult:
         existing = {(run_config_key(r), r.data.tags.get(SEED)): r for r in self.confirmations()}
         todo, deleted = [], []
-        for candidate, seed, why in wanted:
+        for candidate, seed, why in longest_first(wanted):
             run = existing.get((candidate.config_key, str(seed)))
             if run is not None and run.data.tags.get(STATUS) == COMPLETED:
                 continue
