@@ -215,7 +215,9 @@ def pd_missing(value) -> bool:
 
 
 @pytest.mark.slow
-def test_a_double_ctrl_c_still_closes_every_run(tmp_path, tiny_data_dir):
+@pytest.mark.parametrize("signals", [(signal.SIGINT, signal.SIGINT), (signal.SIGTERM,)], ids=["ctrl-c", "sigterm"])
+def test_a_stopped_driver_closes_every_run_as_interrupted(tmp_path, tiny_data_dir, signals):
+    """A double Ctrl-C, or the SIGTERM of `ray job stop`: the sweep is interrupted (exit 3, resumable), not failed."""
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     path = write_definition(tmp_path / "defs", "twice", ["bitfit"], num_samples=4, epochs=3)
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
@@ -238,9 +240,10 @@ def test_a_double_ctrl_c_still_closes_every_run(tmp_path, tiny_data_dir):
     reader.start()
     try:
         assert started.wait(600), "".join(output[-40:])
-        process.send_signal(signal.SIGINT)
-        threading.Event().wait(1.0)  # Tune is winding down the experiment: the second Ctrl-C lands there
-        process.send_signal(signal.SIGINT)
+        for i, number in enumerate(signals):
+            if i:
+                threading.Event().wait(1.0)  # Tune is winding down the experiment: the second Ctrl-C lands there
+            process.send_signal(number)
         code = process.wait(300)
     finally:
         if process.poll() is None:

@@ -18,7 +18,9 @@ import time
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
+from typing import NoReturn
 
+import ray
 import torch
 import yaml
 from pydantic import TypeAdapter
@@ -508,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
 def run_command(prog: str, command: Callable[[], int], verbose: bool = False) -> int:
     """``command()``'s exit status; a user error is one line on stderr and status 2 (with ``verbose``, its
     traceback), a bug keeps its traceback (status 1), and a second Ctrl-C during a sweep, whose records
-    are closed by then, is status 3."""
+    are closed by then, or SIGTERM (``ray job stop``), is status 3."""
     try:
         return command()
     except user_errors() as error:
@@ -516,10 +518,23 @@ def run_command(prog: str, command: Callable[[], int], verbose: bool = False) ->
             raise
         print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, SystemExit) as error:
+        if not sweep.stopped(error):
+            raise
         ignore_further_interrupts()  # Ray shuts down at exit; a third Ctrl-C must not break that
         print(f"{prog}: interrupted; run the same command again to resume", file=sys.stderr)
+        if isinstance(error, SystemExit):
+            exit_after_sigterm()
         return EXIT_INTERRUPTED
+
+
+def exit_after_sigterm() -> NoReturn:
+    """Exit 3 at once after SIGTERM, the records closed: Ray's core worker, once it has seen the signal,
+    aborts the interpreter's normal exit (status -6), so Ray is shut down here and the rest of the exit skipped."""
+    ray.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(EXIT_INTERRUPTED)
 
 
 EXIT_OK, EXIT_USER_ERROR, EXIT_INTERRUPTED, EXIT_FAILURES = 0, 2, 3, 4

@@ -448,12 +448,18 @@ def _close(definition: SweepDefinition, record, grid, status: str, complete: boo
     return logged
 
 
+def stopped(error: BaseException) -> bool:
+    """Whether ``error`` is the driver being stopped: Ctrl-C, or SIGTERM (``ray job stop``; Ray's driver turns it
+    into ``SystemExit``). A stopped sweep is interrupted, not failed: running it again resumes it."""
+    return isinstance(error, KeyboardInterrupt) or (isinstance(error, SystemExit) and error.code == signal.SIGTERM)
+
+
 def _close_after(error: BaseException, definition, record, trial_logger, wait_s: float, pending) -> None:
     """The records closed all the same after ``error`` (a second Ctrl-C, which Tune does not handle, included)."""
     with _sigint_ignored():
         trial_logger.close_open_runs()
         if trial_logger.flush(wait_s):
-            tracking.close_sweep(record, INTERRUPTED if isinstance(error, KeyboardInterrupt) else FAILED)
+            tracking.close_sweep(record, INTERRUPTED if stopped(error) else FAILED)
         else:
             log.error("MLflow unreachable: the record of sweep %s stays open; %s", definition.name, pending)
 
