@@ -57,8 +57,7 @@ def test_in_steps_a_method_whose_trials_stop_early_gets_more_trials_for_the_same
     searcher = searcher_in(tmp_path, "steps", budget, full_cost=100, min_fraction=0.25)
     trials = run_search(searcher, {"frozen": 100, "lora": 100}, {"frozen": 1.0, "lora": 0.25}, "steps")
     assert trials == {"frozen": 2, "lora": 8}  # 200 steps each: 2 full runs, or 8 stopped at the first rung
-    spent = searcher.allocation.spent
-    assert spent == {"frozen": 200, "lora": 200}
+    assert {m: searcher.allocation.spent(m) for m in budget} == {"frozen": 200, "lora": 200}
     assert searcher.suggest("after") == Searcher.FINISHED
 
 
@@ -71,7 +70,8 @@ def test_in_tokens_a_costlier_method_buys_fewer_trials_and_every_share_is_met_wi
     costs = {"frozen": 1000, "lora": 1000 * prompt_cost}
     trials = run_search(searcher, costs, {"frozen": 1.0, "lora": 1.0}, "tokens_seen")
     assert trials["frozen"] == 4 and trials["lora"] < 4
-    for method, spent in searcher.allocation.spent.items():
+    for method in budget:
+        spent = searcher.allocation.spent(method)
         assert abs(spent - budget[method] * 1000) <= costs[method] / 2, (method, spent)
 
 
@@ -83,7 +83,7 @@ def test_the_spend_survives_a_save_and_restore(tmp_path):
     searcher.save(str(tmp_path / "state.json"))
     again = searcher_in(tmp_path, "steps", budget, full_cost=100, min_fraction=0.25)
     again.restore(str(tmp_path / "state.json"))
-    assert again.allocation.spent == {first["method"]: 25}
+    assert again.allocation.costs == {first["method"]: [25]}
     assert again.handed == searcher.handed
 
 
@@ -101,7 +101,7 @@ def test_the_completion_check_agrees_with_the_searcher(tmp_path):
     ended = [("frozen", {"steps": 100, "progress": 1.0})] * 2 + [("lora", {"steps": 25, "progress": 0.25})] * 7
     assert not search.search_finished(allocation, ended)  # lora has 25 steps left: one more trial
     assert search.search_finished(allocation, ended + [("lora", {"steps": 25, "progress": 0.25})])
-    assert allocation.spent == {}  # the check counts on a copy: the searcher's own spend is untouched
+    assert allocation.costs == {}  # the check counts on a copy: the searcher's own spend is untouched
 
 
 def test_a_trial_that_fails_before_reporting_spends_nothing_but_the_trials_stay_bounded(tmp_path):

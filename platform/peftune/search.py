@@ -130,13 +130,16 @@ class Allocation:
     full_cost: float = 1.0
     min_fraction: float = 1.0
     steps_per_run: int = 0  # a full trial's optimizer steps (the rungs that stay depend on them: live_rungs)
-    spent: dict[str, float] = field(default_factory=dict)  # method -> steps or tokens its finished trials trained
     costs: dict[str, list[float]] = field(default_factory=dict)  # method -> each finished trial's cost (if it trained)
 
     def cap(self, method: str) -> int:
         if self.unit == "trials":
             return self.budget[method]
         return math.ceil(self.budget[method] / self.min_fraction)
+
+    def spent(self, method: str) -> float:
+        """The steps or tokens the finished trials of ``method`` trained."""
+        return sum(self.costs.get(method, ()))
 
     def expected(self, method: str) -> float:
         costs = self.costs.get(method)
@@ -147,7 +150,6 @@ class Allocation:
         if self.unit == "trials":
             return
         cost = float(result.get(SPENT_RESULT[self.unit]) or 0.0)
-        self.spent[method] = self.spent.get(method, 0.0) + cost
         if cost > 0:
             self.costs.setdefault(method, []).append(cost)
 
@@ -156,7 +158,7 @@ class Allocation:
             return False
         if self.unit == "trials":
             return True
-        left = self.budget[method] * self.full_cost - self.spent.get(method, 0.0) - running * self.expected(method)
+        left = self.budget[method] * self.full_cost - self.spent(method) - running * self.expected(method)
         return left >= self.expected(method) / 2
 
     def exhausted(self, method: str, handed: int, running: int) -> bool:
@@ -170,7 +172,7 @@ class Allocation:
         return sum(self.cap(m) for m in self.budget)
 
     def state(self) -> dict:
-        return {"spent": dict(self.spent), "costs": {m: list(c) for m, c in self.costs.items()}}
+        return {"costs": {m: list(c) for m, c in self.costs.items()}}
 
 
 def allocation(definition: spaces.SweepDefinition, steps_per_run: int = 0, tokens_per_run: int = 0) -> Allocation:
@@ -196,7 +198,7 @@ def min_fraction(definition: spaces.SweepDefinition, steps_per_run: int | None =
 
 def search_finished(allocation: Allocation, results: list[tuple[str, dict]]) -> bool:
     """Whether a per-method search whose trials ended with ``results`` ((method, last result) each) is over."""
-    allocation = dataclasses.replace(allocation, spent={}, costs={})  # counted from ``results`` alone
+    allocation = dataclasses.replace(allocation, costs={})  # counted from ``results`` alone
     handed: dict[str, int] = {}
     for method, result in results:
         handed[method] = handed.get(method, 0) + 1
@@ -239,8 +241,8 @@ class PerMethodSearcher(Searcher):
         self.spaces = dict(method_spaces)
         self.sweep, self.storage_url, self.seed = sweep, storage_url, seed
         self.n_startup_trials = n_startup_trials
-        self.budget = budget_split(num_samples, list(self.spaces))
-        self.allocation = allocation or Allocation("trials", self.budget)
+        self.allocation = allocation or Allocation("trials", budget_split(num_samples, list(self.spaces)))
+        self.budget = self.allocation.budget  # method -> its trials (one dict: a restore updates both)
         self.handed = {m: 0 for m in self.spaces}  # trials handed out per method
         self.live: dict[str, list] = {}  # Ray trial id -> [method, Optuna trial number]
         self._studies: dict[str, Any] = {}
@@ -367,9 +369,7 @@ class PerMethodSearcher(Searcher):
         self.handed.update(state["handed"])
         self.live = {k: list(v) for k, v in state["live"].items()}
         self.budget.update(state["budget"])
-        spent = state.get("allocation", {})
-        self.budgets().spent.update(spent.get("spent", {}))
-        self.budgets().costs.update(spent.get("costs", {}))
+        self.budgets().costs.update(state.get("allocation", {}).get("costs", {}))
 
     def save(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "w") as file:

@@ -312,7 +312,7 @@ def run_sweep(
         status = sweep_status(trials) if complete else INTERRUPTED
         logged = _close(definition, record, grid, status, complete)
     except BaseException as error:
-        _close_after(error, definition, record, trial_logger, tracking_wait_s, trial_logger.pending_path)
+        _close_after(error, definition, record, trial_logger, tracking_wait_s)
         raise
     confirmed = dataclasses.asdict(confirmation) if confirmation else None
     result = _result(definition, record, where, status, trials, checkpoints_logged=logged, confirmation=confirmed)
@@ -454,14 +454,16 @@ def stopped(error: BaseException) -> bool:
     return isinstance(error, KeyboardInterrupt) or (isinstance(error, SystemExit) and error.code == signal.SIGTERM)
 
 
-def _close_after(error: BaseException, definition, record, trial_logger, wait_s: float, pending) -> None:
+def _close_after(error: BaseException, definition, record, trial_logger, wait_s: float) -> None:
     """The records closed all the same after ``error`` (a second Ctrl-C, which Tune does not handle, included)."""
     with _sigint_ignored():
         trial_logger.close_open_runs()
         if trial_logger.flush(wait_s):
             tracking.close_sweep(record, INTERRUPTED if stopped(error) else FAILED)
         else:
-            log.error("MLflow unreachable: the record of sweep %s stays open; %s", definition.name, pending)
+            log.error(
+                "MLflow unreachable: the record of sweep %s stays open; %s", definition.name, trial_logger.pending_path
+            )
 
 
 def skipped_rows(prepared) -> list[dict[str, Any]]:
