@@ -19,6 +19,7 @@ The directory (default ``reports/<sweep>/``), also logged under ``report/`` in t
 ``decisions.csv``             every comparison the report makes: difference, 95% interval, decision, seeds
 ``by_budget.csv``             per budget, every method's best configuration under it, against the budget's best
 ``expected_max.csv``          per method: the expected best selection score of n search trials (also ``.png``)
+``slots.csv``                 per phase: span, slots, timed seconds, the share outside every run's timers, eval's
 ``fairness.csv``              per method: trials, steps, compute, default, best tuned mean ± std, gain with interval
 ``configurations.csv``        per configuration: seed mean, std, t 95% interval of every metric (analysis.confirmed)
 ``confirmed_frontier.csv``    the frontier of the seed means, each point's decision against the cheaper one (``.png``)
@@ -46,7 +47,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import confirmed, decisions, pareto, plots, views
+from analysis import confirmed, decisions, pareto, plots, slots, views
 from analysis.runs import COUNT_COLUMNS, SweepRuns, load_predictions, read_sweep_record
 from peftune.record import NOTE_TAG, REPORTS_DIR, artifact_route, compare_address, compare_route
 from peftune.tasks import get_task
@@ -223,6 +224,7 @@ class Report:
     decisions: pd.DataFrame = field(default_factory=pd.DataFrame)  # every comparison made (decisions.csv)
     by_budget: pd.DataFrame = field(default_factory=pd.DataFrame)  # every method's best under each budget
     expected_max: pd.DataFrame = field(default_factory=pd.DataFrame)  # per method: E[best] after n trials
+    slots: pd.DataFrame = field(default_factory=pd.DataFrame)  # per phase: where the slots' time went
 
     @property
     def objectives(self) -> list[str]:
@@ -272,6 +274,7 @@ def build_report(sweep: SweepRuns, *, reference: bool = True) -> Report:
         decisions=decided,
         by_budget=confirmed.budget_table(configs, decided),
         expected_max=views.expected_max_table(sweep.trials),
+        slots=slots.slot_table(sweep.trials, sweep.confirmations),
     )
 
 
@@ -321,6 +324,7 @@ def write_report(sweep: SweepRuns, directory: str | Path, *, reference: bool = T
     decisions.write_decisions_csv(report.decisions, out("decisions.csv"))
     report.by_budget.to_csv(out("by_budget.csv"), index=False)
     report.expected_max.to_csv(out("expected_max.csv"), index=False)
+    report.slots.to_csv(out("slots.csv"), index=False)
     _write_plots(report, out)
     out("report.md").write_text(markdown_report(report))
     out("report.html").write_text(html_report(report), encoding="utf-8")
@@ -759,7 +763,32 @@ def _search_lines(report: Report) -> list[str]:
     else:
         lines.append(f"Not computed: fewer than {views.MIN_TRIALS} completed trials.\n")
     lines += ["![parallel coordinates](parallel_coordinates.png)", ""]
-    return lines
+    return lines + _slot_lines(report.slots)
+
+
+def _slot_lines(table: pd.DataFrame) -> list[str]:
+    """Where the slots' time went per phase (see :mod:`analysis.slots`)."""
+    if not len(table):
+        return []
+    shown = table.assign(
+        span_min=table["span_s"] / 60,
+        outside=table["outside_share"].map(_fmt_pct_share),
+        evaluation=table["eval_share"].map(_fmt_pct_share),
+    )[["phase", "runs", "slots", "span_min", "outside", "evaluation"]]
+    return [
+        "## Where the time went",
+        "",
+        "Per phase: its span (first run's start to last run's end), the most runs open at once (slots), the "
+        "share of span x slots outside every run's own timers (training, evaluation, start-up, checkpoints: "
+        "Ray starting and stopping trials, a slot idle at the phase's end), and evaluation's share of the runs' "
+        "timed seconds.",
+        "",
+        to_markdown(display_table(shown.round({"span_min": 1}))),
+    ]
+
+
+def _fmt_pct_share(value: float) -> str:
+    return "-" if pd.isna(value) else f"{100 * value:.1f}%"
 
 
 # ----------------------------------------------------------------------------- HTML

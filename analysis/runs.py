@@ -24,7 +24,8 @@ Columns of :attr:`SweepRuns.trials`:
 - hyperparameters: ``lr``, ``dropout``, ``weight_decay``, ``epochs``, ``batch_size``, ``seed``,
   ``warmup_ratio``, ``sampling`` and the method's options as ``method.<field>`` (typed: ints, floats,
   booleans, None; lists stay comma-separated strings as logged);
-- time: ``train_time_s``, ``start_time``, ``end_time`` (UTC timestamps); ``has_checkpoint``.
+- time: ``train_time_s`` (training alone), ``eval_total_s`` (every evaluation), ``startup_s``,
+  ``checkpoint_time_s``, ``start_time``, ``end_time`` (UTC timestamps); ``has_checkpoint``.
 """
 
 from __future__ import annotations
@@ -292,6 +293,10 @@ def trial_row(run, task_metrics: Sequence[str], history: dict[str, dict[int, flo
     row["tasks"] = run.data.params.get("tasks")
     row.update({k: v for k, v in sorted(params.items()) if k.startswith("method.")})
     row["train_time_s"] = metrics.get("train_time_s", math.nan)  # cumulative per epoch: the latest is the total
+    # every evaluation's seconds; records before eval_total_s hold the last epoch's evaluation only
+    row["eval_total_s"] = metrics.get("eval_total_s", metrics.get("eval_time_s", math.nan))
+    row["startup_s"] = metrics.get("startup_s", math.nan)
+    row["checkpoint_time_s"] = metrics.get("checkpoint_time_s", math.nan)  # cumulative
     row["start_time"] = _timestamp(run.info.start_time)
     row["end_time"] = _timestamp(run.info.end_time)
     row["has_checkpoint"] = bool(tags.get(CHECKPOINT_TAG))
@@ -349,7 +354,8 @@ def _column_order(rows: list[dict], task_metrics: Sequence[str]) -> list[str]:
         "tasks",
     ]
     options = sorted({k for row in rows for k in row if k.startswith("method.")})
-    return [*first, *options, "train_time_s", "start_time", "end_time", "has_checkpoint"]
+    timers = ["train_time_s", "eval_total_s", "startup_s", "checkpoint_time_s"]
+    return [*first, *options, *timers, "start_time", "end_time", "has_checkpoint"]
 
 
 def _timestamp(ms: int | None):

@@ -126,6 +126,7 @@ def test_report_end_to_end(store, tmp_path):
         "score_vs_params_sts.png",
         "parallel_coordinates.png",
         "importance.png",
+        "slots.csv",
     }
     assert expected <= {p.name for p in output.iterdir()}
     for name in expected:
@@ -174,6 +175,7 @@ def test_report_end_to_end(store, tmp_path):
     report_md = (output / "report.md").read_text()
     assert "## Trials not completed" in report_md and "TrainingDiverged" in report_md
     assert "interrupted" in report_md and "early_stopped" in report_md
+    assert "## Where the time went" in report_md and pd.read_csv(output / "slots.csv")["runs"].iloc[0] > 0
 
     # logged to the parent run under report/
     client = mlflow.MlflowClient(tracking_uri=uri)

@@ -98,6 +98,17 @@ def test_reports_at_data_fidelity_rungs_within_an_epoch_without_a_checkpoint(tin
         config(report_fractions=[1.0])
 
 
+def test_rung_evaluations_count_as_evaluation_not_training(tiny_prepared):
+    reports = []
+    run = config(epochs=2, batch_size=4, report_fractions=[1 / 9])
+    train.run_trial(run, tiny_prepared, lambda metrics, save: reports.append(metrics))
+    epochs = [m for m in reports if not m.get("partial")]
+    totals = [m["eval_total_s"] for m in epochs]
+    # the total is cumulative; the rung's evaluation (inside epoch 1) makes it exceed the epochs' own
+    assert totals == sorted(totals) and totals[-1] > sum(m["eval_time_s"] for m in epochs) > 0
+    assert epochs[-1]["train_time_s"] == pytest.approx(sum(m["epoch_time_s"] for m in epochs))
+
+
 def test_learns_the_toy_tasks(tiny_prepared):
     # the heads draw their initialisation first now (the backbone is built on the meta device): lr 3e-3
     run = config(method="full", method_options={}, epochs=5, lr=3e-3, pooling="mean")

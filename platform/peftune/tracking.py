@@ -132,7 +132,7 @@ EPOCH_METRICS = (
     *("score", "train_loss", "epoch_time_s", "tokens_per_s", "train_time_s"),
     *("steps", "examples_seen", "tokens_seen", "progress"),  # the fidelity: steps, examples, tokens, fraction
     # where a trial's time goes besides training, and what packing trials onto a GPU must leave room for
-    *("startup_s", "eval_time_s", "checkpoint_time_s", "peak_gpu_memory_mb"),
+    *("startup_s", "eval_time_s", "eval_total_s", "checkpoint_time_s", "peak_gpu_memory_mb"),
     *("granted_cpu", "granted_gpu"),  # what Ray gave the trial: the sweep's resources, as scheduled
 )
 # a report within an epoch (a data-fidelity rung), logged at step = examples seen: fidelity_score, ...

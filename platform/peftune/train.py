@@ -530,6 +530,7 @@ class _Trial:
         self.start_epoch = 0
         self.guard = DivergenceGuard(config)
         self.train_time, self.startup_s, self.checkpoint_time = 0.0, None, [0.0]
+        self.eval_time = 0.0  # every evaluation's, rungs' included (kept out of train_time)
         # the fidelity the schedulers' rungs, floors and budgets count in
         self.progress = {"steps": 0, "examples_seen": 0, "tokens_seen": 0}
         self.fractions = sorted(config.report_fractions)  # data-fidelity rungs still ahead
@@ -544,6 +545,7 @@ class _Trial:
         last = self.history[-1] if self.history else {}
         self.guard = DivergenceGuard(self.config, reference=self.history[0]["train_loss"] if self.history else None)
         self.train_time = sum(m["epoch_time_s"] for m in self.history)
+        self.eval_time = last.get("eval_total_s", 0.0)
         self.progress = {key: last.get(key, 0) for key in self.progress}
         self.fractions = [f for f in self.fractions if f > self.progress["examples_seen"] / self.examples_per_run]
 
@@ -556,7 +558,11 @@ class _Trial:
         plan = _epoch_plan(config, self.tasks, self.prepared.pad_token_id, epoch)
         if self.startup_s is None:
             self.startup_s = time.perf_counter() - self.started
-        started = time.perf_counter()
+        started, evaluated_before = time.perf_counter(), self.eval_time
+
+        def trained() -> float:  # the epoch's seconds so far, its rung evaluations left out
+            return time.perf_counter() - started - (self.eval_time - evaluated_before)
+
         # the loss stays on the device: summed there, looked at every `guard.every` steps (one host sync per
         # look, not per step); tokens (the input's and a prompt's) are counted on the host from the CPU-side masks
         loss_sum = torch.zeros((), device=device)
@@ -567,14 +573,14 @@ class _Trial:
             window = window + self.step(batch)
             self.progress["examples_seen"] += int(batch.input_ids.shape[0])
             self.progress["tokens_seen"] += batch_tokens
-            self.rung_reports(epoch, started, within=step + 1 < len(plan))  # an epoch's end reports anyway
+            self.rung_reports(epoch, trained, within=step + 1 < len(plan))  # an epoch's end reports anyway
             first_look = self.guard.reference is None and step == 0  # the first step alone is the reference
             if first_look or (step + 1) % self.guard.every == 0 or step + 1 == len(plan):
                 window_mean = self.guard.check(window, step + 1 - window_start, epoch, window_start, step)
                 loss_sum += window
                 window, window_start = torch.zeros((), device=device), step + 1
                 self.log_progress(epoch, step, len(plan), window_mean, tokens, started)
-        epoch_time = time.perf_counter() - started
+        epoch_time = trained()
         self.train_time += epoch_time
         self.end_epoch(epoch, loss_sum.item() / max(1, len(plan)), epoch_time, tokens)
 
@@ -592,15 +598,18 @@ class _Trial:
         self.progress["steps"] += 1
         return loss.detach()
 
-    def rung_reports(self, epoch: int, started: float, within: bool) -> None:
-        """Report (without a checkpoint) each data-fidelity rung the run has just passed ``within`` the epoch."""
+    def rung_reports(self, epoch: int, trained: Callable[[], float], within: bool) -> None:
+        """Report (without a checkpoint) each data-fidelity rung the run has just passed ``within`` the epoch;
+        ``trained()``: the epoch's training seconds so far."""
         while self.fractions and self.progress["examples_seen"] / self.examples_per_run >= self.fractions[0]:
             self.fractions.pop(0)
             if self.report is None or not within:
                 continue
+            evaluating = time.perf_counter()
             metrics = evaluate_splits(self.model, self.tasks, self.config, self.device, self.precision, False)
             self.model.train()
-            progress = {**self.progress, "train_time_s": self.train_time + time.perf_counter() - started}
+            self.eval_time += time.perf_counter() - evaluating
+            progress = {**self.progress, "train_time_s": self.train_time + trained()}
             self.report(_partial_metrics(epoch, metrics, progress, self.examples_per_run), None)
 
     def log_progress(self, epoch: int, step: int, steps: int, loss: float, tokens: int, started: float) -> None:
@@ -613,6 +622,7 @@ class _Trial:
         """Evaluate, append the epoch to the history and report it with its checkpoint."""
         started_eval = time.perf_counter()
         evaluated = evaluate_splits(self.model, self.tasks, self.config, self.device, self.precision)
+        self.eval_time += time.perf_counter() - started_eval
         metrics = {
             "epoch": epoch + 1,
             **evaluated,
@@ -625,6 +635,7 @@ class _Trial:
             "precision": self.precision,
             "startup_s": self.startup_s,
             "eval_time_s": time.perf_counter() - started_eval,
+            "eval_total_s": self.eval_time,
             "checkpoint_time_s": self.checkpoint_time[0],
             **self.counts.summary(),
         }
