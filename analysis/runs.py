@@ -292,15 +292,23 @@ def trial_row(run, task_metrics: Sequence[str], history: dict[str, dict[int, flo
         row[key] = params.get(key)
     row["tasks"] = run.data.params.get("tasks")
     row.update({k: v for k, v in sorted(params.items()) if k.startswith("method.")})
-    row["train_time_s"] = metrics.get("train_time_s", math.nan)  # cumulative per epoch: the latest is the total
+    row["train_time_s"] = _latest(metrics, "train_time_s")  # cumulative per epoch: the latest is the total
     # every evaluation's seconds; records before eval_total_s hold the last epoch's evaluation only
-    row["eval_total_s"] = metrics.get("eval_total_s", metrics.get("eval_time_s", math.nan))
-    row["startup_s"] = metrics.get("startup_s", math.nan)
+    evaluated = _latest(metrics, "eval_total_s")
+    row["eval_total_s"] = metrics.get("eval_time_s", math.nan) if math.isnan(evaluated) else evaluated
+    row["startup_s"] = _latest(metrics, "startup_s")
     row["checkpoint_time_s"] = metrics.get("checkpoint_time_s", math.nan)  # cumulative
     row["start_time"] = _timestamp(run.info.start_time)
     row["end_time"] = _timestamp(run.info.end_time)
     row["has_checkpoint"] = bool(tags.get(CHECKPOINT_TAG))
     return row
+
+
+def _latest(metrics: dict[str, float], key: str) -> float:
+    """A cumulative figure's last value: a trial stopped at a rung within an epoch last logged it as
+    ``fidelity_<key>`` (see ``peftune.tracking``), later than its last epoch's ``<key>``."""
+    values = [metrics[name] for name in (key, f"fidelity_{key}") if name in metrics]
+    return max(values) if values else math.nan
 
 
 def split_numbers(metrics: dict[str, float], row: dict[str, Any], task_metrics: Sequence[str]) -> dict[str, Any]:

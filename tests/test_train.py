@@ -103,6 +103,8 @@ def test_rung_evaluations_count_as_evaluation_not_training(tiny_prepared):
     run = config(epochs=2, batch_size=4, report_fractions=[1 / 9])
     train.run_trial(run, tiny_prepared, lambda metrics, save: reports.append(metrics))
     epochs = [m for m in reports if not m.get("partial")]
+    (rung,) = [m for m in reports if m.get("partial")]  # a trial stopped here still says where its time went
+    assert 0 < rung["eval_total_s"] < epochs[0]["eval_total_s"] and rung["startup_s"] > 0
     totals = [m["eval_total_s"] for m in epochs]
     # the total is cumulative; the rung's evaluation (inside epoch 1) makes it exceed the epochs' own
     assert totals == sorted(totals) and totals[-1] > sum(m["eval_time_s"] for m in epochs) > 0

@@ -136,7 +136,7 @@ EPOCH_METRICS = (
     *("granted_cpu", "granted_gpu"),  # what Ray gave the trial: the sweep's resources, as scheduled
 )
 # a report within an epoch (a data-fidelity rung), logged at step = examples seen: fidelity_score, ...
-PARTIAL_METRICS = ("score", "steps", "tokens_seen", "progress", "train_time_s")
+PARTIAL_METRICS = ("score", "steps", "tokens_seen", "progress", "train_time_s", "eval_total_s", "startup_s")
 CHECKPOINT_ARTIFACTS = ("trainable.safetensors", "peftune.json")  # the optimizer state stays with Ray
 MAX_TAG_CHARS = 5000
 # the experiment's kind: MLflow 3.17's UI takes its view from the link's workflowType instead (record.TRAINING_VIEW);

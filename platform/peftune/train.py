@@ -609,7 +609,8 @@ class _Trial:
             metrics = evaluate_splits(self.model, self.tasks, self.config, self.device, self.precision, False)
             self.model.train()
             self.eval_time += time.perf_counter() - evaluating
-            progress = {**self.progress, "train_time_s": self.train_time + trained()}
+            seconds = {"train_time_s": self.train_time + trained(), "eval_total_s": self.eval_time}
+            progress = {**self.progress, **seconds, "startup_s": self.startup_s}
             self.report(_partial_metrics(epoch, metrics, progress, self.examples_per_run), None)
 
     def log_progress(self, epoch: int, step: int, steps: int, loss: float, tokens: int, started: float) -> None:
