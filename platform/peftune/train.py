@@ -609,8 +609,12 @@ class _Trial:
             metrics = evaluate_splits(self.model, self.tasks, self.config, self.device, self.precision, False)
             self.model.train()
             self.eval_time += time.perf_counter() - evaluating
-            seconds = {"train_time_s": self.train_time + trained(), "eval_total_s": self.eval_time}
-            progress = {**self.progress, **seconds, "startup_s": self.startup_s}
+            progress = {
+                **self.progress,
+                "train_time_s": self.train_time + trained(),
+                "eval_total_s": self.eval_time,
+                "startup_s": self.startup_s,
+            }
             self.report(_partial_metrics(epoch, metrics, progress, self.examples_per_run), None)
 
     def log_progress(self, epoch: int, step: int, steps: int, loss: float, tokens: int, started: float) -> None:
@@ -623,7 +627,8 @@ class _Trial:
         """Evaluate, append the epoch to the history and report it with its checkpoint."""
         started_eval = time.perf_counter()
         evaluated = evaluate_splits(self.model, self.tasks, self.config, self.device, self.precision)
-        self.eval_time += time.perf_counter() - started_eval
+        eval_s = time.perf_counter() - started_eval
+        self.eval_time += eval_s
         metrics = {
             "epoch": epoch + 1,
             **evaluated,
@@ -635,7 +640,7 @@ class _Trial:
             "progress": self.progress["examples_seen"] / self.examples_per_run,
             "precision": self.precision,
             "startup_s": self.startup_s,
-            "eval_time_s": time.perf_counter() - started_eval,
+            "eval_time_s": eval_s,
             "eval_total_s": self.eval_time,
             "checkpoint_time_s": self.checkpoint_time[0],
             **self.counts.summary(),
