@@ -141,19 +141,17 @@ budget: tiny
 budgets:
   tiny: {num_samples: 4, epochs: 6, batch_size: 16, max_length: 32, max_train_examples: 96, max_dev_examples: 32}
 """
-# waits until a trial runs on the worker node, then kills that node's raylet (the node dies with it)
+# waits until a trial runs on the worker node, then kills that node's raylet (the node dies with it). The trial's
+# actor is found among the raylet's own child processes (Ray titles them ray::ImplicitFunc...), which needs no
+# dashboard; if the sweep (its pid) ends first, the killer says so and exits 1 instead of waiting on.
 KILLER = """\
-import sys, time, psutil, ray
-from ray.util.state import list_actors
-ray.init(address=sys.argv[1], logging_level="ERROR")
-head = ray.get_runtime_context().get_node_id()  # this driver runs on the head node
-while True:
-    alive = list_actors(address=sys.argv[3], filters=[("state", "=", "ALIVE")], limit=10000)  # via the dashboard
-    running = [a for a in alive if a.class_name == "ImplicitFunc"]
-    if any(a.node_id != head for a in running):
-        break
-    time.sleep(0.5)
-raylet = next(p for p in psutil.process_iter() if p.name() == "raylet" and sys.argv[2] in " ".join(p.cmdline()))
+import sys, time, psutil
+marker, sweep_pid = sys.argv[1], int(sys.argv[2])
+raylet = next(p for p in psutil.process_iter() if p.name() == "raylet" and marker in " ".join(p.cmdline()))
+while not any("ImplicitFunc" in " ".join(c.cmdline()) for c in raylet.children(recursive=True)):
+    if not psutil.pid_exists(sweep_pid) or psutil.Process(sweep_pid).status() == psutil.STATUS_ZOMBIE:
+        sys.exit("the sweep ended before a trial ran on the worker node")
+    time.sleep(0.2)
 raylet.kill()
 print("killed the worker node's raylet", raylet.pid, flush=True)
 """
@@ -180,11 +178,10 @@ def test_killing_the_worker_node_mid_sweep_loses_and_duplicates_nothing(two_node
     assert len(raylets) == 2  # head and worker node
     marker = f"--listen-port={env['PEFTUNE_TEST_WORKER_AGENT_PORT']}"  # the raylet starts its agent with it
     sweep_run = subprocess.Popen(argv, cwd=work, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    killer = subprocess.run([sys.executable, "-c", KILLER, f"127.0.0.1:{ports.ray}", marker,
-                             f"http://127.0.0.1:{ports.dashboard}"], env=env,
+    killer = subprocess.run([sys.executable, "-c", KILLER, marker, str(sweep_run.pid)], env=env,
                             capture_output=True, text=True, timeout=900)  # fmt: skip
     output = sweep_run.communicate(timeout=1800)[0]
-    assert killer.returncode == 0 and "killed" in killer.stdout, killer.stderr[-3000:]
+    assert killer.returncode == 0 and "killed" in killer.stdout, killer.stderr[-3000:] + output[-3000:]
     assert sweep_run.returncode == 0, output[-3000:]
     assert "sweep node_kill: completed; 4 trials (4 completed)" in output, output[-3000:]
 
