@@ -60,7 +60,7 @@ SWEEP = """\
     resources: {{cpus_per_trial: 1, max_concurrent_trials: 1}}
     max_failures: 1
     checkpoints_per_method: 1
-    confirm: {{seeds: 0}}  # the search's faults; confirmation's resume has its own tests
+    confirm: {confirm}
     budget: tiny
     budgets:
       tiny: {{num_samples: {num_samples}, epochs: {epochs}, batch_size: 16, max_length: 32, max_train_examples: 64,
@@ -68,13 +68,22 @@ SWEEP = """\
 """
 
 
-def write_definition(directory: Path, name: str, methods: list[str], num_samples: int, epochs: int = 2, seed=0):
+# the search's faults; confirmation's resume has its own tests (test_confirm.py)
+NO_CONFIRMATION = "{seeds: 0}"
+
+
+def write_definition(
+    directory: Path, name: str, methods: list[str], num_samples: int, epochs: int = 2, seed=0,
+    confirm: str = NO_CONFIRMATION,
+):  # fmt: skip
     (directory / "methods").mkdir(parents=True, exist_ok=True)
     for text in (DIVERGING, FAILING, HEALTHY):
         method = text.split()[1]
         (directory / "methods" / f"{method}.yaml").write_text(textwrap.dedent(text))
     path = directory / f"{name}.yaml"
-    text = SWEEP.format(name=name, methods=", ".join(methods), seed=seed, num_samples=num_samples, epochs=epochs)
+    text = SWEEP.format(
+        name=name, methods=", ".join(methods), seed=seed, num_samples=num_samples, epochs=epochs, confirm=confirm
+    )
     path.write_text(textwrap.dedent(text))
     return path
 
@@ -214,12 +223,30 @@ def pd_missing(value) -> bool:
     return value is None or (isinstance(value, float) and math.isnan(value))
 
 
+STOPS = {  # how the driver is stopped, and in which phase
+    "ctrl-c": ((signal.SIGINT, signal.SIGINT), "search"),
+    "sigterm": ((signal.SIGTERM,), "search"),
+    "sigterm-in-confirmation": ((signal.SIGTERM,), "confirmation"),
+}
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("signals", [(signal.SIGINT, signal.SIGINT), (signal.SIGTERM,)], ids=["ctrl-c", "sigterm"])
-def test_a_stopped_driver_closes_every_run_as_interrupted(tmp_path, tiny_data_dir, signals):
-    """A double Ctrl-C, or the SIGTERM of `ray job stop`: the sweep is interrupted (exit 3, resumable), not failed."""
+@pytest.mark.parametrize("stop", list(STOPS))
+def test_a_stopped_driver_closes_every_run_as_interrupted(tmp_path, tiny_data_dir, stop, request):
+    """A double Ctrl-C, or the SIGTERM of `ray job stop` (in the search or in the confirmation that follows it):
+    the sweep is interrupted (exit 3, resumable), not failed."""
+    signals, phase = STOPS[stop]
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    path = write_definition(tmp_path / "defs", "twice", ["bitfit"], num_samples=4, epochs=3)
+    if phase == "confirmation":  # as `ray job submit` runs it: the record on a tracking server
+        server = MlflowServer(tmp_path)
+        server.first_start()
+        request.addfinalizer(server.kill)
+        uri = server.uri
+    if phase == "confirmation":  # a short search, then two seeds of its best
+        samples, confirm = 2, "{top_k: 1, seeds: 2}"
+    else:
+        samples, confirm = 4, NO_CONFIRMATION
+    path = write_definition(tmp_path / "defs", "twice", ["bitfit"], num_samples=samples, epochs=3, confirm=confirm)
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
     command = [sys.executable, "-m", "peftune.cli", "sweep", str(path), "--data-dir", str(tiny_data_dir)]
@@ -231,9 +258,11 @@ def test_a_stopped_driver_closes_every_run_as_interrupted(tmp_path, tiny_data_di
     started, output = threading.Event(), []
 
     def read():
+        in_phase = phase == "search"
         for line in process.stdout:
             output.append(line)
-            if "epoch 1/3" in line and "peftune.tracking" in line:  # a trial is mid-way through its training
+            in_phase = in_phase or "confirmation:" in line
+            if in_phase and "epoch 1/3" in line and "peftune.tracking" in line:  # a trial is mid-way through
                 started.set()
 
     reader = threading.Thread(target=read, daemon=True)

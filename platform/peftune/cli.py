@@ -518,12 +518,12 @@ def run_command(prog: str, command: Callable[[], int], verbose: bool = False) ->
             raise
         print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
         return EXIT_USER_ERROR
-    except (KeyboardInterrupt, SystemExit) as error:
+    except BaseException as error:
         if not sweep.stopped(error):
             raise
         ignore_further_interrupts()  # Ray shuts down at exit; a third Ctrl-C must not break that
         print(f"{prog}: interrupted; run the same command again to resume", file=sys.stderr)
-        if isinstance(error, SystemExit):
+        if sweep.sigterm_received() or isinstance(error, SystemExit):
             exit_after_sigterm()
         return EXIT_INTERRUPTED
 

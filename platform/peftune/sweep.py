@@ -141,6 +141,33 @@ def init_ray(address: str | None = None) -> None:
         # a Ray of this process only (address="local": never join a cluster started on this
         # machine by someone else), dashboard off: nothing listens beyond the driver's needs
         ray.init(address="local", include_dashboard=False, dashboard_host="127.0.0.1", runtime_env=runtime_env)
+    _note_sigterm()
+
+
+_SIGTERMS: list[int] = []  # the SIGTERMs this driver received
+
+
+def _note_sigterm() -> None:
+    """Note SIGTERM before the handler ``ray.init`` set turns it into ``SystemExit``: an error raised while that
+    exit unwinds through Tune can take its place (``ray job stop`` during a confirmation once closed the sweep as
+    failed), and a stopped driver must still close its sweep as interrupted. Only the main thread may do this."""
+    previous = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or getattr(previous, "notes_sigterm", False):
+        return
+
+    def noted(signum, frame):
+        _SIGTERMS.append(signum)
+        if callable(previous):
+            previous(signum, frame)
+        raise SystemExit(signum)
+
+    noted.notes_sigterm = True
+    signal.signal(signal.SIGTERM, noted)
+
+
+def sigterm_received() -> bool:
+    """Whether this driver was sent SIGTERM (``ray job stop``) since Ray started in it."""
+    return bool(_SIGTERMS)
 
 
 def code_runtime_env() -> dict[str, Any]:
@@ -450,8 +477,11 @@ def _close(definition: SweepDefinition, record, grid, status: str, complete: boo
 
 def stopped(error: BaseException) -> bool:
     """Whether ``error`` is the driver being stopped: Ctrl-C, or SIGTERM (``ray job stop``; Ray's driver turns it
-    into ``SystemExit``). A stopped sweep is interrupted, not failed: running it again resumes it."""
-    return isinstance(error, KeyboardInterrupt) or (isinstance(error, SystemExit) and error.code == signal.SIGTERM)
+    into ``SystemExit``), whatever was raised after it. A stopped sweep is interrupted, not failed: running it
+    again resumes it."""
+    if isinstance(error, KeyboardInterrupt) or sigterm_received():
+        return True
+    return isinstance(error, SystemExit) and error.code == signal.SIGTERM
 
 
 def _close_after(error: BaseException, definition, record, trial_logger, wait_s: float) -> None:
