@@ -315,12 +315,13 @@ def split_numbers(metrics: dict[str, float], row: dict[str, Any], task_metrics: 
     """Which split a run's ``score`` and task metrics come from, and what they are (see ``peftune.record``).
 
     A confirmation run that evaluated dev reports dev's numbers, at the epoch the selection split chose
-    (its ``best_dev_*``), and keeps its selection score as ``selection_score``. A search trial's numbers
-    are the selection split's. A record written before the selection split existed selected on dev.
+    (its ``best_dev_*``), and keeps its selection score as ``selection_score`` (none when a one-epoch run
+    had no epoch to choose and did not evaluate selection). A search trial's numbers are the selection
+    split's. A record written before the selection split existed selected on dev.
     """
     if f"best_{DEV}_score" in metrics:
         dev = {key: metrics.get(f"best_{DEV}_{key}", math.nan) for key in ["score", *task_metrics]}
-        return {**dev, "selection_score": row.get("score", math.nan), "split": DEV}
+        return {**dev, "selection_score": metrics.get(f"best_{SELECTION}_score", math.nan), "split": DEV}
     if f"best_{SELECTION}_score" in metrics or f"{SELECTION}_score" in metrics:
         return {"selection_score": row.get("score", math.nan), "split": SELECTION}
     return {"selection_score": math.nan, "split": DEV}

@@ -8,6 +8,8 @@ and held out of training when the budget uses the whole file.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -95,3 +97,37 @@ def test_a_search_trial_is_judged_on_selection_and_a_confirmation_run_reports_de
     assert len(predicted) == len(labels)
     accuracy = sum(p == y for p, y in zip(predicted, labels, strict=True)) / len(labels)
     assert accuracy == pytest.approx(final["dev_sst_accuracy"])  # the predictions are the dev score's
+
+
+def test_a_one_epoch_confirmation_run_evaluates_dev_once_and_names_its_numbers_dev(tiny_prepared, monkeypatch):
+    """With one epoch there is no epoch for selection to choose and no scheduler to serve at a rung: the run's
+    one evaluation is dev's, and its numbers carry dev's name as in a run that also evaluated selection."""
+    from peftune import record, worker
+
+    settings = worker.TrialSettings("s", ("sst",), epochs=1, batch_size=16, seed=0, phase=record.CONFIRM,
+                                    train={"report_fractions": [1 / 3]})  # fmt: skip
+    config = settings.train_config("frozen", {"lr": 1e-3, "dropout": 0.0, "weight_decay": 0.0})
+    assert config.eval_splits == ["dev"] and config.predictions_of == "dev" and config.report_fractions == []
+    two = dataclasses.replace(settings, epochs=2).train_config(
+        "frozen", {"lr": 1e-3, "dropout": 0.0, "weight_decay": 0.0}
+    )
+    assert two.eval_splits == ["selection", "dev"]  # two epochs: selection chooses one
+    search = dataclasses.replace(settings, phase=record.SEARCH)
+    searched = search.train_config("frozen", {"lr": 1e-3, "dropout": 0.0, "weight_decay": 0.0})
+    assert searched.eval_splits == ["selection"] and searched.report_fractions == [1 / 3]
+
+    evaluated, reports = [], []
+    predict = train.predict
+
+    def counted(model, tasks, split, *args, **kwargs):
+        evaluated.append(split)
+        return predict(model, tasks, split, *args, **kwargs)
+
+    monkeypatch.setattr(train, "predict", counted)
+    train.run_trial(config, tiny_prepared, lambda metrics, save: reports.append(metrics))
+    assert evaluated == ["dev"]
+    final = reports[-1]
+    assert final["score"] == final["dev_score"] and "dev_sst_accuracy" in final and "selection_score" not in final
+    labels = tiny_prepared.tasks["sst"].dev.labels.tolist()
+    accuracy = sum(p == y for p, y in zip(final["predictions"]["sst"], labels, strict=True)) / len(labels)
+    assert accuracy == pytest.approx(final["dev_sst_accuracy"])

@@ -46,7 +46,8 @@ TRAIN_COMMAND = "peftune.train_command"  # the `peftune train` command line that
 
 # the splits a trial's numbers come from (peftune.data.SPLITS): a search trial's plain metrics (score,
 # sst_accuracy, ...) are on the selection split and repeated as selection_score; a confirmation run also
-# logs dev_score and dev_<task metric> (the report's numbers, at the epoch the selection split chose)
+# logs dev_score and dev_<task metric> (the report's numbers, at the epoch the selection split chose; a
+# one-epoch confirmation run evaluates dev only, so its plain metrics are dev's and it has no selection_score)
 SELECTION, DEV = "selection", "dev"
 # a confirmation run's per-example dev predictions at that epoch: gzip CSV, one row per example and seed
 PREDICTIONS_ARTIFACT = "predictions/dev.csv.gz"

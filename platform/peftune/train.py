@@ -39,6 +39,7 @@ from peftune.errors import UserError
 from peftune.methods.base import DROPOUT
 from peftune.model import POOLINGS, MultitaskModel
 from peftune.params import count_parameters
+from peftune.record import DEV
 from peftune.tasks import get_task, overall_score, parse_tasks
 from peftune.validation import Bound, checked
 
@@ -673,15 +674,17 @@ class _Trial:
 
 def evaluate_splits(model, tasks, config: TrainConfig, device, precision: str, with_predictions: bool = True) -> dict:
     """The metrics of ``config.eval_splits`` (see :class:`TrainConfig`): the first split's task metrics and
-    ``score`` under their plain names and as ``<split>_score``; every other split's as ``<split>_<name>``;
-    and, for ``config.predictions_of``, ``predictions``: {task: [prediction per example, in file order]}."""
+    ``score`` under their plain names and as ``<split>_score``; every other split's, and dev's always (the
+    report reads them by that name), as ``<split>_<name>``; and, for ``config.predictions_of``,
+    ``predictions``: {task: [prediction per example, in file order]}."""
     metrics: dict = {}
     for i, split in enumerate(config.eval_splits):
         results = predict(model, tasks, split, config.batch_size * 4, device, precision)
         task_metrics = {metric_name(model.tasks[t]): model.tasks[t].score(p, y) for t, (p, y) in results.items()}
         values = {**task_metrics, "score": overall_score(task_metrics)}
         metrics.update(values if i == 0 else {})
-        metrics.update({f"{split}_{key}": value for key, value in values.items() if i > 0 or key == "score"})
+        named = i > 0 or split == DEV
+        metrics.update({f"{split}_{key}": value for key, value in values.items() if named or key == "score"})
         if with_predictions and split == config.predictions_of:
             metrics["predictions"] = {t: p.tolist() for t, (p, _) in results.items()}
     return metrics

@@ -66,15 +66,17 @@ class TrialSettings:
             batch_size=self.batch_size,
             seed=self.seed,
             **common,
-            **self.evaluation(),
-            **self.train,
+            **{**self.train, **self.evaluation()},
         )
 
     def evaluation(self) -> dict[str, Any]:
-        """What a trial evaluates: a search trial the selection split only (it selects); a confirmation run
-        selection (the epoch kept) and dev (the reported numbers), keeping dev's predictions."""
+        """What a trial evaluates: a search trial the selection split only (it selects, also at the rungs); a
+        confirmation run dev (the reported numbers, keeping its predictions), after selection when there is an
+        epoch to choose. No scheduler stops a confirmation run, so it evaluates at no rung, and with one epoch
+        a selection pass would choose nothing: each would cost an evaluation for nothing."""
         if self.phase == record.CONFIRM:
-            return {"eval_splits": [record.SELECTION, record.DEV], "predictions_of": record.DEV}
+            splits = [record.SELECTION, record.DEV] if self.epochs > 1 else [record.DEV]
+            return {"eval_splits": splits, "predictions_of": record.DEV, "report_fractions": []}
         return {"eval_splits": [record.SELECTION]}
 
     def command(self, method: str, sampled: dict[str, Any]) -> str | None:
