@@ -17,8 +17,9 @@ scored higher. With ``confirm.defaults`` each method's default (control-arm) tri
 well, with the same seeds, so the tuning gain compares seed means on both sides.
 
 What a confirmation run reports: it evaluates the selection split (which picks the epoch kept) and
-dev after every epoch; its ``dev_score`` at the kept epoch is the report's number, and its per-example
-dev predictions there (``predictions/dev.csv.gz``) feed the report's paired comparisons.
+dev after every epoch, dev only when it trains one epoch (nothing to pick), and at no rung (no scheduler
+stops it); its ``dev_score`` at the kept epoch is the report's number, and its per-example dev
+predictions there (``predictions/dev.csv.gz``) feed the report's paired comparisons.
 
 Seeds: ``definition.seed + 1 .. + S``. The search trained every trial with ``definition.seed``, and
 the candidates were chosen because that run scored well: re-using its seed would re-count the lucky
