@@ -86,7 +86,7 @@ class Candidate:
     config_key: str
     method: str
     run_id: str  # the search trial's child run
-    score: float  # its best dev score in the search
+    score: float  # its best selection score in the search
     status: str
     default: bool  # the method's control-arm (default) trial
     params: dict  # its MLflow params, as logged (strings)

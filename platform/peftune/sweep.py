@@ -105,9 +105,9 @@ class SweepResult:
         counts = ", ".join(f"{n} {s or 'unfinished'}" for s, n in sorted(self.statuses.items(), key=str))
         lines = [f"sweep {self.name}: {self.status}; {self.num_trials} trials ({counts})"]
         if self.best:
-            lines.append(
-                f"best trial: {self.best['method']} ({self.best['trial_id']}) dev score {self.best['best_score']:.4f}"
-            )
+            best = self.best  # a search trial: judged on the selection split (the report's numbers are dev's)
+            score = f"selection score {best['best_score']:.4f}"
+            lines.append(f"best search trial: {best['method']} ({best['trial_id']}) {score}")
         if self.confirmation and self.confirmation["status"] != "skipped":
             c = self.confirmation
             lines.append(f"confirmation: {c['finished']}/{c['wanted']} seed runs of the best configurations finished")
