@@ -360,8 +360,12 @@ def fairness(sweep, configs: pd.DataFrame, table: pd.DataFrame | None = None) ->
         confirmed_default = own[own["default"]] if len(own) else own
         if len(confirmed_default):  # the control arm confirmed too: compare seed means on both sides
             default_score = confirmed_default["score_mean"].max()
+        default_won = not len(tuned) and bool(len(confirmed_default))  # the search's best was the default itself
+        tuned = confirmed_default if default_won else tuned
         best = tuned.loc[tuned["score_mean"].idxmax()] if len(tuned) else None
         gain = _gain(best, confirmed_default, gains)
+        if default_won:  # one configuration on both sides: a gain of 0, said as such rather than left blank
+            gain["gain_decision"] = DEFAULT_WON
         q1, q3 = (scored.quantile(0.25), scored.quantile(0.75)) if len(scored) else (math.nan, math.nan)
         rows.append(
             {
@@ -383,6 +387,9 @@ def fairness(sweep, configs: pd.DataFrame, table: pd.DataFrame | None = None) ->
             }
         )
     return pd.DataFrame(rows)
+
+
+DEFAULT_WON = "the default won the search"
 
 
 def _gain(best, confirmed_default: pd.DataFrame, gains: dict) -> dict:

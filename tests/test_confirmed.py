@@ -216,6 +216,17 @@ def test_the_tuning_gain_is_shown_with_its_interval_also_when_the_default_won(bu
     assert page.index("Recommendation per parameter budget") < page.index("Fairness per method")
 
 
+def test_a_default_that_won_the_search_and_was_confirmed_alone_has_a_gain_of_zero_not_a_blank(built):
+    """With top_k 1, a method whose best search trial is its default confirms that one configuration only."""
+    configs = built.configs[built.configs["config_key"] != "key-b2"]  # bitfit: its default only
+    fair = confirmed.fairness(built.sweep, configs).set_index("method")
+    assert fair.loc["bitfit", "tuned_label"] == configs.set_index("config_key").loc["key-b1", "label"]
+    assert fair.loc["bitfit", "tuning_gain"] == 0.0 and fair.loc["bitfit", "gain_decision"] == confirmed.DEFAULT_WON
+    shown = confirmed.fairness_display(fair.reset_index()).set_index("Method")
+    assert shown.loc["bitfit", "Tuning gain [95% interval]"] == "+0.000"
+    assert shown.loc["bitfit", "Gain decision"] == "the default won the search"
+
+
 def test_control_arm_is_the_search_default_whatever_a_confirmation_run_says(record):
     """Confirmation runs once tagged every configuration ``peftune.default=true`` (the string "false" was truthy),
     which emptied the tuned column of the README run's fairness table: the search trial's tag decides."""
