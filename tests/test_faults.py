@@ -237,15 +237,13 @@ def test_a_stopped_driver_closes_every_run_as_interrupted(tmp_path, tiny_data_di
     the sweep is interrupted (exit 3, resumable), not failed."""
     signals, phase = STOPS[stop]
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    if phase == "confirmation":  # as `ray job submit` runs it: the record on a tracking server
+    samples, confirm = 4, NO_CONFIRMATION
+    if phase == "confirmation":  # a short search, then two seeds of its best, recorded on a tracking server as
+        samples, confirm = 2, "{top_k: 1, seeds: 2}"  # under `ray job submit` (with SQLite the old bug hid)
         server = MlflowServer(tmp_path)
         server.first_start()
         request.addfinalizer(server.kill)
         uri = server.uri
-    if phase == "confirmation":  # a short search, then two seeds of its best
-        samples, confirm = 2, "{top_k: 1, seeds: 2}"
-    else:
-        samples, confirm = 4, NO_CONFIRMATION
     path = write_definition(tmp_path / "defs", "twice", ["bitfit"], num_samples=samples, epochs=3, confirm=confirm)
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)

@@ -66,7 +66,7 @@ class TrialSettings:
             batch_size=self.batch_size,
             seed=self.seed,
             **common,
-            **{**self.train, **self.evaluation()},
+            **{**self.train, **self.evaluation()},  # the phase's evaluation overrides the sweep's rungs
         )
 
     def evaluation(self) -> dict[str, Any]:
