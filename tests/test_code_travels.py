@@ -11,25 +11,126 @@ from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
 import textwrap
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import mlflow
 import psutil
 import pytest
 
-import test_jobs
-from test_jobs import BIN, LocalCluster, free_port
-
 pytestmark = pytest.mark.slow
-cluster_env = test_jobs.cluster_env  # the fixture: token authentication with a token of the test's own
 REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+class LocalCluster:
+    """``ray start --head --block`` on free ports, bound to 127.0.0.1, in its own session and temp dir.
+
+    Stopped by signalling that session and then any process left that names the temp dir: never
+    ``ray stop``, which would stop every Ray on the machine.
+    """
+
+    def __init__(self, env: dict[str, str], num_cpus: int = 2):
+        self.temp_dir = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths must fit 107 bytes
+        self.dashboard_port = free_port()
+        ports = {
+            "--port": free_port(),
+            "--dashboard-port": self.dashboard_port,
+            "--dashboard-agent-listen-port": free_port(),
+            "--dashboard-agent-grpc-port": free_port(),
+            "--metrics-export-port": free_port(),
+            "--runtime-env-agent-port": free_port(),
+            "--ray-client-server-port": free_port(),
+            "--node-manager-port": free_port(),
+            "--object-manager-port": free_port(),
+        }
+        command = [
+            str(BIN / "ray"),
+            "start",
+            "--head",
+            "--block",
+            "--dashboard-host=127.0.0.1",
+            f"--num-cpus={num_cpus}",
+            "--include-dashboard=true",
+            f"--temp-dir={self.temp_dir}",
+        ]
+        command += [f"{flag}={port}" for flag, port in ports.items()]
+        self.gcs_address = f"127.0.0.1:{ports['--port']}"  # where other nodes join
+        self.log = open(Path(self.temp_dir) / "ray-start.log", "w")  # noqa: SIM115 (closed in stop())
+        self.process = subprocess.Popen(
+            command, env=env, stdout=self.log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+
+    @property
+    def address(self) -> str:
+        return f"http://127.0.0.1:{self.dashboard_port}"
+
+    def wait_ready(self, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"ray start exited: {(Path(self.temp_dir) / 'ray-start.log').read_text()[-3000:]}")
+            try:
+                with urllib.request.urlopen(f"{self.address}/api/version", timeout=2):
+                    return
+            except urllib.error.HTTPError:
+                return  # it answers (401 without the cluster's token): it is up
+            except OSError:
+                time.sleep(1)
+        raise TimeoutError(f"the Ray dashboard did not come up at {self.address}")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            os.killpg(self.process.pid, signal.SIGTERM)
+            try:
+                self.process.wait(timeout=20)
+            except subprocess.TimeoutExpired:  # the GCS can take most of a minute to shut down gracefully
+                os.killpg(self.process.pid, signal.SIGKILL)
+                self.process.wait(timeout=30)
+        for process in psutil.process_iter(["pid", "cmdline"]):  # daemons that left the session
+            if any(self.temp_dir in part for part in process.info["cmdline"] or []):
+                try:
+                    process.kill()
+                except psutil.Error:
+                    pass
+        self.log.close()
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
+
+
+@pytest.fixture
+def cluster_env(tmp_path) -> dict[str, str]:
+    # token authentication, explicitly and on both sides (the cluster requires the token, and `ray job
+    # submit` sends it only when RAY_AUTH_MODE=token), with a token of this test's own
+    token = tmp_path / "ray_auth_token"
+    token.write_text(secrets.token_hex(32))
+    env = {
+        **os.environ,
+        "PATH": f"{BIN}{os.pathsep}{os.environ.get('PATH', '')}",
+        "HF_HUB_OFFLINE": "1",
+        "RAY_USAGE_STATS_ENABLED": "0",
+        "RAY_AUTH_MODE": "token",
+        "RAY_AUTH_TOKEN_PATH": str(token),
+    }
+    env.pop("RAY_AUTH_TOKEN", None)
+    env.pop("RAY_ADDRESS", None)
+    return env
+
 
 # on the worker node: only Ray's copies of peftune and analysis (under runtime_resources/) may be imported
 HIDE = """\

@@ -5,9 +5,11 @@ What differs from the README, and why: the install part (`python3 -m venv .venv 
 -e ".[dev]" && . .venv/bin/activate`) is left out and this interpreter's environment is used
 instead (its bin directory first on PATH, the copy's sources on PYTHONPATH): reinstalling torch
 takes minutes and tests nothing of ours. `--budget cpu` becomes `--smoke-test`, the default ports
-become free ones (passed to `peftune up` and put in the two addresses), and `DATA` is the shared
-data directory. The command then runs a second time (the Ray head and MLflow server up, the sweep
-finished): it must reuse both and succeed again. `peftune down` stops everything at the end.
+become free ones (passed to `peftune up` and put in the two addresses), `DATA` is the shared
+data directory, and on the first run `--test-dir` adds a held-out test file, so that the job's final
+evaluation runs too. The job's record on the MLflow server and its report are checked, then the command runs
+a second time (the Ray head and MLflow server up, the sweep finished): it must reuse both and succeed again.
+`peftune down` stops everything at the end.
 """
 
 from __future__ import annotations
@@ -23,7 +25,8 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, SHARED_DATA, copy_repository
-from peftune import services
+from peftune import record, services, spaces
+from test_jobs import held_out_dir
 
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
 
@@ -45,7 +48,7 @@ def free_ports(n: int) -> list[int]:
             s.close()
 
 
-def adapt(command: str, ports: services.Ports, data: Path) -> str:
+def adapt(command: str, ports: services.Ports, data: Path, test_dir: Path | None = None) -> str:
     """The README command with the substitutions the module docstring lists (each must apply once)."""
     install, sep, rest = command.partition(". .venv/bin/activate && ")
     assert sep and install.startswith("DATA=$(realpath ../shared/data) && python3 -m venv .venv"), command
@@ -57,7 +60,7 @@ def adapt(command: str, ports: services.Ports, data: Path) -> str:
         ("peftune up", f"peftune up {flags}"),
         ("127.0.0.1:8265", f"127.0.0.1:{ports.dashboard}"),
         ("127.0.0.1:5000", f"127.0.0.1:{ports.mlflow}"),
-        ("--budget cpu", "--smoke-test"),
+        ("--budget cpu", f"--smoke-test --test-dir {test_dir} --test-seeds 1" if test_dir else "--smoke-test"),
     ):
         assert rest.count(old) == 1, (old, rest)
         rest = rest.replace(old, new)
@@ -67,6 +70,35 @@ def adapt(command: str, ports: services.Ports, data: Path) -> str:
 def run(command: str, cwd: Path, env: dict) -> subprocess.CompletedProcess:
     # a bound: `ray job submit` was seen waiting on after its job had failed
     return subprocess.run(["bash", "-c", command], cwd=cwd, env=env, capture_output=True, text=True, timeout=1800)
+
+
+def check_the_job(output: str, ports: services.Ports, report: Path) -> None:
+    """What the job printed, its report with the held-out evaluation, and its record on the MLflow server."""
+    import mlflow
+
+    run_id = re.search(r"MLflow parent run id: (\w+)", output).group(1)
+    assert f"MLflow UI: http://127.0.0.1:{ports.mlflow}/#/experiments/" in output
+    assert re.search(r"^report: \S+/reports/sst_tuning/", output, flags=re.M), output[-3000:]
+    assert "## Held-out test split (final evaluation)" in (report / "report.md").read_text()
+    assert (report / "evaluation" / "evaluation.csv").is_file()
+
+    client = mlflow.MlflowClient(f"http://127.0.0.1:{ports.mlflow}")
+    parent = client.get_run(run_id)
+    assert parent.data.tags[record.ROLE] == "sweep" and parent.data.params["budget"] == "smoke"
+    assert parent.data.tags[record.STATUS] == "completed" and parent.info.status == "FINISHED"
+    children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
+    # smoke: each method's best, 1 seed
+    confirmed = [r for r in children if r.data.tags[record.PHASE] == record.CONFIRM]
+    searched = [r for r in children if r.data.tags[record.PHASE] == record.SEARCH]
+    assert all(r.data.tags[record.STATUS] == "completed" for r in confirmed)
+    assert len(searched) == int(parent.data.params["num_samples"]) == 11
+    # the smoke budget gives every method one trial: its published default
+    methods = spaces.load_sweep(spaces.resolve_sweep_path("sst_tuning")).methods
+    assert sorted(r.data.params["method"] for r in searched) == sorted(methods)
+    assert all(r.data.tags[record.DEFAULT] == "true" for r in searched)
+    assert len(confirmed) == len(methods)
+    assert {r.data.tags[record.STATUS] for r in searched} <= {"completed", "early_stopped"}
+    assert all({"best_score", "trainable_params_per_task"} <= set(r.data.metrics) for r in searched)
 
 
 def listening(processes) -> list[tuple[str, str, int]]:
@@ -116,7 +148,7 @@ def test_readme_first_command_on_a_fresh_machine(tmp_path):
     repo.mkdir()
     copy_repository(repo)
     ports = services.Ports(*free_ports(5))
-    command = adapt(readme_first_command(), ports, SHARED_DATA.resolve())
+    first_command = adapt(readme_first_command(), ports, SHARED_DATA.resolve(), held_out_dir(tmp_path / "test"))
     env = {
         key: value for key, value in os.environ.items() if not key.startswith(("RAY_", "MLFLOW_"))
     }  # nothing of a Ray or MLflow the caller may run carries over
@@ -129,15 +161,14 @@ def test_readme_first_command_on_a_fresh_machine(tmp_path):
     down = [sys.executable, "-m", "peftune.cli", "down", "--ray-port", str(ports.ray), "--mlflow-port",
             str(ports.mlflow)]  # fmt: skip
     try:
-        first = run(command, repo, env)
+        first = run(first_command, repo, env)
         output = first.stdout + first.stderr
         assert first.returncode == 0, output[-4000:]
         assert (home / ".ray" / "auth_token").exists()  # generated: there was none
         assert "Ray head started" in output and "MLflow server started" in output
         assert re.search(r"Job 'raysubmit_\w+' succeeded", output), output[-4000:]
         assert "sweep sst_tuning: completed" in output
-        report = repo / "reports" / "sst_tuning"
-        assert report.is_dir() and any(report.iterdir())
+        check_the_job(output, ports, repo / "reports" / "sst_tuning")
 
         # the dashboard / Jobs API and MLflow listen on loopback only. Ray 2.60 binds its GCS, raylets
         # and agents to the node's address (or all) whatever --node-ip-address says: token auth guards them
@@ -150,7 +181,7 @@ def test_readme_first_command_on_a_fresh_machine(tmp_path):
         print("listening sockets of the started services:", sorted(set(sockets)))
 
         # again, as on a machine where it already ran: services reused, the finished sweep reported again
-        second = run(command, repo, env)
+        second = run(adapt(readme_first_command(), ports, SHARED_DATA.resolve()), repo, env)
         output = second.stdout + second.stderr
         assert second.returncode == 0, output[-4000:]
         assert "Ray head running" in output and "MLflow server running" in output
