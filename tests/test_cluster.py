@@ -23,9 +23,13 @@ from test_fresh_machine import free_ports
 pytestmark = pytest.mark.slow
 
 
-@pytest.fixture
-def two_nodes(tmp_path):
-    """(env, ports) of a head and a joined worker node under a fresh HOME; both stopped afterwards."""
+@pytest.fixture(scope="module")
+def two_nodes(tmp_path_factory):
+    """(env, ports) of a head and a joined worker node under a fresh HOME; both stopped afterwards.
+
+    One cluster for the module (starting and stopping one takes about 45 s): each test's sweep has its own
+    directories, and the node-kill test, which ends the worker node, is the module's last."""
+    tmp_path = tmp_path_factory.mktemp("two_nodes")
     home = tmp_path / "home"
     home.mkdir()
     repo = Path(__file__).resolve().parents[1]
