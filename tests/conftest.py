@@ -9,6 +9,8 @@ import pytest
 import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach for the hub
+if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # `-n N`: the cores shared among the N workers, not N times each
+    torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
 from peftune.backbone import BertConfig, BertModel  # noqa: E402
 
