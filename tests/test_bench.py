@@ -30,7 +30,7 @@ def test_contenders_see_the_same_examples_and_steps(tiny_prepared, tiny_model_di
         tiny_prepared, tiny_model_dir, batch_size=16, repeats=1, output_dir=str(tmp_path), echo=lines.append
     )
     split = tiny_prepared.tasks["sst"].train
-    assert len(best) == 7 and len(lines) == 7
+    assert len(best) == 8 and len(lines) == 8
     expected_steps = -(-len(split) // 16)
     for name, result in best.items():
         assert sorted(result.examples) == list(range(len(split))), name  # each example exactly once

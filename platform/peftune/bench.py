@@ -7,7 +7,8 @@ so the same number of optimizer steps:
   at the precision ``auto`` picks;
 - the HF Trainer set up as a competent user would: pre-tokenized data, ``DataCollatorWithPadding``,
   length-grouped sampling, its default optimizer (``adamw_torch_fused``), ``use_cpu`` on CPU; at
-  its defaults (fp32), with ``bf16=True`` (CPU autocast), and LoRA r=8 on q/k/v through peft.
+  its defaults (fp32), with ``bf16=True`` (CPU autocast), and LoRA r=8 on q/k/v through peft at its
+  defaults and with ``bf16=True`` (the strongest LoRA peer).
 
 Rounds alternate so that machine noise hits every contender alike; each keeps its best round.
 Figures are non-padding tokens per second of training (forward, backward, optimizer step,
@@ -73,7 +74,7 @@ def core_epoch(prepared: train.PreparedData, method: str, precision: str, batch_
 
 
 def trainer_epoch(prepared, model_dir, mode: str, batch_size: int, seed: int, output_dir: str) -> Result:
-    """One epoch of the Trainer; ``mode`` is "fp32" (its defaults), "bf16" or "lora" (peft, fp32)."""
+    """One epoch of the Trainer; ``mode`` is "fp32" (its defaults), "bf16", "lora" (peft, fp32) or "lora_bf16"."""
     import transformers
 
     split = prepared.tasks["sst"].train
@@ -97,7 +98,7 @@ def trainer_epoch(prepared, model_dir, mode: str, batch_size: int, seed: int, ou
 
     torch.manual_seed(seed)
     model = transformers.BertForSequenceClassification.from_pretrained(str(model_dir), num_labels=5)
-    if mode == "lora":
+    if mode.startswith("lora"):
         import peft
 
         config = peft.LoraConfig(r=LORA["rank"], lora_alpha=LORA["alpha"], target_modules=LORA["targets"])
@@ -106,10 +107,10 @@ def trainer_epoch(prepared, model_dir, mode: str, batch_size: int, seed: int, ou
         output_dir=output_dir,
         per_device_train_batch_size=batch_size,
         num_train_epochs=1,
-        learning_rate=2e-5 if mode != "lora" else 5e-4,
+        learning_rate=5e-4 if mode.startswith("lora") else 2e-5,
         train_sampling_strategy="group_by_length",
         use_cpu=not torch.cuda.is_available(),
-        bf16=mode == "bf16",
+        bf16=mode.endswith("bf16"),
         remove_unused_columns=False,  # keeps "idx" for the collator to record
         save_strategy="no",
         report_to=[],
@@ -207,6 +208,9 @@ def contenders(prepared, model_dir, batch_size: int, output_dir: str) -> dict:
         ),
         "Trainer, full FT, bf16=True": lambda r: trainer_epoch(prepared, model_dir, "bf16", batch_size, r, output_dir),
         "Trainer + peft, LoRA r=8": lambda r: trainer_epoch(prepared, model_dir, "lora", batch_size, r, output_dir),
+        "Trainer + peft, LoRA r=8, bf16=True": lambda r: trainer_epoch(
+            prepared, model_dir, "lora_bf16", batch_size, r, output_dir
+        ),
         "core, full FT, fp32": lambda r: core_epoch(prepared, "full", "fp32", batch_size, r),
         "core, full FT, bf16": lambda r: core_epoch(prepared, "full", "bf16", batch_size, r),
         f"core, full FT, auto ({auto})": lambda r: core_epoch(prepared, "full", "auto", batch_size, r),
@@ -261,17 +265,20 @@ def main(args) -> None:
             f"{flops / peaks['fp32']:>8.0%} {flops / peaks['bf16']:>8.0%}"
         )
     by = {name.split(" (")[0].replace(", auto", ""): r for name, r in best.items()}
-    core_full = by["core, full FT"]
+    core_full, core_lora = by["core, full FT"], by["core, LoRA r=8"]
     trainer, trainer_bf16 = by["Trainer, full FT, defaults"], by["Trainer, full FT, bf16=True"]
-    ratios = [
+    peft_lora, peft_lora_bf16 = by["Trainer + peft, LoRA r=8"], by["Trainer + peft, LoRA r=8, bf16=True"]
+    ratios = [  # the targets of issue 19: against the strongest peer of each kind
         ("core full FT / Trainer defaults", core_full.tokens_per_s / trainer.tokens_per_s, ">= 2.5x"),
-        ("core full FT / Trainer bf16=True", core_full.tokens_per_s / trainer_bf16.tokens_per_s, ">= 1.2x"),
-        ("core LoRA epoch / core full FT epoch", by["core, LoRA r=8"].seconds / core_full.seconds, "<= 0.7x"),
-        ("Trainer LoRA epoch / Trainer epoch", by["Trainer + peft, LoRA r=8"].seconds / trainer.seconds, "(peer)"),
+        ("core full FT / Trainer bf16=True", core_full.tokens_per_s / trainer_bf16.tokens_per_s, ">= 1.35x"),
+        ("core LoRA / Trainer + peft defaults", core_lora.tokens_per_s / peft_lora.tokens_per_s, "(peer)"),
+        ("core LoRA / Trainer + peft bf16=True", core_lora.tokens_per_s / peft_lora_bf16.tokens_per_s, ">= 1.35x"),
+        ("core LoRA epoch / core full FT epoch", core_lora.seconds / core_full.seconds, "<= 0.65x"),
+        ("Trainer LoRA epoch / Trainer epoch", peft_lora.seconds / trainer.seconds, "(peer)"),
     ]
     for label, value, target in ratios:
         print(f"{label:<40} {value:.2f}x  (target {target})")
     mfu = flops_per_token(config, mean_length, lora=False) * core_full.tokens_per_s / peaks["bf16"]
-    print(f"{'core full FT MFU vs bf16 peak':<40} {mfu:.0%}  (target >= 40%)")
+    print(f"{'core full FT MFU vs bf16 peak':<40} {mfu:.0%}  (target >= 60%)")
     if args.profile:
         print_profile(prepared, args.batch_size)
