@@ -10,7 +10,7 @@ import optuna
 import pytest
 import yaml
 
-from peftune import cli, methods, spaces, validation
+from peftune import cli, methods, search, spaces, validation
 from peftune.spaces import Choice, FloatRange, IntRange, SpaceError
 
 SHIPPED = spaces.shipped_files()
@@ -235,7 +235,7 @@ def test_an_invalid_definition_starts_nothing(sweep_dir, monkeypatch, capsys):
 
 def test_conditional_space_gives_each_method_only_its_own_parameters():
     definition = spaces.load_sweep(spaces.resolve_sweep_path("sst_tuning"))
-    space = spaces.ConditionalSpace(definition.spaces)
+    space = search.ConditionalSpace(definition.spaces)
     study = optuna.create_study(direction="maximize", sampler=optuna.samplers.RandomSampler(seed=0))
     seen = set()
     for _ in range(120):

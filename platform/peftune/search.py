@@ -578,6 +578,24 @@ def per_method(definition: spaces.SweepDefinition) -> bool:
     return definition.search.allocation == "per_method" and not definition.multi_objective
 
 
+@dataclass
+class ConditionalSpace:
+    """Optuna define-by-run space: ``method``, then that method's own parameters as ``<method>/<param>`` (TPE
+    models each method's lr apart); a module-level class, not a closure: Ray pickles the searcher with it."""
+
+    spaces: dict[str, MethodSpace]
+
+    def __call__(self, trial) -> dict[str, Any]:
+        method = trial.suggest_categorical("method", list(self.spaces))
+        constants = {}
+        for name, param in self.spaces[method].params().items():
+            if isinstance(param, spaces.Fixed):  # returned, not suggested: Optuna has nothing to learn
+                constants[f"{method}/{name}"] = param.value
+            else:
+                param.suggest(trial, f"{method}/{name}")
+        return constants
+
+
 def make_searcher(
     definition: spaces.SweepDefinition, storage_url: str | None = None, budgets: Allocation | None = None
 ):
@@ -602,7 +620,7 @@ def make_searcher(
     warnings.filterwarnings("ignore", category=optuna.exceptions.ExperimentalWarning, module="optuna")
 
     search, seed = definition.search, definition.seed
-    space = spaces.ConditionalSpace(definition.spaces)
+    space = ConditionalSpace(definition.spaces)
     if definition.multi_objective:
         metric, mode = (list(x) for x in zip(*spaces.MULTI_OBJECTIVE, strict=True))
         if search.sampler == "nsga2":

@@ -442,21 +442,3 @@ def resolve_sweep_path(name_or_path: str | Path) -> Path:
 def shipped_files() -> list[Path]:
     """Every shipped YAML file (method spaces and sweep definitions)."""
     return sorted(SEARCH_SPACES_DIR.rglob("*.yaml"))
-
-
-@dataclasses.dataclass
-class ConditionalSpace:
-    """Optuna define-by-run space: ``method``, then that method's own parameters as ``<method>/<param>`` (TPE
-    models each method's lr apart); a module-level class, not a closure: Ray pickles the searcher with it."""
-
-    spaces: dict[str, MethodSpace]
-
-    def __call__(self, trial) -> dict[str, Any]:
-        method = trial.suggest_categorical("method", list(self.spaces))
-        constants = {}
-        for name, param in self.spaces[method].params().items():
-            if isinstance(param, Fixed):  # returned, not suggested: Optuna has nothing to learn
-                constants[f"{method}/{name}"] = param.value
-            else:
-                param.suggest(trial, f"{method}/{name}")
-        return constants
