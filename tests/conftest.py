@@ -166,3 +166,14 @@ LONGEST_FIRST = (
 def pytest_collection_modifyitems(items):
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: the rest keep their order
+
+
+@pytest.fixture(autouse=True)
+def no_lease_left_renewing():
+    """Every test releases the sweep leases it took: a lease thread left renewing stops the process (os._exit,
+    as a superseded driver must) once pytest deletes the test's directory, and with it a worker and its tests."""
+    import threading
+
+    yield
+    left = [thread for thread in threading.enumerate() if thread.name == "peftune-lease" and thread.is_alive()]
+    assert not left, f"{len(left)} sweep lease(s) still held after the test"

@@ -45,7 +45,9 @@ def test_a_held_lease_refuses_a_second_driver_naming_the_first(tmp_path):
         assert f"host {socket.gethostname()}, pid {os.getpid()}, since " in message and "'s'" in message
         assert "lapses at" in message and "\n" not in message
         assert isinstance(refused.value, ValueError)  # a user error: one line, exit 2
-        lease.Lease(tmp_path, "other", ttl=30).acquire()  # another sweep under the same storage path is free
+        other = lease.Lease(tmp_path, "other", ttl=30)
+        other.acquire()  # another sweep under the same storage path is free
+        other.release()  # (left renewing, its thread would stop this process once tmp_path is gone)
     finally:
         first.release()
     assert first.current() == (None, None)  # released: the next driver starts at once
