@@ -54,3 +54,17 @@ def test_time_shares_cover_the_epoch_and_find_the_matmuls(tiny_prepared):
     assert sum(shares.values()) == pytest.approx(1.0)
     assert shares["matmul"] > 0 and shares["optimizer"] > 0
     assert bench.category("aten::addmm") == "matmul" and bench.category("aten::_fused_adamw_") == "optimizer"
+
+
+def test_compiling_pays_only_from_the_trial_length_its_saved_step_time_covers():
+    faster = bench.CompileResult(compile_s=60.0, eager_step_s=0.30, compiled_step_s=0.20, steps=64)
+    assert faster.speedup == pytest.approx(1.5) and faster.break_even_steps == pytest.approx(600)
+    slower = bench.CompileResult(compile_s=60.0, eager_step_s=0.30, compiled_step_s=0.33, steps=64)
+    assert slower.break_even_steps == float("inf")  # measured on AVX2 CPUs: never, for full FT and LoRA
+
+
+def test_the_compile_comparison_traces_the_core_s_step_on_every_batch_length(tiny_prepared):
+    # dynamo's "eager" backend: the tracing of the real path, without inductor's minutes of C++ compiling
+    result = bench.compile_comparison(tiny_prepared, "lora", "fp32", batch_size=16, repeats=1, backend="eager")
+    assert result.steps == -(-len(tiny_prepared.tasks["sst"].train) // 16)
+    assert result.compile_s >= 0 and result.eager_step_s > 0 and result.compiled_step_s > 0

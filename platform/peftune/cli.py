@@ -467,6 +467,10 @@ def add_bench_parser(sub) -> None:
     p.add_argument(
         "--profile", action="store_true", help="also the share of training time per op category (torch profiler)"
     )
+    p.add_argument(
+        "--compile", action="store_true", help="also torch.compile against eager: compile time, step ratio, and "
+        "the trial length from which compiling pays"
+    )  # fmt: skip
     p.set_defaults(func=cmd_bench)
 
 
