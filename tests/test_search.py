@@ -475,3 +475,18 @@ def test_a_driver_killed_right_after_a_trial_start_leaves_no_ghost_and_runs_no_c
         study = optuna.load_study(study_name=f"fair.{method}", storage=f"sqlite:///{tmp_path / 'optuna.db'}")
         trials = study.get_trials(deepcopy=False)
         assert len(trials) == 3 and all(t.state.is_finished() for t in trials), [t.state for t in trials]
+
+
+def test_within_a_round_the_slowest_method_starts_first_so_the_phase_ends_on_short_trials(tmp_path):
+    methods = ["frozen", "lora", "prompt"]
+    searcher = make_searcher(tmp_path, methods, num_samples=9, asynchronous=False)
+    first = hand_out(searcher, 0, 3)
+    assert [c["method"] for c in first] == methods  # nothing timed yet: the listed order
+    for i, seconds in enumerate((10.0, 20.0, 200.0)):  # a length-100 prompt trains 10-20x longer
+        searcher.on_trial_complete(f"t{i}", {"score": 0.4, "train_time_s": seconds})
+    assert [c["method"] for c in hand_out(searcher, 3, 3)] == ["prompt", "lora", "frozen"]
+    checkpoint = tmp_path / "searcher.json"
+    searcher.save(str(checkpoint))  # the timings survive a restore
+    again = make_searcher(tmp_path, methods, num_samples=9, asynchronous=False)
+    again.restore(str(checkpoint))
+    assert again.mean_seconds("prompt") == 200.0 and again.mean_seconds("frozen") == 10.0

@@ -210,7 +210,9 @@ def search_finished(allocation: Allocation, results: list[tuple[str, dict]]) -> 
 
 
 class PerMethodSearcher(Searcher):
-    """One seeded TPE study per method; round-robin over the methods that still have budget.
+    """One seeded TPE study per method; round-robin over the methods that still have budget, within a round the
+    slowest method (its finished trials' mean training seconds) first, so that the phase does not end on one long
+    trial (a length-100 prompt) running alone while the other slots idle.
 
     A fresh sweep seeds method ``i``'s sampler with ``seed + i``; a resumed one adds a multiple of
     the trials its study already holds, so that the restarted sampler draws new configurations.
@@ -245,6 +247,7 @@ class PerMethodSearcher(Searcher):
         self.budget = self.allocation.budget  # method -> its trials (one dict: a restore updates both)
         self.handed = {m: 0 for m in self.spaces}  # trials handed out per method
         self.live: dict[str, list] = {}  # Ray trial id -> [method, Optuna trial number]
+        self.seconds: dict[str, list[float]] = {}  # method -> its finished trials' training seconds
         self._studies: dict[str, Any] = {}
         self._storage = None
 
@@ -285,13 +288,19 @@ class PerMethodSearcher(Searcher):
         return self._studies[method]
 
     def next_method(self) -> str | None:
-        """The method with the fewest trials handed out among those with budget left (listed order breaks ties),
-        and, unless ``asynchronous``, none of its trials running; None when every open method is running."""
+        """The method with the fewest trials handed out among those with budget left and, unless ``asynchronous``,
+        none of its trials running; None when every open method is running. Ties: the slowest method first (one
+        not yet timed before any timed one), then the listed order."""
         asynchronous = getattr(self, "asynchronous", True)  # a searcher pickled before the option was async
         running = self.running()
         ready = [m for m in self.spaces if self.budgets().may_start(m, self.handed[m], running[m])]
         ready = [m for m in ready if asynchronous or not running[m]]
-        return min(ready, key=lambda m: self.handed[m]) if ready else None
+        return min(ready, key=lambda m: (self.handed[m], -self.mean_seconds(m))) if ready else None
+
+    def mean_seconds(self, method: str) -> float:
+        """The mean training seconds of ``method``'s finished trials; inf before any (unknown: maybe the longest)."""
+        seconds = getattr(self, "seconds", {}).get(method)  # a searcher pickled before it timed trials: none
+        return sum(seconds) / len(seconds) if seconds else math.inf
 
     def budgets(self) -> Allocation:
         if getattr(self, "allocation", None) is None:  # a searcher pickled before budgets had units: in trials
@@ -355,6 +364,11 @@ class PerMethodSearcher(Searcher):
             return
         method, number = entry
         self.budgets().record(method, result or {})
+        seconds = (result or {}).get("train_time_s") or (result or {}).get("fidelity_train_time_s")  # a rung's stop
+        if seconds:
+            if getattr(self, "seconds", None) is None:  # a searcher pickled before it timed trials
+                self.seconds = {}
+            self.seconds.setdefault(method, []).append(float(seconds))
         score = (result or {}).get(METRIC)
         if error or score is None or not math.isfinite(score):
             self.study(method).tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
@@ -363,12 +377,14 @@ class PerMethodSearcher(Searcher):
 
     def get_state(self) -> dict:
         state = {"handed": dict(self.handed), "live": dict(self.live), "budget": dict(self.budget)}
+        state["seconds"] = {m: list(v) for m, v in getattr(self, "seconds", {}).items()}
         return {**state, "allocation": self.budgets().state()}
 
     def set_state(self, state: dict) -> None:
         self.handed.update(state["handed"])
         self.live = {k: list(v) for k, v in state["live"].items()}
         self.budget.update(state["budget"])
+        self.seconds = {m: list(v) for m, v in state.get("seconds", {}).items()}
         self.budgets().costs.update(state.get("allocation", {}).get("costs", {}))
 
     def save(self, checkpoint_path: str) -> None:
