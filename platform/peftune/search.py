@@ -299,8 +299,13 @@ class PerMethodSearcher(Searcher):
 
     def mean_seconds(self, method: str) -> float:
         """The mean training seconds of ``method``'s finished trials; inf before any (unknown: maybe the longest)."""
-        seconds = getattr(self, "seconds", {}).get(method)  # a searcher pickled before it timed trials: none
+        seconds = self.timings().get(method)
         return sum(seconds) / len(seconds) if seconds else math.inf
+
+    def timings(self) -> dict[str, list[float]]:
+        if getattr(self, "seconds", None) is None:  # a searcher pickled before it timed trials
+            self.seconds = {}
+        return self.seconds
 
     def budgets(self) -> Allocation:
         if getattr(self, "allocation", None) is None:  # a searcher pickled before budgets had units: in trials
@@ -363,13 +368,12 @@ class PerMethodSearcher(Searcher):
         if entry is None:
             return
         method, number = entry
-        self.budgets().record(method, result or {})
-        seconds = (result or {}).get("train_time_s") or (result or {}).get("fidelity_train_time_s")  # a rung's stop
+        result = result or {}
+        self.budgets().record(method, result)
+        seconds = result.get("train_time_s") or result.get("fidelity_train_time_s")  # the latter: stopped at a rung
         if seconds:
-            if getattr(self, "seconds", None) is None:  # a searcher pickled before it timed trials
-                self.seconds = {}
-            self.seconds.setdefault(method, []).append(float(seconds))
-        score = (result or {}).get(METRIC)
+            self.timings().setdefault(method, []).append(float(seconds))
+        score = result.get(METRIC)
         if error or score is None or not math.isfinite(score):
             self.study(method).tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
         else:  # a trial stopped early counts with its last score, as OptunaSearch does
@@ -377,7 +381,7 @@ class PerMethodSearcher(Searcher):
 
     def get_state(self) -> dict:
         state = {"handed": dict(self.handed), "live": dict(self.live), "budget": dict(self.budget)}
-        state["seconds"] = {m: list(v) for m, v in getattr(self, "seconds", {}).items()}
+        state["seconds"] = {m: list(v) for m, v in self.timings().items()}
         return {**state, "allocation": self.budgets().state()}
 
     def set_state(self, state: dict) -> None:
