@@ -275,3 +275,27 @@ def test_what_tuning_buys_starts_at_the_default(built, record):
     assert curve.is_monotonic_increasing and curve[3] <= 0.45
     assert (tmp / "report" / "expected_max.png").stat().st_size > 10_000
     assert "### What tuning buys" in report.markdown_report(built)
+
+
+class CountingClient(mlflow.MlflowClient):
+    """A real client that counts its artifact downloads."""
+
+    downloads = 0
+
+    def download_artifacts(self, *args, **kwargs):
+        self.downloads += 1
+        return super().download_artifacts(*args, **kwargs)
+
+
+def test_predictions_are_downloaded_once_per_run_however_often_the_confirmation_decides(record):
+    """Each round of added seeds decides on every confirmation run's predictions: a completed run's
+    artifact never changes, so only the runs new since the last round are fetched."""
+    uri, _ = record
+    sweep = runs.read_sweep_record("noise", uri)
+    completed = int((sweep.confirmations["status"] == "completed").sum())
+    runs._PREDICTIONS.clear()
+    first, again = CountingClient(uri), CountingClient(uri)
+    frame = runs.load_predictions(sweep, client=first)
+    assert first.downloads == completed > 0
+    pd.testing.assert_frame_equal(runs.load_predictions(sweep, client=again), frame)
+    assert again.downloads == 0
