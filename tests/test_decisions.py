@@ -295,3 +295,19 @@ def test_same_seed_same_frame(tmp_path):
     assert list(back.columns) == decisions.COLUMNS and back["decision"].tolist() == first["decision"].tolist()
     with pytest.raises(ValueError, match="'w'"):
         decisions.decide_family([("c", "1%", "x", "w")], configs)
+
+
+def test_a_pairs_draws_depend_on_its_own_predictions_only():
+    """A pair's bootstrap draws come from its two configurations alone: the family read in another order gives
+    every pair the same row, and a pair alone gets the p-value it has in a family (its interval differs only
+    by the Holm level, which the family sets)."""
+    rng = np.random.default_rng(19)
+    labels, difficulty = dev_set(rng)
+    configs = {name: simulate(rng, labels, difficulty, p) for name, p in [("x", 0.8), ("y", 0.82), ("z", 0.78)]}
+    family = [("z vs y", "1%", "z", "y"), ("x vs z", "1%", "x", "z"), ("y vs x", "1%", "y", "x")]
+    forward = decisions.decide_family(family, configs, n_boot=500, seed=7).set_index(["a", "b"])
+    backward = decisions.decide_family(family[::-1], configs, n_boot=500, seed=7).set_index(["a", "b"])
+    pd.testing.assert_frame_equal(forward.sort_index().drop(columns="comparison"),
+                                  backward.sort_index().drop(columns="comparison"))  # fmt: skip
+    alone = decisions.decide_family([("x vs y", "1%", "x", "y")], configs, n_boot=500, seed=7)
+    assert alone.iloc[0]["p_value"] == forward.loc[("y", "x"), "p_value"]
