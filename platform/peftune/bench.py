@@ -187,8 +187,13 @@ def time_shares(prepared: train.PreparedData, method: str, precision: str, batch
     return {name: value / whole for name, value in sorted(totals.items(), key=lambda kv: -kv[1])}
 
 
+def cpu_precision() -> str:
+    """What ``precision: auto`` computes in on this CPU: bf16 where it multiplies bf16 natively, else fp32."""
+    return train.resolve_precision(torch.device("cpu"), "auto")
+
+
 def print_profile(prepared, batch_size: int) -> None:
-    auto = train.resolve_precision(torch.device("cpu"), "auto")
+    auto = cpu_precision()
     runs = [("full", "fp32"), ("full", auto), ("lora", auto), ("lora", "fp32")]
     shares = {f"{m} {precision}": time_shares(prepared, m, precision, batch_size) for m, precision in runs}
     names = [name for name, _ in CATEGORIES] + ["other elementwise and bookkeeping"]
@@ -244,7 +249,7 @@ def compile_comparison(
 
 
 def print_compile(prepared, batch_size: int, repeats: int) -> None:
-    auto = train.resolve_precision(torch.device("cpu"), "auto")
+    auto = cpu_precision()
     print(f"\ntorch.compile (inductor, dynamic shapes) against eager, the core at {auto}, same batches, best of "
           f"{repeats} epochs after the compiling one")  # fmt: skip
     for method, label in (("full", "full FT"), ("lora", "LoRA r=8")):
@@ -262,7 +267,7 @@ def print_compile(prepared, batch_size: int, repeats: int) -> None:
 
 
 def contenders(prepared, model_dir, batch_size: int, output_dir: str) -> dict:
-    auto = train.resolve_precision(torch.device("cpu"), "auto")
+    auto = cpu_precision()
     return {
         "Trainer, full FT, defaults (fp32)": lambda r: trainer_epoch(
             prepared, model_dir, "fp32", batch_size, r, output_dir
@@ -341,7 +346,7 @@ def main(args) -> None:
     ]
     for label, value, target in ratios:
         print(f"{label:<40} {value:.2f}x  (target {target})")
-    auto = train.resolve_precision(torch.device("cpu"), "auto")  # bf16 where the CPU multiplies it natively
+    auto = cpu_precision()
     mfu = flops_per_token(config, mean_length, lora=False) * core_full.tokens_per_s / peaks[auto]
     print(f"{f'core full FT MFU vs {auto} peak':<40} {mfu:.0%}  (target >= 60% of the bf16 peak)")
     if auto == "fp32":
