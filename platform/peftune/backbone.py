@@ -32,6 +32,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from peftune.dropout import Dropout, attention
 from peftune.errors import UserError
 
 # The default backbone: the BERT shipped inside the PyPI package
@@ -94,7 +95,7 @@ class BertEmbeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
         self.input_prompt: nn.Module | None = None  # prompt-tuning hook
 
     def forward(self, input_ids, token_type_ids, attention_mask):
@@ -142,13 +143,7 @@ class BertSelfAttention(nn.Module):
             v = torch.cat([v_prefix.to(v.dtype), v], dim=2)
             # every query may attend to every prefix position
             attention_bias = F.pad(attention_bias, (k_prefix.shape[2], 0), value=0.0)
-        y = F.scaled_dot_product_attention(
-            q,
-            k,
-            v,
-            attn_mask=attention_bias.to(q.dtype),
-            dropout_p=self.dropout_p if self.training else 0.0,
-        )  # (B, nh, T, hd)
+        y = attention(q, k, v, attention_bias, self.dropout_p, self.training)  # (B, nh, T, hd)
         B, _, T, _ = y.shape
         return y.transpose(1, 2).reshape(B, T, -1)  # (B, T, H)
 
@@ -160,7 +155,7 @@ class BertSelfOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
         self.adapter: nn.Module = nn.Identity()  # Houlsby position 1
 
     def forward(self, hidden, residual):
@@ -195,7 +190,7 @@ class BertOutput(nn.Module):
         super().__init__()
         self.dense = nn.Linear(config.intermediate_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = nn.Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.hidden_dropout_prob)
         self.adapter: nn.Module = nn.Identity()  # Houlsby position 2
 
     def forward(self, hidden, residual):  # hidden: (B, T, I), residual: (B, T, H)

@@ -14,6 +14,7 @@ from torch import nn
 
 from peftune import methods
 from peftune.backbone import BertModel, fingerprint
+from peftune.dropout import Dropout
 from peftune.errors import UserError
 from peftune.methods.base import MethodConfig, TaskContext
 from peftune.tasks import TaskSpec
@@ -59,7 +60,7 @@ class MultitaskModel(nn.Module):
 
         hidden = backbone.config.hidden_size
         self.heads = nn.ModuleDict(
-            {t.name: nn.Sequential(nn.Dropout(head_dropout), nn.Linear(hidden, t.num_outputs)) for t in tasks}
+            {t.name: nn.Sequential(Dropout(head_dropout), nn.Linear(hidden, t.num_outputs)) for t in tasks}
         )
         for task in tasks:
             if task.kind == "regression":

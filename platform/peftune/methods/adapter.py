@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from peftune.backbone import BertConfig, BertModel
+from peftune.dropout import Dropout
 from peftune.errors import UserError
 from peftune.methods.base import (
     MAX_BOTTLENECK_FACTOR,
@@ -103,7 +104,7 @@ class HoulsbyAdapter(nn.Module):
         self.down = nn.Linear(hidden, config.bottleneck, device=device, dtype=dtype)
         self.up = nn.Linear(config.bottleneck, hidden, device=device, dtype=dtype)
         self.act = ACTIVATIONS[config.activation]
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         nn.init.normal_(self.down.weight, std=config.init_std)
         if config.zero_init_up:
             nn.init.zeros_(self.up.weight)

@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from peftune.backbone import BertConfig, BertModel
+from peftune.dropout import Dropout
 from peftune.methods.adapter import POSITIONS, check_bool, layernorm_parameter_count
 from peftune.methods.base import (
     MAX_BOTTLENECK_FACTOR,
@@ -200,7 +201,7 @@ class HyperAdapter(nn.Module):
         # shared by all 2L adapters; set around nn.Module so it is not registered (and saved) 2L more times
         object.__setattr__(self, "hypernetwork", hypernetwork)
         self.layer, self.position = layer, position
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x):  # (B, T, d) -> (B, T, d)
         w = self.hypernetwork.weights()

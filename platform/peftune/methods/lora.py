@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from peftune.dropout import dropout
 from peftune.errors import UserError
 from peftune.methods.base import (
     MethodConfig,
@@ -101,7 +102,7 @@ class LoraLinear(nn.Module):
         nn.init.zeros_(self.lora_B["default"].weight)
 
     def forward(self, x):  # (B, T, in) -> (B, T, out)
-        h = F.dropout(x, self.dropout, self.training)
+        h = dropout(x, self.dropout, self.training)
         return self.base_layer(x) + self.lora_B["default"](self.lora_A["default"](h)) * self.scaling
 
 
@@ -117,7 +118,7 @@ def fused_qkv(attention, x):
     # (3H, 3r): B_q, B_k, B_v on the diagonal, each scaled, zeros elsewhere
     b_weight = torch.block_diag(*(m.lora_B["default"].weight * m.scaling for m in linears))
     first = linears[0]
-    h = F.dropout(x, first.dropout, first.training)
+    h = dropout(x, first.dropout, first.training)
     out = F.linear(x, base_weight, base_bias) + F.linear(F.linear(h, a_weight), b_weight)  # (B, T, 3H)
     return out.split(first.base_layer.out_features, dim=-1)
 

@@ -43,6 +43,7 @@ import torch
 from torch import nn
 
 from peftune.backbone import BertConfig, BertModel
+from peftune.dropout import Dropout
 from peftune.errors import UserError
 from peftune.methods.base import (
     MAX_WIDTH_FACTOR,
@@ -177,7 +178,7 @@ class PrefixEncoder(nn.Module):
                 for task in context.tasks
             }
         )
-        self.dropout = nn.Dropout(config.dropout)
+        self.dropout = Dropout(config.dropout)
         # the current forward's prefix, (L, 2, B, nh, l, hd); only kept between the backbone's pre/post hooks
         self._in_forward = False
         self._cache: torch.Tensor | None = None

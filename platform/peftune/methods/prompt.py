@@ -33,6 +33,7 @@ import torch
 from torch import nn
 
 from peftune.backbone import BertConfig, BertModel
+from peftune.dropout import Dropout
 from peftune.errors import UserError
 from peftune.methods.base import (
     MethodConfig,
@@ -95,7 +96,7 @@ class PromptInserter(nn.Module):
         self.per_task = nn.ModuleDict({task: TaskPrompt(prompt) for task, prompt in prompts.items()})
         # P: the inserted positions are 1 .. P of the output sequence (callers may pool without them)
         self.length = next(iter(prompts.values())).shape[0]
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def forward(self, x: torch.Tensor, attention_mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # x: (B, T, H) embedded tokens; attention_mask: (B, T)
