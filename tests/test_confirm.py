@@ -18,6 +18,7 @@ import mlflow
 import pytest
 import ray
 from ray import tune
+from ray.tune.search import Searcher
 
 from peftune import confirm, record, spaces, sweep, tracking
 from tiny_sweep import write_definition
@@ -264,6 +265,8 @@ def test_an_open_decision_gets_seeds_up_to_the_cap_and_resume_keeps_the_count(lo
     assert all("inconclusive" in r.data.tags["peftune.seed_reason"] for r in added)
     pairs = [(r.data.tags[record.CONFIG_KEY], r.data.tags[record.SEED]) for r in confirmed]
     assert len(pairs) == len(set(pairs)), "a (configuration, seed) pair has two child runs"
+    # the second run's two rounds (seed 6 again, then 7) ran in one Tune experiment, as the first run's did
+    assert len(list(storage.glob("adaptive-confirm-*"))) == 2
 
 
 @pytest.mark.slow
@@ -377,3 +380,33 @@ def test_candidates_are_each_methods_best_distinct_configurations(tmp_path):
     assert tracking.search_tags(config, "lora", config["lora"])["peftune.default"] == "false"
     assert tracking.search_tags(confirm.trial_config(with_default[1], seed=7), "lora", {})["peftune.default"] == "true"
     assert confirm.confirm_seeds(3, 2) == [4, 5]
+
+
+def test_rounds_start_the_next_round_only_when_every_trial_of_the_last_has_finished():
+    """The rounds of added seeds share one Tune experiment: a round is asked for once the last one is over,
+    a round with nothing to train is skipped, and no config is handed out twice."""
+    later = [[{"seed": 3}], [], [{"seed": 4}, {"seed": 5}], None]
+    asked = []
+
+    def next_round():
+        asked.append(len(handed))
+        return later.pop(0)
+
+    rounds = confirm.Rounds([{"seed": 1}, {"seed": 2}], next_round)
+    handed = [rounds.suggest("t1"), rounds.suggest("t2")]
+    assert handed == [{"seed": 1}, {"seed": 2}]
+    assert rounds.suggest("t3") is None  # t1 and t2 still run: nothing to hand out, nothing decided yet
+    rounds.on_trial_complete("t1")
+    assert rounds.suggest("t3") is None and not asked  # t2 still runs
+    rounds.on_trial_complete("t2", error=True)  # a failed trial ends its round too
+    handed.append(rounds.suggest("t3"))
+    assert handed[-1] == {"seed": 3} and asked == [2]
+    assert rounds.suggest("t4") is None
+    rounds.on_trial_complete("t3")
+    handed += [rounds.suggest("t4"), rounds.suggest("t5")]  # the empty round is skipped
+    assert handed[-2:] == [{"seed": 4}, {"seed": 5}] and asked == [2, 3, 3]
+    rounds.on_trial_complete("t5")
+    rounds.on_trial_complete("t4")
+    assert rounds.suggest("t6") == Searcher.FINISHED and rounds.suggest("t7") == Searcher.FINISHED
+    assert asked == [2, 3, 3, 5]  # None ends it: never asked again
+    assert [c["seed"] for c in handed] == [1, 2, 3, 4, 5]

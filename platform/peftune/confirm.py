@@ -202,21 +202,35 @@ class ConfirmationResult:
     stopped_by: str = ""  # why adding seeds stopped: decided | max_seeds | max_seconds ("" when none was added)
 
 
-class ConfigList(Searcher):
-    """A Tune ``Searcher`` that hands out ``configs`` in order, then reports itself finished.
+class Rounds(Searcher):
+    """A Tune ``Searcher`` that hands out a round of trial configs, then, once every trial of the round has
+    finished, asks ``next_round()`` for the next one: a list of configs (empty: nothing left to train in it,
+    ask again), or None (no more rounds: the experiment ends).
 
-    A ``Searcher`` (not a variant generator) so that Tune applies ``max_concurrent_trials`` to it.
+    So the rounds of added seeds run in ONE Tune experiment: no experiment is set up again per round, and
+    a trial actor stays alive between rounds (``reuse_actors``). A ``Searcher`` (not a variant generator)
+    so that Tune applies ``max_concurrent_trials`` to it; between rounds it answers None (not ready yet).
     """
 
-    def __init__(self, configs: Sequence[dict]):
+    def __init__(self, first: Sequence[dict], next_round: Callable[[], list[dict] | None]):
         super().__init__(metric="score", mode="max")
-        self.configs = [dict(c) for c in configs]
+        self.queue, self.next_round = [dict(c) for c in first], next_round
+        self.running: set[str] = set()
+        self.over = False
 
     def suggest(self, trial_id: str):
-        return self.configs.pop(0) if self.configs else Searcher.FINISHED
+        while not self.queue and not self.running and not self.over:
+            more = self.next_round()  # the round is over: every one of its trials has finished
+            self.queue, self.over = [dict(c) for c in more or []], more is None
+        if self.over:
+            return Searcher.FINISHED
+        if not self.queue:
+            return None  # the round's last trials are still running
+        self.running.add(trial_id)
+        return self.queue.pop(0)
 
     def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
-        pass  # nothing to learn: every configuration is fixed
+        self.running.discard(trial_id)
 
 
 def confirmation_runs(client, record) -> list:
@@ -244,7 +258,8 @@ def run_confirmation(
     ``callbacks``: extra ``tune.Callback`` objects for this run. ``open_decisions(tracking URI, sweep)``: the
     configurations (config key -> why) of the decisions the report would leave inconclusive; while it
     names any under ``confirm.max_seeds`` and ``confirm.max_seconds`` is not spent, each gets one more
-    seed, all of a round as parallel trials. The count lives in the record, so a resume continues it.
+    seed, all of a round as parallel trials of the same Tune experiment. The count lives in the record, so a
+    resume continues it.
     """
     settings = definition.confirm
     if settings.seeds == 0 or (settings.top_k == 0 and not settings.defaults):
@@ -252,30 +267,12 @@ def run_confirmation(
     client = _mlflow_client(record.tracking_uri)
     runs = child_runs(client, record.experiment_id, record.parent_run_id)
     candidates = select_candidates(runs, settings.top_k, settings.defaults)
-    wanted = [(c, s, "") for c in candidates for s in confirm_seeds(definition.seed, settings.seeds)]
+    first = [(c, s, "") for c in candidates for s in confirm_seeds(definition.seed, settings.seeds)]
     log.info("confirmation: %d configuration(s) x %d seed(s)", len(candidates), settings.seeds)
-    rounds = Round(definition, record, runnable, client, trial_logger, storage, callbacks, verbose, flush_s)
-    result = rounds.run(wanted)
-    if result.status != COMPLETED or open_decisions is None:
-        return result
     searched = {c.config_key: c for c in map(_candidate, runs) if c is not None}
-    started = time.monotonic()
-    while True:
-        grow, stopped_by = _more_seeds(
-            rounds.completed_seeds(), open_decisions(record.tracking_uri, definition.name), searched, settings
-        )
-        if grow and settings.max_seconds is not None and time.monotonic() - started > settings.max_seconds:
-            grow, stopped_by = [], "max_seconds"
-        if not grow:
-            return dataclasses.replace(result, stopped_by=stopped_by if result.added else "")
-        log.info("confirmation: %d inconclusive configuration(s) get another seed", len(grow))
-        more = rounds.run(grow)
-        result = ConfirmationResult(
-            more.status, result.wanted + more.wanted, result.finished + more.finished, result.ran + more.ran,
-            result.deleted + more.deleted, result.added + more.wanted,
-        )  # fmt: skip
-        if more.status != COMPLETED:
-            return result
+    confirmation = Confirmation(definition, record, runnable, client, trial_logger, storage, callbacks, verbose,
+                                flush_s, open_decisions, searched)  # fmt: skip
+    return confirmation.run(first)
 
 
 def _more_seeds(
@@ -292,9 +289,14 @@ def _more_seeds(
 
 
 @dataclass
-class Round:
-    """Runs a list of (candidate, seed, why) confirmation trials as one Tune experiment, skipping the pairs
-    the record has completed and replacing the partial runs of the others (see the module docstring)."""
+class Confirmation:
+    """The confirmation's trials in one Tune experiment, round by round (see :class:`Rounds`): the first round
+    (every candidate x seed), then one seed more for every configuration of an open decision, while
+    ``open_decisions`` names any under ``confirm.max_seeds`` and ``confirm.max_seconds`` is not spent.
+
+    Each round skips the pairs the record has completed and replaces the partial runs of the others (see the
+    module docstring); the decisions read the record of completed rounds only, as when each round was an
+    experiment of its own."""
 
     definition: object
     record: object
@@ -305,20 +307,31 @@ class Round:
     callbacks: Sequence
     verbose: int
     flush_s: float
+    open_decisions: Callable[[str, str], Mapping[str, str]] | None
+    searched: Mapping[str, Candidate]  # config key -> its search trial (the seeds added re-train it)
+    wanted: list = dataclasses.field(default_factory=list)  # every (candidate, seed, why) asked for so far
+    deleted: list = dataclasses.field(default_factory=list)
+    ran: int = 0
+    added: int = 0
+    stopped_by: str = ""
+    held_back: bool = False  # a round did not finish in the record: no seeds were added after it
+    started: float = dataclasses.field(default_factory=time.monotonic)
 
-    def confirmations(self) -> list:
-        return confirmation_runs(self.client, self.record)
+    def run(self, first: Sequence[tuple[Candidate, int, str]]) -> ConfirmationResult:
+        self.wanted = list(first)
+        todo = self.todo(first)
+        while todo == []:  # nothing left to train in this round (a resume): the next one, if any
+            todo = self.next_round()
+        if todo:
+            self._fit(Rounds(todo, self.next_round))
+        finished = self.finished()
+        status = COMPLETED if finished == len(self.wanted) and not self.held_back else "interrupted"
+        stopped_by = self.stopped_by if self.added else ""
+        return ConfirmationResult(status, len(self.wanted), finished, self.ran, self.deleted, self.added, stopped_by)
 
-    def completed_seeds(self) -> dict[str, set[int]]:
-        """config key -> the seeds of its completed confirmation runs."""
-        done: dict[str, set[int]] = {}
-        for run in self.confirmations():
-            if run.data.tags.get(STATUS) == COMPLETED and run.data.tags.get(SEED, "").isdigit():
-                done.setdefault(run_config_key(run), set()).add(int(run.data.tags[SEED]))
-        return done
-
-    def run(self, wanted: Sequence[tuple[Candidate, int, str]]) -> ConfirmationResult:
-        existing = {(run_config_key(r), r.data.tags.get(SEED)): r for r in self.confirmations()}
+    def todo(self, wanted: Sequence[tuple[Candidate, int, str]]) -> list[dict]:
+        """The trial configs of ``wanted`` still to train, longest first; the partial runs among them deleted."""
+        existing = {(run_config_key(r), r.data.tags.get(SEED)): r for r in confirmation_runs(self.client, self.record)}
         todo, deleted = [], []
         for candidate, seed, why in longest_first(wanted):
             run = existing.get((candidate.config_key, str(seed)))
@@ -328,30 +341,58 @@ class Round:
                 self.client.delete_run(run.info.run_id)
                 deleted.append(run.info.run_id)
             todo.append(trial_config(candidate, seed, why))
-        log.info(
-            "confirmation: %d trial(s) to run%s",
-            len(todo),
-            f", {len(deleted)} partial run(s) replaced" if deleted else "",
-        )
-        if todo:
-            self._fit(todo)
+        replaced = f", {len(deleted)} partial run(s) replaced" if deleted else ""
+        log.info("confirmation: %d trial(s) to run%s", len(todo), replaced)
+        self.deleted += deleted
+        self.ran += len(todo)
+        return todo
+
+    def next_round(self) -> list[dict] | None:
+        """The trial configs of the next round of added seeds; None when adding stops: decided, a cap, or a
+        round that did not finish in the record (a tracking outage holds its writes back)."""
+        # the record is read next, so its buffered writes go first
+        if not self.trial_logger.flush(self.flush_s) or self.finished() < len(self.wanted):
+            self.held_back = True
+            return None
+        if self.open_decisions is None:
+            return None
+        open_keys = self.open_decisions(self.record.tracking_uri, self.definition.name)
+        grow, self.stopped_by = _more_seeds(self.completed_seeds(), open_keys, self.searched, self.definition.confirm)
+        max_seconds = self.definition.confirm.max_seconds
+        if grow and max_seconds is not None and time.monotonic() - self.started > max_seconds:
+            grow, self.stopped_by = [], "max_seconds"
+        if not grow:
+            return None
+        log.info("confirmation: %d inconclusive configuration(s) get another seed", len(grow))
+        self.wanted += grow
+        self.added += len(grow)
+        return self.todo(grow)
+
+    def completed_seeds(self) -> dict[str, set[int]]:
+        """config key -> the seeds of its completed confirmation runs."""
+        done: dict[str, set[int]] = {}
+        for run in confirmation_runs(self.client, self.record):
+            if run.data.tags.get(STATUS) == COMPLETED and run.data.tags.get(SEED, "").isdigit():
+                done.setdefault(run_config_key(run), set()).add(int(run.data.tags[SEED]))
+        return done
+
+    def finished(self) -> int:
+        """How many of the wanted pairs have a final status (completed or failed) in the record."""
         final = {
             (run_config_key(r), r.data.tags.get(SEED))
-            for r in self.confirmations()
+            for r in confirmation_runs(self.client, self.record)
             if r.data.tags.get(STATUS) in (COMPLETED, FAILED)
         }
-        finished = sum((c.config_key, str(s)) in final for c, s, _ in wanted)
-        status = COMPLETED if finished == len(wanted) else "interrupted"
-        return ConfirmationResult(status, len(wanted), finished, len(todo), deleted)
+        return sum((c.config_key, str(s)) in final for c, s, _ in self.wanted)
 
-    def _fit(self, todo: list[dict]) -> None:
+    def _fit(self, rounds: Rounds) -> None:
         definition = self.definition
         tuner = tune.Tuner(
             self.runnable,
             param_space={},
             tune_config=tune.TuneConfig(
-                search_alg=ConfigList(todo),
-                num_samples=len(todo),
+                search_alg=rounds,
+                num_samples=-1,  # until the rounds say there is none left
                 max_concurrent_trials=definition.resources.max_concurrent_trials,
                 reuse_actors=True,
                 trial_name_creator=trial_name,
@@ -367,8 +408,8 @@ class Round:
             ),
         )
         tuner.fit()
-        # the record is read next, so its buffered writes go first; what a tracking outage still holds
-        # back leaves those runs unfinished: the confirmation says interrupted and the next run completes it
+        # the record is read next; what a tracking outage still holds back leaves those runs unfinished:
+        # the confirmation says interrupted and the next run completes it
         self.trial_logger.flush(self.flush_s)
 
 
