@@ -6,7 +6,8 @@ moves by about +-0.02 from seed to seed, as much as most gaps between methods. S
 the global frontier: a method's rank must not rest on one lucky run), and re-trains each with
 ``confirm.seeds`` new seeds at the full budget, as trials of a second Ray Tune experiment (same
 trainable, resources, ``TrialLogger`` and concurrency as the search: the cluster stays full),
-recorded as child runs of the sweep's parent run.
+recorded as child runs of the sweep's parent run. The seeds added to open decisions run as further
+rounds of that same experiment (:class:`Rounds`): its trial actors stay alive from round to round.
 
 Which trials are candidates: search trials with a best (selection) score, ``completed`` ones first
 (they ran the full budget), then ``early_stopped`` ones, each group by best score; one per configuration
