@@ -12,6 +12,7 @@ import dataclasses
 import os
 import signal
 import statistics
+import time
 from pathlib import Path
 
 import mlflow
@@ -267,6 +268,28 @@ def test_an_open_decision_gets_seeds_up_to_the_cap_and_resume_keeps_the_count(lo
     assert len(pairs) == len(set(pairs)), "a (configuration, seed) pair has two child runs"
     # the second run's two rounds (seed 6 again, then 7) ran in one Tune experiment, as the first run's did
     assert len(list(storage.glob("adaptive-confirm-*"))) == 2
+
+
+@pytest.mark.slow
+def test_the_time_cap_counts_from_the_first_rounds_end(local_ray, workdir, tiny_data_dir):
+    """``max_seconds: 1``: the first round (its workers start: seconds) does not count, so one round of added
+    seeds starts; the decisions after it take 1.5 s, so no second one."""
+    uri = f"sqlite:///{workdir / 'mlflow.db'}"
+    spec = definition(workdir / "defs", "capped", concurrency=2, confirm=", max_seeds: 4, max_seconds: 1")
+    always_open, calls = AlwaysOpen("top_k"), []
+
+    def slow_after_the_first(tracking_uri, name):
+        calls.append(name)
+        time.sleep(1.5 if len(calls) > 1 else 0.0)
+        return always_open(tracking_uri, name)
+
+    result = sweep.run_sweep(
+        spec, tiny_data_dir, uri, storage_path=workdir / "ray_results", verbose=0, open_decisions=slow_after_the_first
+    )
+    assert result.status == "completed" and result.confirmation["stopped_by"] == "max_seconds"
+    search, _ = split(children(uri, result.parent_run_id))
+    seeds = seeds_by_config(uri, result.parent_run_id)
+    assert seeds[record.run_config_key(best_of_method(search)["top_k"])] == [4, 5, 6]
 
 
 @pytest.mark.slow

@@ -316,7 +316,7 @@ class Confirmation:
     added: int = 0
     stopped_by: str = ""
     held_back: bool = False  # a round did not finish in the record: no seeds were added after it
-    started: float = dataclasses.field(default_factory=time.monotonic)
+    adding_since: float | None = None  # when the first round ended: confirm.max_seconds counts from there
 
     def run(self, first: Sequence[tuple[Candidate, int, str]]) -> ConfirmationResult:
         self.wanted = list(first)
@@ -357,10 +357,12 @@ class Confirmation:
             return None
         if self.open_decisions is None:
             return None
+        if self.adding_since is None:
+            self.adding_since = time.monotonic()
         open_keys = self.open_decisions(self.record.tracking_uri, self.definition.name)
         grow, self.stopped_by = _more_seeds(self.completed_seeds(), open_keys, self.searched, self.definition.confirm)
         max_seconds = self.definition.confirm.max_seconds
-        if grow and max_seconds is not None and time.monotonic() - self.started > max_seconds:
+        if grow and max_seconds is not None and time.monotonic() - self.adding_since > max_seconds:
             grow, self.stopped_by = [], "max_seconds"
         if not grow:
             return None
