@@ -81,6 +81,8 @@ def attention(q, k, v, attention_bias, dropout_p: float, training: bool) -> torc
             q, k, v, attn_mask=attention_bias.to(q.dtype), dropout_p=dropout_p if training else 0.0
         )
     q = q * (1.0 / math.sqrt(q.shape[-1]))  # scaling q (T x hd) is cheaper than the scores (T x S)
-    scores = torch.matmul(q, k.transpose(-2, -1)) + attention_bias.to(q.dtype)  # (B, nh, T, S)
+    # under autocast the scores come out in bf16; softmax (and its backward) and dropout then run in fp32, and
+    # the probabilities meet v in bf16 again: the roundings of HF BERT's attention under the same autocast
+    scores = torch.matmul(q, k.transpose(-2, -1)).float() + attention_bias  # (B, nh, T, S)
     probs = torch.softmax(scores, dim=-1)
     return torch.matmul(dropout(probs, dropout_p), v)
