@@ -1,16 +1,18 @@
-"""Dropout and attention whose random masks cost a fifth of torch's on the CPU.
+"""Dropout and attention with a cheap random mask on the CPU.
 
 On the CPU, ``F.dropout`` draws one Bernoulli sample per element from a serial Mersenne twister;
 in a bf16 LoRA step that is about 29% of the time (the profile of ``peftune bench --profile``),
 more than the attention's matmuls. Here one 64-bit draw yields four 16-bit uniform integers,
 each compared with a threshold: the same distribution (a drop probability within 2**-16 of
 ``p``, with the scale computed from the probability actually used, so the expectation is
-exact), about five times fewer draws. Seeded by ``torch.manual_seed`` like torch's own.
+exact), from a quarter of the draws: for 3.1M elements, 2.2 ms of draws against 13.6 ms for
+``F.dropout`` in bf16, 2 cores. Seeded by ``torch.manual_seed`` like torch's own.
 
 Scaled dot-product attention with ``dropout_p > 0`` runs torch's unfused "math" path on the CPU
 anyway (scores, softmax, dropout, weighted sum, each materialised); :func:`attention` runs the
-same steps with the cheap mask. Everywhere else (evaluation, CUDA, ``p == 0``) torch's fused
-kernels run unchanged: on CUDA, dropout's Philox draws are already fused into the kernels.
+same steps with the cheap mask, rounding as HF BERT's attention does under autocast. Everywhere
+else (evaluation, CUDA, ``p == 0``) torch's fused kernels run unchanged: on CUDA, dropout's
+Philox draws are already fused into the kernels.
 """
 
 from __future__ import annotations
