@@ -160,7 +160,7 @@ CATEGORIES = (
     ("attention", ("scaled_dot_product", "flash_attention", "aten::_softmax", "aten::softmax")),
     ("optimizer", ("adam", "aten::_foreach", "Optimizer.")),
     ("casts and copies", ("aten::copy_", "aten::_to_copy", "aten::to", "aten::clone", "aten::contiguous")),
-    ("norms, activations, dropout", ("layer_norm", "gelu", "tanh", "dropout", "bernoulli", "random_", "_masked")),
+    ("norms, activations, dropout", ("layer_norm", "gelu", "tanh", "dropout", "bernoulli", "random_")),
 )
 
 

@@ -43,27 +43,12 @@ def keep_mask(shape: torch.Size, p: float, device: torch.device | str = "cpu") -
     return keep, _LEVELS / (_LEVELS - dropped_levels)
 
 
-class _Masked(torch.autograd.Function):
-    """x * keep * scale, with the bool mask (one byte per element) as the only saved tensor."""
-
-    @staticmethod
-    def forward(ctx, x, keep, scale):
-        ctx.save_for_backward(keep)
-        ctx.scale = scale
-        return (x * keep).mul_(scale)
-
-    @staticmethod
-    def backward(ctx, grad):
-        (keep,) = ctx.saved_tensors
-        return (grad * keep).mul_(ctx.scale), None, None
-
-
 def dropout(x: torch.Tensor, p: float, training: bool = True) -> torch.Tensor:
     """``F.dropout(x, p, training)``, with the cheap mask on the CPU."""
     if not uses_cheap_mask(x, p, training):
         return F.dropout(x, p, training)
     keep, scale = keep_mask(x.shape, p, x.device)
-    return _Masked.apply(x, keep, scale)
+    return (x * keep).mul_(scale)  # autograd keeps the bool mask (a byte per element) for the backward
 
 
 class Dropout(nn.Dropout):
