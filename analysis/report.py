@@ -781,7 +781,8 @@ def _slot_lines(table: pd.DataFrame) -> list[str]:
         "Per phase: its span (first run's start to last run's end), the most runs open at once (slots), the "
         "share of span x slots outside every run's own timers (training, evaluation, start-up, checkpoints: "
         "Ray starting and stopping trials, a slot idle at the phase's end), and evaluation's share of the runs' "
-        "timed seconds.",
+        "timed seconds. The sweep row spans both phases, so its outside share also counts the hand-over between "
+        "them.",
         "",
         to_markdown(display_table(shown.round({"span_min": 1}))),
     ]

@@ -63,7 +63,9 @@ def phase_use(phase: str, runs: pd.DataFrame | None) -> dict | None:
 
 
 def slot_table(trials: pd.DataFrame, confirmations: pd.DataFrame | None) -> pd.DataFrame:
-    """Per phase (search, confirmation): span, slots, the timers' seconds, the share of slot time outside
-    every trial's timers and evaluation's share of the trials' time."""
+    """Per phase (search, confirmation, and the sweep over both): span, slots, the timers' seconds, the share
+    of slot time outside every trial's timers and evaluation's share of the trials' time."""
     rows = [phase_use("search", trials), phase_use("confirmation", confirmations)]
+    if rows[0] and rows[1]:
+        rows.append(phase_use("sweep", pd.concat([trials, confirmations], ignore_index=True)))
     return pd.DataFrame([row for row in rows if row], columns=list(COLUMNS))

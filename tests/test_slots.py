@@ -41,7 +41,16 @@ def test_a_run_ending_as_another_starts_shares_its_slot():
 def test_the_table_has_a_row_per_phase_with_runs_and_skips_untimed_runs():
     unfinished = runs((0, 50, 40, 5)).assign(end_time=[pd.NaT])
     table = slots.slot_table(runs((0, 50, 40, 5)), pd.concat([runs((60, 90, 20, 5)), unfinished]))
-    assert list(table["phase"]) == ["search", "confirmation"] and list(table["runs"]) == [1, 1]
+    assert list(table["phase"]) == ["search", "confirmation", "sweep"] and list(table["runs"]) == [1, 1, 2]
     assert slots.slot_table(runs((0, 50, 40, 5)), None)["phase"].tolist() == ["search"]
     old = runs((0, 50, 40, 5)).drop(columns=["eval_total_s"])  # a record without the timer
     assert math.isclose(slots.phase_use("search", old)["eval_share"], 0.0)
+
+
+def test_the_sweep_row_counts_the_hand_over_between_the_phases_as_outside():
+    search = runs((0, 100, 90, 0), (0, 100, 90, 0))  # two slots, 10 s untimed in each run
+    confirmation = runs((130, 230, 90, 0), (130, 230, 90, 0))  # starts 30 s after the search ended
+    table = slots.slot_table(search, confirmation).set_index("phase")
+    assert table.loc["search", "outside_share"] == pytest.approx(0.09)  # 1 s of start-up is timed
+    assert table.loc["sweep", "span_s"] == 230 and table.loc["sweep", "slots"] == 2
+    assert table.loc["sweep", "outside_share"] == pytest.approx(1 - 4 * 91 / 460)  # the 30 s gap x 2 slots too
