@@ -771,7 +771,7 @@ def _slot_lines(table: pd.DataFrame) -> list[str]:
     if not len(table):
         return []
     shown = table.assign(
-        span_min=table["span_s"] / 60,
+        span_min=(table["span_s"] / 60).map(lambda v: f"{v:.1f}"),  # minutes, not a metric's 3 decimals
         outside=table["outside_share"].map(_fmt_pct_share),
         evaluation=table["eval_share"].map(_fmt_pct_share),
     )[["phase", "runs", "slots", "span_min", "outside", "evaluation"]]
@@ -784,7 +784,7 @@ def _slot_lines(table: pd.DataFrame) -> list[str]:
         "timed seconds. The sweep row spans both phases, so its outside share also counts the hand-over between "
         "them.",
         "",
-        to_markdown(display_table(shown.round({"span_min": 1}))),
+        to_markdown(display_table(shown)),
     ]
 
 

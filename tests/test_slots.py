@@ -54,3 +54,11 @@ def test_the_sweep_row_counts_the_hand_over_between_the_phases_as_outside():
     assert table.loc["search", "outside_share"] == pytest.approx(0.09)  # 1 s of start-up is timed
     assert table.loc["sweep", "span_s"] == 230 and table.loc["sweep", "slots"] == 2
     assert table.loc["sweep", "outside_share"] == pytest.approx(1 - 4 * 91 / 460)  # the 30 s gap x 2 slots too
+
+
+def test_the_report_shows_spans_in_minutes_with_one_decimal():
+    from analysis.report import _slot_lines
+
+    lines = _slot_lines(slots.slot_table(runs((0, 318, 300, 10)), runs((320, 1116, 700, 90))))
+    table = lines[-1]  # the Markdown table, one string
+    assert "| search | 1 | 1 | 5.3 |" in table and "| sweep | 2 | 1 | 18.6 |" in table
