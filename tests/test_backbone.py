@@ -44,6 +44,25 @@ def test_equals_hf_bert_with_padding_and_pairs():
     assert torch.equal(out_mask, mask)
 
 
+def test_gradients_equal_hf_bert_for_every_weight():
+    # q, k and v are computed by one stacked matmul: each weight must still get exactly its own gradient
+    ours = tiny_backbone(seed=4).eval()  # eval: no dropout, so both compute the same function
+    hf = hf_twin(ours)
+    torch.manual_seed(2)
+    ids = torch.randint(1, TINY.vocab_size, (2, 9))
+    mask = torch.ones_like(ids)
+    mask[1, 6:] = 0
+    types = torch.zeros_like(ids)
+    hidden, _, pooled = ours(ids, mask, types)
+    expected = hf(input_ids=ids, attention_mask=mask, token_type_ids=types)
+    weights = torch.randn_like(hidden)  # a loss that weighs every position and feature differently
+    ((hidden * weights).sum() + pooled.sum()).backward()
+    ((expected.last_hidden_state * weights).sum() + expected.pooler_output.sum()).backward()
+    theirs = dict(hf.named_parameters())
+    for name, parameter in ours.named_parameters():
+        torch.testing.assert_close(parameter.grad, theirs[name].grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
 def test_packaged_model_loads_offline_and_equals_hf():
     model, model_dir = load_pretrained(DEFAULT_MODEL)
     assert model.config.hidden_size == 384 and model.config.num_hidden_layers == 6

@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from peftune.backbone import stacked_qkv
 from peftune.dropout import dropout
 from peftune.errors import UserError
 from peftune.methods.base import (
@@ -112,8 +113,7 @@ def fused_qkv(attention, x):
     x: (B, T, H) -> three (B, T, H). Three matmuls instead of nine, one dropout instead of three.
     """
     linears = (attention.query, attention.key, attention.value)
-    base_weight = torch.cat([m.base_layer.weight for m in linears])  # (3H, H)
-    base_bias = torch.cat([m.base_layer.bias for m in linears])  # (3H,)
+    base_weight, base_bias = stacked_qkv([m.base_layer for m in linears])  # (3H, H), (3H,)
     a_weight = torch.cat([m.lora_A["default"].weight for m in linears])  # (3r, H)
     # (3H, 3r): B_q, B_k, B_v on the diagonal, each scaled, zeros elsewhere
     b_weight = torch.block_diag(*(m.lora_B["default"].weight * m.scaling for m in linears))
