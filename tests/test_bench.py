@@ -28,9 +28,10 @@ def tiny_model_dir(tmp_path_factory, tiny_prepared):
 @pytest.mark.slow
 def test_contenders_see_the_same_examples_and_steps(tiny_prepared, tiny_model_dir, tmp_path):
     lines = []
-    best = bench.run(
+    rounds = bench.run(
         tiny_prepared, tiny_model_dir, batch_size=16, repeats=1, output_dir=str(tmp_path), echo=lines.append
     )
+    best = bench.best_of(rounds)
     split = tiny_prepared.tasks["sst"].train
     assert len(best) == 8 and len(lines) == 8
     expected_steps = -(-len(split) // 16)
@@ -39,6 +40,29 @@ def test_contenders_see_the_same_examples_and_steps(tiny_prepared, tiny_model_di
         assert result.steps == expected_steps, name
         assert result.tokens == split.num_tokens(), name
         assert result.seconds > 0
+
+
+def test_each_ratio_comes_with_its_range_over_the_rounds():
+    def result(seconds):
+        return bench.Result(seconds=seconds, tokens=1000, steps=10, examples=[])
+
+    names = [
+        "Trainer, full FT, defaults (fp32)",
+        "Trainer, full FT, bf16=True",
+        "Trainer + peft, LoRA r=8",
+        "Trainer + peft, LoRA r=8, bf16=True",
+        "core, full FT, auto (bf16)",
+        "core, LoRA r=8, auto (bf16)",
+    ]
+    rounds = {name: [result(1.0), result(1.0)] for name in names}
+    rounds["core, full FT, auto (bf16)"] = [result(0.5), result(0.8)]  # 2.0x the Trainer, then 1.25x
+    lines = bench.ratio_lines(rounds)
+    full = next(line for line in lines if line.startswith("core full FT / Trainer bf16=True"))
+    assert "2.00x" in full and "rounds 1.25-2.00x" in full  # the best rounds' ratio, and the rounds' range
+    lora = next(line for line in lines if line.startswith("core LoRA epoch / core full FT epoch"))
+    assert "2.00x" in lora and "rounds 1.25-2.00x" in lora
+    one = bench.ratio_lines({name: results[:1] for name, results in rounds.items()})
+    assert not any("rounds" in line for line in one)  # one round has no range
 
 
 def test_flops_and_peak_are_plausible():
