@@ -306,9 +306,14 @@ def best_of(rounds: dict[str, list[Result]]) -> dict[str, Result]:
     return {name: max(results, key=lambda r: r.tokens_per_s) for name, results in rounds.items()}
 
 
+def by_kind(results: dict[str, Result]) -> dict[str, Result]:
+    """Results keyed without the precision ``auto`` resolved to: "core, full FT" is full fine-tuning at ``auto``."""
+    return {name.split(" (")[0].replace(", auto", ""): r for name, r in results.items()}
+
+
 def target_ratios(results: dict[str, Result]) -> list[tuple[str, float, str]]:
     """(label, ratio, target) of issue 19's targets, each against the strongest peer of its kind."""
-    by = {name.split(" (")[0].replace(", auto", ""): r for name, r in results.items()}
+    by = by_kind(results)
     core_full, core_lora = by["core, full FT"], by["core, LoRA r=8"]
     trainer, trainer_bf16 = by["Trainer, full FT, defaults"], by["Trainer, full FT, bf16=True"]
     peft_lora, peft_lora_bf16 = by["Trainer + peft, LoRA r=8"], by["Trainer + peft, LoRA r=8, bf16=True"]
@@ -325,17 +330,14 @@ def target_ratios(results: dict[str, Result]) -> list[tuple[str, float, str]]:
 def ratio_lines(rounds: dict[str, list[Result]]) -> list[str]:
     """Each ratio of the best rounds, and its range over the rounds (each round's contenders against each
     other, run minutes apart): a target inside that range is not met or missed beyond the machine's noise."""
-    per_round = [target_ratios({name: results[i] for name, results in rounds.items()}) for i in range(_count(rounds))]
+    count = min(len(results) for results in rounds.values())
+    per_round = [target_ratios({name: results[i] for name, results in rounds.items()}) for i in range(count)]
     lines = []
     for k, (label, value, target) in enumerate(target_ratios(best_of(rounds))):
         values = [ratios[k][1] for ratios in per_round]
         spread = f"rounds {min(values):.2f}-{max(values):.2f}x; " if len(values) > 1 else ""
         lines.append(f"{label:<40} {value:.2f}x  ({spread}target {target})")
     return lines
-
-
-def _count(rounds: dict[str, list[Result]]) -> int:
-    return min(len(results) for results in rounds.values())
 
 
 def check_args(args) -> None:
@@ -375,7 +377,7 @@ def main(args) -> None:
             f"{flops / peaks['fp32']:>8.0%} {flops / peaks['bf16']:>8.0%}"
         )
     print("\n".join(ratio_lines(rounds)))
-    core_full = next(result for name, result in best.items() if name.startswith("core, full FT, auto"))
+    core_full = by_kind(best)["core, full FT"]
     auto = cpu_precision()
     mfu = flops_per_token(config, mean_length, lora=False) * core_full.tokens_per_s / peaks[auto]
     print(f"{f'core full FT MFU vs {auto} peak':<40} {mfu:.0%}  (target >= 60% of the bf16 peak)")

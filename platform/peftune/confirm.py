@@ -289,6 +289,15 @@ def _more_seeds(
     return grow, "" if grow else ("max_seeds" if open_keys else "decided")
 
 
+def completed_seeds(runs: list) -> dict[str, set[int]]:
+    """config key -> the seeds of its completed runs among the confirmation ``runs``."""
+    done: dict[str, set[int]] = {}
+    for run in runs:
+        if run.data.tags.get(STATUS) == COMPLETED and run.data.tags.get(SEED, "").isdigit():
+            done.setdefault(run_config_key(run), set()).add(int(run.data.tags[SEED]))
+    return done
+
+
 @dataclass
 class Confirmation:
     """The confirmation's trials in one Tune experiment, round by round (see :class:`Rounds`): the first round
@@ -352,7 +361,9 @@ class Confirmation:
         """The trial configs of the next round of added seeds; None when adding stops: decided, a cap, or a
         round that did not finish in the record (a tracking outage holds its writes back)."""
         # the record is read next, so its buffered writes go first
-        if not self.trial_logger.flush(self.flush_s) or self.finished() < len(self.wanted):
+        flushed = self.trial_logger.flush(self.flush_s)
+        runs = confirmation_runs(self.client, self.record)  # read once: the round is over, nothing writes
+        if not flushed or self.finished(runs) < len(self.wanted):
             self.held_back = True
             return None
         if self.open_decisions is None:
@@ -360,7 +371,7 @@ class Confirmation:
         if self.adding_since is None:
             self.adding_since = time.monotonic()
         open_keys = self.open_decisions(self.record.tracking_uri, self.definition.name)
-        grow, self.stopped_by = _more_seeds(self.completed_seeds(), open_keys, self.searched, self.definition.confirm)
+        grow, self.stopped_by = _more_seeds(completed_seeds(runs), open_keys, self.searched, self.definition.confirm)
         max_seconds = self.definition.confirm.max_seconds
         if grow and max_seconds is not None and time.monotonic() - self.adding_since > max_seconds:
             grow, self.stopped_by = [], "max_seconds"
@@ -371,20 +382,12 @@ class Confirmation:
         self.added += len(grow)
         return self.todo(grow)
 
-    def completed_seeds(self) -> dict[str, set[int]]:
-        """config key -> the seeds of its completed confirmation runs."""
-        done: dict[str, set[int]] = {}
-        for run in confirmation_runs(self.client, self.record):
-            if run.data.tags.get(STATUS) == COMPLETED and run.data.tags.get(SEED, "").isdigit():
-                done.setdefault(run_config_key(run), set()).add(int(run.data.tags[SEED]))
-        return done
-
-    def finished(self) -> int:
-        """How many of the wanted pairs have a final status (completed or failed) in the record."""
+    def finished(self, runs: list | None = None) -> int:
+        """How many of the wanted pairs have a final status (completed or failed) in the record (``runs``: the
+        confirmation runs, read from it when None)."""
+        runs = confirmation_runs(self.client, self.record) if runs is None else runs
         final = {
-            (run_config_key(r), r.data.tags.get(SEED))
-            for r in confirmation_runs(self.client, self.record)
-            if r.data.tags.get(STATUS) in (COMPLETED, FAILED)
+            (run_config_key(r), r.data.tags.get(SEED)) for r in runs if r.data.tags.get(STATUS) in (COMPLETED, FAILED)
         }
         return sum((c.config_key, str(s)) in final for c, s, _ in self.wanted)
 
