@@ -218,11 +218,15 @@ class Rounds(Searcher):
         self.queue, self.next_round = [dict(c) for c in first], next_round
         self.running: set[str] = set()
         self.over = False
+        self.round_ended = 0.0  # when the round's last trial was reported complete (time.monotonic)
 
     def suggest(self, trial_id: str):
         while not self.queue and not self.running and not self.over:
             more = self.next_round()  # the round is over: every one of its trials has finished
             self.queue, self.over = [dict(c) for c in more or []], more is None
+            log.info(
+                "confirmation: %.1f s from the round's last trial to the next", time.monotonic() - self.round_ended
+            )
         if self.over:
             return Searcher.FINISHED
         if not self.queue:
@@ -232,6 +236,7 @@ class Rounds(Searcher):
 
     def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
         self.running.discard(trial_id)
+        self.round_ended = time.monotonic()
 
 
 def confirmation_runs(client, record) -> list:
@@ -361,7 +366,9 @@ class Confirmation:
         """The trial configs of the next round of added seeds; None when adding stops: decided, a cap, or a
         round that did not finish in the record (a tracking outage holds its writes back)."""
         # the record is read next, so its buffered writes go first
+        start = time.monotonic()
         flushed = self.trial_logger.flush(self.flush_s)
+        flush_s = time.monotonic() - start
         runs = confirmation_runs(self.client, self.record)  # read once: the round is over, nothing writes
         if not flushed or self.finished(runs) < len(self.wanted):
             self.held_back = True
@@ -370,7 +377,16 @@ class Confirmation:
             return None
         if self.adding_since is None:
             self.adding_since = time.monotonic()
+        read_s = time.monotonic() - start - flush_s
         open_keys = self.open_decisions(self.record.tracking_uri, self.definition.name)
+        # the slots wait for this: its parts say which one to make cheaper
+        log.info(
+            "confirmation: round decided in %.1f s (writes flushed %.1f s, runs read %.1f s, decisions %.1f s)",
+            time.monotonic() - start,
+            flush_s,
+            read_s,
+            time.monotonic() - start - flush_s - read_s,
+        )
         grow, self.stopped_by = _more_seeds(completed_seeds(runs), open_keys, self.searched, self.definition.confirm)
         max_seconds = self.definition.confirm.max_seconds
         if grow and max_seconds is not None and time.monotonic() - self.adding_since > max_seconds:
