@@ -221,18 +221,30 @@ def _search_all(client, experiment_id: str, filter_string: str) -> list:
             return runs
 
 
+# (tracking URI, run id) -> the histories of a run the writer closed as finished: they never change, and the
+# confirmation reads the whole record after each round of added seeds (one call per run, the slots idle)
+_HISTORIES: dict[tuple[str, str], dict[str, dict[int, float]]] = {}
+
+
 def _histories(client, run, metrics: Sequence[str]) -> dict[str, dict[int, float]]:
     """Per-epoch values (step -> value) of ``score`` and, where the best-epoch metrics are missing, the task metrics.
 
     ``score``'s history gives ``epochs_run`` for every trial; the task histories are only needed for a trial
     the writer has not closed (running or interrupted), which has no ``best_*`` metrics yet.
     """
-    keys = ["score"] if "best_score" in run.data.metrics else ["score", *metrics]
-    return {
-        key: {int(m.step): m.value for m in client.get_metric_history(run.info.run_id, key)}
-        for key in keys
-        if key in run.data.metrics
+    closed = "best_score" in run.data.metrics
+    key = (client.tracking_uri, run.info.run_id)
+    if closed and run.info.status == "FINISHED" and key in _HISTORIES:
+        return _HISTORIES[key]
+    names = ["score"] if closed else ["score", *metrics]
+    histories = {
+        name: {int(m.step): m.value for m in client.get_metric_history(run.info.run_id, name)}
+        for name in names
+        if name in run.data.metrics
     }
+    if closed and run.info.status == "FINISHED":
+        _HISTORIES[key] = histories
+    return histories
 
 
 def task_metric_names(tasks: Iterable[str]) -> list[str]:

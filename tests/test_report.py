@@ -187,6 +187,28 @@ def test_report_end_to_end(store, tmp_path):
     assert metrics["sweep_frontier_size"] == 4 and metrics["sweep_hypervolume"] == pytest.approx(expected_hv)
 
 
+def test_a_run_still_written_is_read_again_and_a_closed_one_stays(tmp_path):
+    """The record is read after every confirmation round: a run the writer has not closed shows its new
+    epochs each time (its histories are never kept from an earlier read); a closed one reads the same."""
+    from mlflow.entities import Metric
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    trials = [
+        TrialSpec("done", "frozen", {}, epochs(0.30, 0.35), counts(0)),
+        TrialSpec("open", "top_k", {"k": 1}, epochs(0.40), counts(100_000), status=None, mlflow_status="RUNNING"),
+    ]
+    _, _, run_ids = record_sweep(uri, "growing", TASKS, trials, artifact_dir=tmp_path / "artifacts")
+    first = runs.read_sweep_record("growing", uri).trials.set_index("trial_id")
+    assert first.loc["open", "epochs_run"] == 1 and first.loc["done", "epochs_run"] == 2
+
+    client, now = mlflow.MlflowClient(tracking_uri=uri), 0
+    values = {"sst_accuracy": 0.4, "para_accuracy": 0.6, "sts_pearson": 0.5, "score": 0.5}
+    client.log_batch(run_ids["open"], metrics=[Metric(k, v, now, 2) for k, v in values.items()])
+    again = runs.read_sweep_record("growing", uri).trials.set_index("trial_id")
+    assert again.loc["open", "epochs_run"] == 2 and again.loc["open", "score"] == pytest.approx(0.5)
+    assert again.loc["done"].equals(first.loc["done"])
+
+
 def test_unknown_sweep_names_the_store_and_its_sweeps(store, capsys):
     from peftune.cli import main
 
