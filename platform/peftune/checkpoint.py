@@ -3,14 +3,16 @@
 Never pickle: a checkpoint is ``trainable.safetensors`` (method + heads),
 ``peftune.json`` (method, its options, tasks, the training config and the
 backbone's fingerprint) and, for resuming, ``optimizer.safetensors`` (AdamW
-moments by parameter name). Loading checks the backbone and method before
-touching any weight, so a checkpoint meets only the model it was trained on.
+moments by parameter name; not in a run's last epoch's checkpoint, from which
+nothing trains). Loading checks the backbone and method before touching any
+weight, so a checkpoint meets only the model it was trained on.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 from pathlib import Path
 
@@ -141,10 +143,14 @@ def load_trainable(model: MultitaskModel, directory: str | Path, map_location: s
 
 
 def load_training_state(directory, model, optimizer, scheduler, backbone) -> dict:
-    """Restore weights, optimizer and scheduler; returns {"epoch": done epochs, "history": [...]}."""
+    """Restore weights, optimizer and scheduler (weights only from a checkpoint of the run's last epoch, which
+    has no optimizer state); returns {"epoch": done epochs, "history": [...]}."""
     meta = read_meta(directory)
     check_backbone(meta, model.backbone_fingerprint, directory)
     load_trainable(model, directory)
+    epoch = meta["epoch"] or 0
+    if "optimizer" not in meta and epoch >= ((meta.get("train_config") or {}).get("epochs") or math.inf):
+        return {"epoch": epoch, "history": meta["history"] or []}  # the last epoch's: nothing left to train
     if "optimizer" not in meta:
         raise CheckpointError(f"checkpoint {directory} has no optimizer state to resume from")
     tensors = read_safetensors(Path(directory) / OPTIMIZER)
@@ -160,7 +166,7 @@ def load_training_state(directory, model, optimizer, scheduler, backbone) -> dic
         # the scheduler writes a group's lr only when it steps: restore the current one now
         for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr(), strict=True):
             group["lr"] = lr
-    return {"epoch": meta["epoch"] or 0, "history": meta["history"] or []}
+    return {"epoch": epoch, "history": meta["history"] or []}
 
 
 def _optimizer_tensors(model, optimizer) -> tuple[dict[str, torch.Tensor], dict]:
