@@ -12,6 +12,7 @@ import dataclasses
 import os
 import signal
 import statistics
+import threading
 import time
 from pathlib import Path
 
@@ -279,6 +280,8 @@ def test_the_time_cap_counts_from_the_first_rounds_end(local_ray, workdir, tiny_
     always_open, calls = AlwaysOpen("top_k"), []
 
     def slow_after_the_first(tracking_uri, name):
+        if threading.current_thread() is not threading.main_thread():  # a read ahead of a round's end
+            return always_open(tracking_uri, name)
         calls.append(name)
         time.sleep(1.5 if len(calls) > 1 else 0.0)
         return always_open(tracking_uri, name)
@@ -433,3 +436,27 @@ def test_rounds_start_the_next_round_only_when_every_trial_of_the_last_has_finis
     assert rounds.suggest("t6") == Searcher.FINISHED and rounds.suggest("t7") == Searcher.FINISHED
     assert asked == [2, 3, 3, 5]  # None ends it: never asked again
     assert [c["seed"] for c in handed] == [1, 2, 3, 4, 5]
+
+
+def test_rounds_read_the_record_ahead_while_a_slot_waits_and_finish_before_the_decision():
+    """Once per round, when a slot waits for the round's last trials, ``warm`` reads what the decision will
+    read; the decision is asked for only after that read is over, and a failing read changes nothing."""
+    events = []
+    release = threading.Event()
+
+    def warm():
+        events.append("warm")
+        release.wait(5)  # still reading when the round ends
+        events.append("warmed")
+        raise ConnectionError("the tracking server went away")  # met again by the decision, not here
+
+    rounds = confirm.Rounds([{"seed": 1}, {"seed": 2}], lambda: events.append("decide") or None, warm=warm)
+    rounds.suggest("t1")
+    assert events == []  # no slot waits yet: the second config is still to hand out
+    rounds.suggest("t2")
+    assert rounds.suggest("t3") is None and rounds.suggest("t3") is None  # a slot waits, asked twice
+    rounds.on_trial_complete("t1")
+    rounds.on_trial_complete("t2")
+    threading.Timer(0.2, release.set).start()
+    assert rounds.suggest("t3") == Searcher.FINISHED
+    assert events == ["warm", "warmed", "decide"]

@@ -45,6 +45,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
+import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -211,17 +212,30 @@ class Rounds(Searcher):
     So the rounds of added seeds run in ONE Tune experiment: no experiment is set up again per round, and
     a trial actor stays alive between rounds (``reuse_actors``). A ``Searcher`` (not a variant generator)
     so that Tune applies ``max_concurrent_trials`` to it; between rounds it answers None (not ready yet).
+
+    ``warm()``, when given, runs in a thread once per round, as soon as a slot waits for the round's last
+    trials: it reads what the next decision will read, so that reading what the finished trials wrote is
+    done while a core is free (the decision itself waits for every trial of the round).
     """
 
-    def __init__(self, first: Sequence[dict], next_round: Callable[[], list[dict] | None]):
+    def __init__(
+        self,
+        first: Sequence[dict],
+        next_round: Callable[[], list[dict] | None],
+        warm: Callable[[], object] | None = None,
+    ):
         super().__init__(metric="score", mode="max")
-        self.queue, self.next_round = [dict(c) for c in first], next_round
+        self.queue, self.next_round, self.warm = [dict(c) for c in first], next_round, warm
         self.running: set[str] = set()
         self.over = False
         self.round_ended = 0.0  # when the round's last trial was reported complete (time.monotonic)
+        self.warming: threading.Thread | None = None  # this round's warm(), once started
 
     def suggest(self, trial_id: str):
         while not self.queue and not self.running and not self.over:
+            if self.warming is not None:
+                self.warming.join()
+            self.warming = None
             more = self.next_round()  # the round is over: every one of its trials has finished
             self.queue, self.over = [dict(c) for c in more or []], more is None
             log.info(
@@ -230,6 +244,9 @@ class Rounds(Searcher):
         if self.over:
             return Searcher.FINISHED
         if not self.queue:
+            if self.warm is not None and self.warming is None:
+                self.warming = threading.Thread(target=_quietly, args=(self.warm,), name="warm-record", daemon=True)
+                self.warming.start()
             return None  # the round's last trials are still running
         self.running.add(trial_id)
         return self.queue.pop(0)
@@ -237,6 +254,14 @@ class Rounds(Searcher):
     def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
         self.running.discard(trial_id)
         self.round_ended = time.monotonic()
+
+
+def _quietly(work: Callable[[], object]) -> None:
+    # a head start only: a failure here is met again, and reported, by the decision that needs the record
+    try:
+        work()
+    except Exception as error:  # noqa: BLE001
+        log.debug("confirmation: reading the record ahead of the decision failed: %s", error)
 
 
 def confirmation_runs(client, record) -> list:
@@ -265,7 +290,8 @@ def run_confirmation(
     configurations (config key -> why) of the decisions the report would leave inconclusive; while it
     names any under ``confirm.max_seeds`` and ``confirm.max_seconds`` is not spent, each gets one more
     seed, all of a round as parallel trials of the same Tune experiment. The count lives in the record, so a
-    resume continues it.
+    resume continues it. It is also called in a thread once a slot waits for a round's last trials, its
+    answer unused: what it reads of the finished runs is then kept (``analysis.runs``) for the decision.
     """
     settings = definition.confirm
     if settings.seeds == 0 or (settings.top_k == 0 and not settings.defaults):
@@ -338,7 +364,7 @@ class Confirmation:
         while todo == []:  # nothing left to train in this round (a resume): the next one, if any
             todo = self.next_round()
         if todo:
-            self._fit(Rounds(todo, self.next_round))
+            self._fit(Rounds(todo, self.next_round, warm=self.read_ahead))
         finished = self.finished()
         status = COMPLETED if finished == len(self.wanted) and not self.held_back else "interrupted"
         stopped_by = self.stopped_by if self.added else ""
@@ -397,6 +423,12 @@ class Confirmation:
         self.wanted += grow
         self.added += len(grow)
         return self.todo(grow)
+
+    def read_ahead(self) -> None:
+        """What the next decision reads, read now: the finished runs' histories and predictions stay in this
+        process (``analysis.runs``), so after the round only the last runs' are read."""
+        if self.open_decisions is not None:
+            self.open_decisions(self.record.tracking_uri, self.definition.name)
 
     def finished(self, runs: list | None = None) -> int:
         """How many of the wanted pairs have a final status (completed or failed) in the record (``runs``: the
