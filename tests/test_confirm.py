@@ -460,3 +460,16 @@ def test_rounds_read_the_record_ahead_while_a_slot_waits_and_finish_before_the_d
     threading.Timer(0.2, release.set).start()
     assert rounds.suggest("t3") == Searcher.FINISHED
     assert events == ["warm", "warmed", "decide"]
+
+
+def test_a_read_ahead_that_hangs_does_not_hold_the_decision_up():
+    hung = threading.Event()
+    rounds = confirm.Rounds([{"seed": 1}], lambda: None, warm=lambda: hung.wait(30))
+    rounds.warm_wait_s = 0.2
+    rounds.suggest("t1")
+    assert rounds.suggest("t2") is None  # a slot waits: the read ahead starts, and hangs
+    rounds.on_trial_complete("t1")
+    started = time.monotonic()
+    assert rounds.suggest("t2") == Searcher.FINISHED
+    assert time.monotonic() - started < 5
+    hung.set()

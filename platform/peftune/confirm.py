@@ -218,6 +218,10 @@ class Rounds(Searcher):
     done while a core is free (the decision itself waits for every trial of the round).
     """
 
+    # the longest the decision waits for warm(): a read held up by an unreachable tracking server (MLflow
+    # retries for minutes) must not hold it up too; the decision meets the same outage and handles it
+    warm_wait_s = 30.0
+
     def __init__(
         self,
         first: Sequence[dict],
@@ -234,7 +238,7 @@ class Rounds(Searcher):
     def suggest(self, trial_id: str):
         while not self.queue and not self.running and not self.over:
             if self.warming is not None:
-                self.warming.join()
+                self.warming.join(self.warm_wait_s)
             self.warming = None
             more = self.next_round()  # the round is over: every one of its trials has finished
             self.queue, self.over = [dict(c) for c in more or []], more is None
