@@ -233,8 +233,9 @@ def _histories(client, run, metrics: Sequence[str]) -> dict[str, dict[int, float
     the writer has not closed (running or interrupted), which has no ``best_*`` metrics yet.
     """
     closed = "best_score" in run.data.metrics
+    final = closed and run.info.status == "FINISHED"  # its histories never change again
     key = (client.tracking_uri, run.info.run_id)
-    if closed and run.info.status == "FINISHED" and key in _HISTORIES:
+    if final and key in _HISTORIES:
         return _HISTORIES[key]
     names = ["score"] if closed else ["score", *metrics]
     histories = {
@@ -242,7 +243,7 @@ def _histories(client, run, metrics: Sequence[str]) -> dict[str, dict[int, float
         for name in names
         if name in run.data.metrics
     }
-    if closed and run.info.status == "FINISHED":
+    if final:
         _HISTORIES[key] = histories
     return histories
 

@@ -139,6 +139,12 @@ def test_checkpoint_reproduces_dev_metrics_exactly(tiny_prepared, tmp_path):
     finished = train.run_trial(config(), tiny_prepared, resume_from=tmp_path / "epoch2")
     assert [m["epoch"] for m in finished.history] == [1, 2]
     assert train.evaluate(finished.model, tiny_prepared.tasks, 32, torch.device("cpu")) == dev
+    # a checkpoint without that state from an epoch before the last is refused: training would go on from it
+    checkpoint.save_checkpoint(
+        finished.model, tmp_path / "bare", config=config(), epoch=1, history=finished.history[:1]
+    )
+    with pytest.raises(checkpoint.CheckpointError, match="no optimizer state"):
+        train.run_trial(config(), tiny_prepared, resume_from=tmp_path / "bare")
 
 
 @pytest.mark.parametrize("method, options", [("lora", {"rank": 4}), ("full", {})])

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 from pathlib import Path
 
@@ -149,9 +148,10 @@ def load_training_state(directory, model, optimizer, scheduler, backbone) -> dic
     check_backbone(meta, model.backbone_fingerprint, directory)
     load_trainable(model, directory)
     epoch = meta["epoch"] or 0
-    if "optimizer" not in meta and epoch >= ((meta.get("train_config") or {}).get("epochs") or math.inf):
-        return {"epoch": epoch, "history": meta["history"] or []}  # the last epoch's: nothing left to train
     if "optimizer" not in meta:
+        planned = (meta.get("train_config") or {}).get("epochs")
+        if planned is not None and epoch >= planned:  # the last epoch's: nothing left to train
+            return {"epoch": epoch, "history": meta["history"] or []}
         raise CheckpointError(f"checkpoint {directory} has no optimizer state to resume from")
     tensors = read_safetensors(Path(directory) / OPTIMIZER)
     names = {id(p): n for n, p in model.named_parameters()}

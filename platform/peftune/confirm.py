@@ -243,7 +243,7 @@ class Rounds(Searcher):
             more = self.next_round()  # the round is over: every one of its trials has finished
             self.queue, self.over = [dict(c) for c in more or []], more is None
             log.info(
-                "confirmation: %.1f s from the round's last trial to the next", time.monotonic() - self.round_ended
+                "confirmation: round's end handled %.1f s after its last trial", time.monotonic() - self.round_ended
             )
         if self.over:
             return Searcher.FINISHED
@@ -398,7 +398,7 @@ class Confirmation:
         # the record is read next, so its buffered writes go first
         start = time.monotonic()
         flushed = self.trial_logger.flush(self.flush_s)
-        flush_s = time.monotonic() - start
+        flushed_at = time.monotonic()
         runs = confirmation_runs(self.client, self.record)  # read once: the round is over, nothing writes
         if not flushed or self.finished(runs) < len(self.wanted):
             self.held_back = True
@@ -407,15 +407,16 @@ class Confirmation:
             return None
         if self.adding_since is None:
             self.adding_since = time.monotonic()
-        read_s = time.monotonic() - start - flush_s
+        read_at = time.monotonic()
         open_keys = self.open_decisions(self.record.tracking_uri, self.definition.name)
+        decided_at = time.monotonic()
         # the slots wait for this: its parts say which one to make cheaper
         log.info(
             "confirmation: round decided in %.1f s (writes flushed %.1f s, runs read %.1f s, decisions %.1f s)",
-            time.monotonic() - start,
-            flush_s,
-            read_s,
-            time.monotonic() - start - flush_s - read_s,
+            decided_at - start,
+            flushed_at - start,
+            read_at - flushed_at,
+            decided_at - read_at,
         )
         grow, self.stopped_by = _more_seeds(completed_seeds(runs), open_keys, self.searched, self.definition.confirm)
         max_seconds = self.definition.confirm.max_seconds
