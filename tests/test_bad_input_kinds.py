@@ -224,6 +224,22 @@ def test_kind7_bench_numeric_flags_are_checked_before_loading(capsys, tiny_data_
     assert_refused(code, lines, flag, "positive integer", value)
 
 
+@pytest.mark.parametrize(
+    "device, expected",
+    [("cuda", "not available"), ("meta", "expected auto, cpu, cuda"), ("not-a-device", "expected auto, cpu, cuda")],
+)
+def test_kind7_bench_device_is_checked_before_loading(capsys, tiny_data_dir, no_training, device, expected):
+    import torch
+
+    from peftune import bench
+
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    no_training.setattr(bench, "resolve_model_dir", must_not_run("loading the model"))
+    code, lines = run(capsys, "bench", "--data-dir", tiny_data_dir, "--device", device)
+    assert_refused(code, lines, "--device", device, expected)
+
+
 # ----------------------------------------------------------------------------- 8. sweep definitions
 
 SWEEP = """\

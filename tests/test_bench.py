@@ -7,6 +7,8 @@ import torch
 
 from peftune import bench
 
+CPU = torch.device("cpu")
+
 
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory, tiny_prepared):
@@ -29,7 +31,13 @@ def tiny_model_dir(tmp_path_factory, tiny_prepared):
 def test_contenders_see_the_same_examples_and_steps(tiny_prepared, tiny_model_dir, tmp_path):
     lines = []
     rounds = bench.run(
-        tiny_prepared, tiny_model_dir, batch_size=16, repeats=1, output_dir=str(tmp_path), echo=lines.append
+        tiny_prepared,
+        tiny_model_dir,
+        batch_size=16,
+        repeats=1,
+        output_dir=str(tmp_path),
+        device=CPU,
+        echo=lines.append,
     )
     best = bench.best_of(rounds)
     split = tiny_prepared.tasks["sst"].train
@@ -72,11 +80,11 @@ def test_flops_and_peak_are_plausible():
     full = bench.flops_per_token(minilm, 25.0, lora=False)
     assert 60e6 < full < 70e6  # ~64 MFLOP of training per token (6 N, N = 10.6 M)
     assert bench.flops_per_token(minilm, 25.0, lora=True) < full
-    assert bench.matmul_peak(torch.float32, size=256, repeats=2) > 0
+    assert bench.matmul_peak(torch.float32, CPU, size=256, repeats=2) > 0
 
 
 def test_time_shares_cover_the_epoch_and_find_the_matmuls(tiny_prepared):
-    shares = bench.time_shares(tiny_prepared, "full", "fp32", batch_size=16)
+    shares = bench.time_shares(tiny_prepared, "full", "fp32", batch_size=16, device=CPU)
     assert sum(shares.values()) == pytest.approx(1.0)
     assert shares["matmul"] > 0 and shares["optimizer"] > 0
     assert bench.category("aten::addmm") == "matmul" and bench.category("aten::_fused_adamw_") == "optimizer"
@@ -95,7 +103,13 @@ def test_compiling_pays_only_from_the_trial_length_its_saved_step_time_covers():
 
 def test_the_compile_comparison_traces_the_core_s_step_on_every_batch_length(tiny_prepared):
     # dynamo's "eager" backend: the tracing of the real path, without inductor's minutes of C++ compiling
-    result = bench.compile_comparison(tiny_prepared, "lora", "fp32", batch_size=16, repeats=1, backend="eager")
+    result = bench.compile_comparison(tiny_prepared, "lora", "fp32", 16, repeats=1, device=CPU, backend="eager")
     assert result.steps == -(-len(tiny_prepared.tasks["sst"].train) // 16)
     assert result.compile_s >= 0 and result.eager_step_s > 0 and result.compiled_step_s > 0
     assert result.noise_step_s >= 0
+
+
+def test_the_bench_runs_where_auto_trains():
+    # --device auto: a GPU where there is one (the others: test_bad_input_kinds' kind 7)
+    assert bench.bench_device("auto") == (torch.device("cuda") if torch.cuda.is_available() else CPU)
+    assert bench.bench_device("cpu") == CPU

@@ -11,6 +11,9 @@ so the same number of optimizer steps:
   defaults and with ``bf16=True`` (the strongest LoRA peer).
 
 Rounds alternate so that machine noise hits every contender alike; each keeps its best round.
+The device is the CPU or one GPU (``--device``): every contender trains there, and the peaks, the
+precision ``auto`` picks and the profile are that device's. On a GPU the Trainer spreads over every
+visible GPU (DataParallel), so the bench refuses more than one: ``CUDA_VISIBLE_DEVICES`` picks it.
 Figures are non-padding tokens per second of training (forward, backward, optimizer step,
 evaluation excluded; the Trainer's figure is its ``train()`` call, which includes its few
 milliseconds of set-up). MFU is useful-token FLOPs (6 N per token for full fine-tuning, 4 N for
@@ -21,6 +24,7 @@ parameters, plus the attention scores) against a matmul peak measured in the sam
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import time
 
@@ -48,7 +52,34 @@ class Result:
 # ----------------------------------------------------------------------------- the core
 
 
-def core_config(method: str, batch_size: int, seed: int, precision: str) -> train.TrainConfig:
+def bench_device(name: str) -> torch.device:
+    """The device ``--device`` names, where the bench can compare like with like: the CPU or one GPU."""
+    try:
+        device = train.select_device(name)
+    except UserError as error:
+        raise UserError(f"--device: {error}") from None
+    if device.type not in ("cpu", "cuda"):
+        raise UserError(f"--device {name!r}: the bench runs on cpu or cuda, where the Trainer runs as configured here")
+    if device.type == "cuda" and torch.cuda.device_count() > 1:
+        raise UserError(
+            f"--device {name!r}: {torch.cuda.device_count()} GPUs are visible, and the Trainer would spread over all "
+            "of them (DataParallel) against the core's one: make one visible, e.g. CUDA_VISIBLE_DEVICES=0"
+        )
+    return device
+
+
+def synchronize(device: torch.device) -> None:
+    """Wait for the device's queued work: a GPU's kernels run after the host has moved on."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def auto_precision(device: torch.device) -> str:
+    """What ``precision: auto`` computes in on ``device``: bf16 where it multiplies bf16 natively, else fp32."""
+    return train.resolve_precision(device, "auto")
+
+
+def core_config(method: str, batch_size: int, seed: int, precision: str, device: torch.device) -> train.TrainConfig:
     return train.TrainConfig(
         method=method,
         method_options=LORA if method == "lora" else {},
@@ -58,12 +89,14 @@ def core_config(method: str, batch_size: int, seed: int, precision: str) -> trai
         batch_size=batch_size,
         seed=seed,
         precision=precision,
+        device=str(device),
         log_every=0,
     )
 
 
-def core_epoch(prepared: train.PreparedData, method: str, precision: str, batch_size: int, seed: int) -> Result:
-    config = core_config(method, batch_size, seed, precision)
+def core_epoch(prepared: train.PreparedData, method: str, precision: str, batch_size: int, seed: int,
+               device: torch.device) -> Result:  # fmt: skip
+    config = core_config(method, batch_size, seed, precision, device)
     # the plan run_trial trains on (same seed, same epoch): which examples and how many steps
     plan = train._epoch_plan(config, {"sst": prepared.tasks["sst"]}, prepared.pad_token_id, epoch=0)
     metrics = train.run_trial(config, prepared).history[-1]
@@ -74,7 +107,8 @@ def core_epoch(prepared: train.PreparedData, method: str, precision: str, batch_
 # ----------------------------------------------------------------------------- the HF Trainer
 
 
-def trainer_epoch(prepared, model_dir, mode: str, batch_size: int, seed: int, output_dir: str) -> Result:
+def trainer_epoch(prepared, model_dir, mode: str, batch_size: int, seed: int, output_dir: str,
+                  device: torch.device) -> Result:  # fmt: skip
     """One epoch of the Trainer; ``mode`` is "fp32" (its defaults), "bf16", "lora" (peft, fp32) or "lora_bf16"."""
     import transformers
 
@@ -110,7 +144,7 @@ def trainer_epoch(prepared, model_dir, mode: str, batch_size: int, seed: int, ou
         num_train_epochs=1,
         learning_rate=5e-4 if mode.startswith("lora") else 2e-5,
         train_sampling_strategy="group_by_length",
-        use_cpu=not torch.cuda.is_available(),
+        use_cpu=device.type == "cpu",
         bf16=mode.endswith("bf16"),
         remove_unused_columns=False,  # keeps "idx" for the collator to record
         save_strategy="no",
@@ -130,14 +164,17 @@ def trainer_epoch(prepared, model_dir, mode: str, batch_size: int, seed: int, ou
 # ----------------------------------------------------------------------------- peak and MFU
 
 
-def matmul_peak(dtype: torch.dtype, size: int = 2048, repeats: int = 5) -> float:
-    """FLOP/s of a square matmul on the CPU (best of ``repeats``)."""
-    a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+def matmul_peak(dtype: torch.dtype, device: torch.device, size: int | None = None, repeats: int = 5) -> float:
+    """FLOP/s of a square matmul on ``device`` (best of ``repeats``); a GPU gets a larger one to fill it."""
+    size = size or (2048 if device.type == "cpu" else 8192)
+    a, b = (torch.randn(size, size, device=device).to(dtype) for _ in range(2))
     torch.mm(a, b)  # warm-up
     best = float("inf")
     for _ in range(repeats):
+        synchronize(device)
         started = time.perf_counter()
         torch.mm(a, b)
+        synchronize(device)
         best = min(best, time.perf_counter() - started)
     return 2 * size**3 / best
 
@@ -172,32 +209,36 @@ def category(op: str) -> str:
     return "other elementwise and bookkeeping"
 
 
-def time_shares(prepared: train.PreparedData, method: str, precision: str, batch_size: int) -> dict[str, float]:
-    """Share of one training epoch's CPU self time per op category, from torch's profiler."""
+def time_shares(
+    prepared: train.PreparedData, method: str, precision: str, batch_size: int, device: torch.device
+) -> dict[str, float]:
+    """Share of one training epoch's time per op category, from torch's profiler: each op's self time on the
+    CPU, and on a GPU the self time of the kernels each op launched (the host's time there is launch work)."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU]) as profiler:
-        train.run_trial(core_config(method, batch_size, 0, precision), prepared)
+    on_gpu = device.type == "cuda"
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA] if on_gpu else [ProfilerActivity.CPU]
+    with profile(activities=activities) as profiler:
+        train.run_trial(core_config(method, batch_size, 0, precision, device), prepared)
     totals: dict[str, float] = {}
     for event in profiler.key_averages():
-        if event.key.startswith("ProfilerStep"):
+        # on a GPU the kernels are events too, their time already counted in the op that launched them
+        if event.key.startswith("ProfilerStep") or event.device_type != DeviceType.CPU:
             continue
-        totals[category(event.key)] = totals.get(category(event.key), 0.0) + event.self_cpu_time_total
+        spent = event.self_device_time_total if on_gpu else event.self_cpu_time_total
+        totals[category(event.key)] = totals.get(category(event.key), 0.0) + spent
     whole = sum(totals.values()) or 1.0
     return {name: value / whole for name, value in sorted(totals.items(), key=lambda kv: -kv[1])}
 
 
-def cpu_precision() -> str:
-    """What ``precision: auto`` computes in on this CPU: bf16 where it multiplies bf16 natively, else fp32."""
-    return train.resolve_precision(torch.device("cpu"), "auto")
-
-
-def print_profile(prepared, batch_size: int) -> None:
-    auto = cpu_precision()
+def print_profile(prepared, batch_size: int, device: torch.device) -> None:
+    auto = auto_precision(device)
     runs = [("full", "fp32"), ("full", auto), ("lora", auto), ("lora", "fp32")]
-    shares = {f"{m} {precision}": time_shares(prepared, m, precision, batch_size) for m, precision in runs}
+    shares = {f"{m} {precision}": time_shares(prepared, m, precision, batch_size, device) for m, precision in runs}
     names = [name for name, _ in CATEGORIES] + ["other elementwise and bookkeeping"]
-    print("\nshare of training CPU time by op category (torch profiler, self time, one epoch incl. evaluation)")
+    spent = "CPU" if device.type == "cpu" else "GPU kernel"
+    print(f"\nshare of training {spent} time by op category (torch profiler, self time, one epoch incl. evaluation)")
     print(f"  {'category':<36}" + "".join(f"{run:>12}" for run in shares))
     for name in names:
         print(f"  {name:<36}" + "".join(f"{shares[run].get(name, 0.0):>12.0%}" for run in shares))
@@ -227,17 +268,19 @@ class CompileResult:
 
 
 def compile_comparison(
-    prepared, method: str, precision: str, batch_size: int, repeats: int, backend: str = "inductor"
-) -> CompileResult:
+    prepared, method: str, precision: str, batch_size: int, repeats: int, device: torch.device,
+    backend: str = "inductor",
+) -> CompileResult:  # fmt: skip
     """The core's training step eager and under ``torch.compile`` (dynamic shapes: the length buckets share
     graphs), one epoch of the same batches each, alternating; the compiled model's first epoch compiles."""
-    config = core_config(method, batch_size, 0, precision)
+    config = core_config(method, batch_size, 0, precision, device)
     batches = train._epoch_plan(config, {"sst": prepared.tasks["sst"]}, prepared.pad_token_id, epoch=0)
 
     def epoch(trial) -> float:
         started = time.perf_counter()
         for batch in batches:
             trial.step(batch)
+        synchronize(device)
         return time.perf_counter() - started
 
     eager, compiled = train._Trial(config, prepared, None), train._Trial(config, prepared, None)
@@ -252,12 +295,12 @@ def compile_comparison(
     return CompileResult(max(0.0, first - min(eager_s)), min(eager_s) / steps, min(compiled_s) / steps, steps, noise)
 
 
-def print_compile(prepared, batch_size: int, repeats: int) -> None:
-    auto = cpu_precision()
+def print_compile(prepared, batch_size: int, repeats: int, device: torch.device) -> None:
+    auto = auto_precision(device)
     print(f"\ntorch.compile (inductor, dynamic shapes) against eager, the core at {auto}, same batches, best of "
           f"{repeats} epochs after the compiling one")  # fmt: skip
     for method, label in (("full", "full FT"), ("lora", "LoRA r=8")):
-        result = compile_comparison(prepared, method, auto, batch_size, repeats)
+        result = compile_comparison(prepared, method, auto, batch_size, repeats, device)
         pays = result.break_even_steps
         never = f"never (the compiled step is not faster beyond the epochs' spread, {result.noise_step_s * 1e3:.0f} ms)"
         when = never if math.isinf(pays) else (
@@ -271,27 +314,30 @@ def print_compile(prepared, batch_size: int, repeats: int) -> None:
 # ----------------------------------------------------------------------------- the run
 
 
-def contenders(prepared, model_dir, batch_size: int, output_dir: str) -> dict:
-    auto = cpu_precision()
+def contenders(prepared, model_dir, batch_size: int, output_dir: str, device: torch.device) -> dict:
+    """Name -> one epoch of that contender on ``device``, as a function of the round (its seed)."""
+    auto = auto_precision(device)
+    trainer = functools.partial(
+        trainer_epoch, prepared, model_dir, batch_size=batch_size, output_dir=output_dir, device=device
+    )
+    core = functools.partial(core_epoch, prepared, batch_size=batch_size, device=device)
     return {
-        "Trainer, full FT, defaults (fp32)": lambda r: trainer_epoch(
-            prepared, model_dir, "fp32", batch_size, r, output_dir
-        ),
-        "Trainer, full FT, bf16=True": lambda r: trainer_epoch(prepared, model_dir, "bf16", batch_size, r, output_dir),
-        "Trainer + peft, LoRA r=8": lambda r: trainer_epoch(prepared, model_dir, "lora", batch_size, r, output_dir),
-        "Trainer + peft, LoRA r=8, bf16=True": lambda r: trainer_epoch(
-            prepared, model_dir, "lora_bf16", batch_size, r, output_dir
-        ),
-        "core, full FT, fp32": lambda r: core_epoch(prepared, "full", "fp32", batch_size, r),
-        "core, full FT, bf16": lambda r: core_epoch(prepared, "full", "bf16", batch_size, r),
-        f"core, full FT, auto ({auto})": lambda r: core_epoch(prepared, "full", "auto", batch_size, r),
-        f"core, LoRA r=8, auto ({auto})": lambda r: core_epoch(prepared, "lora", "auto", batch_size, r),
+        "Trainer, full FT, defaults (fp32)": lambda r: trainer("fp32", seed=r),
+        "Trainer, full FT, bf16=True": lambda r: trainer("bf16", seed=r),
+        "Trainer + peft, LoRA r=8": lambda r: trainer("lora", seed=r),
+        "Trainer + peft, LoRA r=8, bf16=True": lambda r: trainer("lora_bf16", seed=r),
+        "core, full FT, fp32": lambda r: core("full", "fp32", seed=r),
+        "core, full FT, bf16": lambda r: core("full", "bf16", seed=r),
+        f"core, full FT, auto ({auto})": lambda r: core("full", "auto", seed=r),
+        f"core, LoRA r=8, auto ({auto})": lambda r: core("lora", "auto", seed=r),
     }
 
 
-def run(prepared, model_dir, batch_size: int, repeats: int, output_dir: str, echo=print) -> dict[str, list[Result]]:
+def run(
+    prepared, model_dir, batch_size: int, repeats: int, output_dir: str, device: torch.device, echo=print
+) -> dict[str, list[Result]]:
     """Alternating rounds; returns every contender's rounds, in order."""
-    runs = contenders(prepared, model_dir, batch_size, output_dir)
+    runs = contenders(prepared, model_dir, batch_size, output_dir, device)
     rounds: dict[str, list[Result]] = {name: [] for name in runs}
     for round_index in range(repeats):
         for name, contender in runs.items():
@@ -347,26 +393,21 @@ def check_args(args) -> None:
             raise UserError(f"{flag} must be a positive integer, got {value!r}")
 
 
-def main(args) -> None:
-    import tempfile
+def device_name(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"GPU {torch.cuda.get_device_name(device)}"
+    return f"CPU, {torch.get_num_threads()} threads"
 
-    check_args(args)
-    model_dir = resolve_model_dir(args.model)
-    prepared = train.prepare(
-        args.data_dir, ["sst"], model=args.model, max_train_examples=args.examples, max_dev_examples=64
-    )
-    peaks = {"fp32": matmul_peak(torch.float32), "bf16": matmul_peak(torch.bfloat16)}
-    with tempfile.TemporaryDirectory() as output_dir:
-        rounds = run(
-            prepared, model_dir, args.batch_size, args.repeats, output_dir, echo=lambda line: print(line, flush=True)
-        )
+
+def print_results(rounds: dict[str, list[Result]], prepared, peaks: dict[str, float], device: torch.device,
+                  title: str) -> None:  # fmt: skip
+    """Each contender's best round with its MFU, the ratios with their ranges, and the core's MFU."""
     best = best_of(rounds)
     split = prepared.tasks["sst"].train
     mean_length = split.num_tokens() / len(split)
     config = prepared.backbone.config
     print(
-        f"\n{len(split)} SST train examples ({split.num_tokens()} tokens), batch {args.batch_size}, "
-        f"{torch.get_num_threads()} threads, model {args.model}; best of {args.repeats} rounds; "
+        f"\n{len(split)} SST train examples ({split.num_tokens()} tokens), {title}, {device_name(device)}; "
         f"matmul peak {peaks['fp32'] / 1e9:.0f} GFLOP/s fp32, {peaks['bf16'] / 1e9:.1f} bf16"
     )
     print(f"  {'contender':<36} {'tokens/s':>9} {'s/epoch':>8} {'steps':>6} {'MFU fp32':>9} {'MFU bf16':>9}")
@@ -377,14 +418,30 @@ def main(args) -> None:
             f"{flops / peaks['fp32']:>8.0%} {flops / peaks['bf16']:>8.0%}"
         )
     print("\n".join(ratio_lines(rounds)))
-    core_full = by_kind(best)["core, full FT"]
-    auto = cpu_precision()
-    mfu = flops_per_token(config, mean_length, lora=False) * core_full.tokens_per_s / peaks[auto]
+    auto = auto_precision(device)
+    mfu = flops_per_token(config, mean_length, lora=False) * by_kind(best)["core, full FT"].tokens_per_s / peaks[auto]
     print(f"{f'core full FT MFU vs {auto} peak':<40} {mfu:.0%}  (target >= 60% of the bf16 peak)")
     if auto == "fp32":
-        print("bf16 is emulated on this CPU (no AVX512-BF16 or AMX): the bf16 figures, and the ratios against the "
-              "bf16 peers, say nothing of a machine that multiplies bf16")  # fmt: skip
+        print(f"bf16 is emulated on this {device.type.upper()} (not native here): the bf16 figures, and the ratios "
+              "against the bf16 peers, say nothing of a device that multiplies bf16")  # fmt: skip
+
+
+def main(args) -> None:
+    import tempfile
+
+    check_args(args)
+    device = bench_device(args.device)
+    model_dir = resolve_model_dir(args.model)
+    prepared = train.prepare(
+        args.data_dir, ["sst"], model=args.model, max_train_examples=args.examples, max_dev_examples=64
+    )
+    peaks = {"fp32": matmul_peak(torch.float32, device), "bf16": matmul_peak(torch.bfloat16, device)}
+    with tempfile.TemporaryDirectory() as output_dir:
+        rounds = run(prepared, model_dir, args.batch_size, args.repeats, output_dir, device,
+                     echo=lambda line: print(line, flush=True))  # fmt: skip
+    title = f"batch {args.batch_size}, model {args.model}; best of {args.repeats} rounds"
+    print_results(rounds, prepared, peaks, device, title)
     if args.profile:
-        print_profile(prepared, args.batch_size)
+        print_profile(prepared, args.batch_size, device)
     if args.compile:
-        print_compile(prepared, args.batch_size, args.repeats)
+        print_compile(prepared, args.batch_size, args.repeats, device)

@@ -464,6 +464,7 @@ def add_bench_parser(sub) -> None:
     p.add_argument("--examples", type=int, default=1024, help="SST train examples per measured epoch")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--repeats", type=int, default=2, help="alternating rounds; the best of each is kept")
+    p.add_argument("--device", default="auto", help="auto (CUDA if present, else CPU), cpu, or cuda (one visible GPU)")
     p.add_argument(
         "--profile", action="store_true", help="also the share of training time per op category (torch profiler)"
     )
