@@ -52,20 +52,16 @@ class Result:
 # ----------------------------------------------------------------------------- the core
 
 
-def bench_device(name: str) -> torch.device:
-    """The device ``--device`` names, where the bench can compare like with like: the CPU or one GPU."""
-    try:
-        device = train.select_device(name)
-    except UserError as error:
-        raise UserError(f"--device: {error}") from None
+def check_bench_device(device: torch.device) -> None:
+    """``device`` (one this machine has: ``cli.check_device``) is where the bench compares like with like: the
+    CPU or one GPU."""
     if device.type not in ("cpu", "cuda"):
-        raise UserError(f"--device {name!r}: the bench runs on cpu or cuda, where the Trainer runs as configured here")
+        raise UserError(f"--device {device}: the bench runs on cpu or cuda, where the Trainer runs as configured here")
     if device.type == "cuda" and torch.cuda.device_count() > 1:
         raise UserError(
-            f"--device {name!r}: {torch.cuda.device_count()} GPUs are visible, and the Trainer would spread over all "
+            f"--device {device}: {torch.cuda.device_count()} GPUs are visible, and the Trainer would spread over all "
             "of them (DataParallel) against the core's one: make one visible, e.g. CUDA_VISIBLE_DEVICES=0"
         )
-    return device
 
 
 def synchronize(device: torch.device) -> None:
@@ -422,15 +418,16 @@ def print_results(rounds: dict[str, list[Result]], prepared, peaks: dict[str, fl
     mfu = flops_per_token(config, mean_length, lora=False) * by_kind(best)["core, full FT"].tokens_per_s / peaks[auto]
     print(f"{f'core full FT MFU vs {auto} peak':<40} {mfu:.0%}  (target >= 60% of the bf16 peak)")
     if auto == "fp32":
-        print(f"bf16 is emulated on this {device.type.upper()} (not native here): the bf16 figures, and the ratios "
-              "against the bf16 peers, say nothing of a device that multiplies bf16")  # fmt: skip
+        where = "CPU (no AVX512-BF16 or AMX)" if device.type == "cpu" else "GPU (compute capability below 8.0)"
+        print(f"bf16 is emulated on this {where}: the bf16 figures, and the ratios against the bf16 peers, say "
+              "nothing of a device that multiplies bf16")  # fmt: skip
 
 
-def main(args) -> None:
+def main(args, device: torch.device) -> None:
     import tempfile
 
     check_args(args)
-    device = bench_device(args.device)
+    check_bench_device(device)
     model_dir = resolve_model_dir(args.model)
     prepared = train.prepare(
         args.data_dir, ["sst"], model=args.model, max_train_examples=args.examples, max_dev_examples=64

@@ -266,7 +266,7 @@ def cmd_methods(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    bench.main(args)
+    bench.main(args, check_device(args.device))
     return 0
 
 
