@@ -7,20 +7,17 @@ Definitions (the report quotes them):
   number below is a dev number of confirmation runs (a record without them: search trials, marked).
 - **Seed mean.** A configuration (``config_key``) confirmed with S seeds has the mean, the sample standard
   deviation (ddof 1) and a t-based 95% interval ``mean +- t(0.975, S-1) * std / sqrt(S)`` of each metric.
-- **Comparisons** (``analysis.decisions``): the difference of two configurations' scores with a 95%
-  interval from a paired bootstrap over dev examples (the same examples for both) and seeds (each side's
-  own), Holm-corrected across every comparison the report makes, and one word: **better** (the interval
-  lies above 0), **equivalent** (inside +-margin, ``confirm.margin``, default 0.01), **inconclusive**
-  (otherwise; with the smallest gap the data could resolve). A comparison without per-example predictions
-  on both sides (a record written before they were kept) is inconclusive.
-- **The comparisons made.** Per budget (0.1%, 1%, 10% of the backbone trained per task): the best
-  configuration under it (highest mean) against every cheaper one under it, and against every other
-  method's best under it (the first of them is the runner-up); along the frontier of the seed means,
-  each point against the next cheaper one; per method, its best tuned configuration against its default
-  (the tuning gain).
-- **Recommendation per budget.** The cheapest configuration under the budget that is not worse than the
-  best one: the best itself, or a cheaper one *equivalent* to it. An inconclusive comparison never makes a
-  cheaper configuration the pick.
+- **Decisions** (``peftune.decisions``, the procedure the confirmation ran, replayed on its record): on the
+  *decision* split (train rows no trial trained on; dev chooses nothing). Per budget (0.1%, 1%, 10% of the
+  backbone trained per task), simultaneous intervals for every pair of the configurations under it, from
+  per-example and per-seed variance components, at the level of the look that settled the budget (the
+  level is printed). Words: **better** (the interval lies above 0), **equivalent** (inside +-margin,
+  ``confirm.margin``), **cannot tell** (otherwise).
+- **Recommendation per budget.** The cheapest configuration shown not worse than every other under the
+  budget by more than the margin ("not worse"); else the best, "better" when it is shown better than every
+  cheaper one, "cannot tell" otherwise, with what would decide it. P(best) and the expected regret come from
+  the normal law of the estimates. The dev score beside it is reported only.
+- **Tuning gain and frontier neighbours**: from the family of all confirmed configurations at the last look.
 - **Fairness per method.** Search trials, trial-steps and compute seconds the method received (the parent
   run's ``budget_trials.<m>``, ``budget_steps.<m>``, ``budget_compute_s.<m>``; else counted from the trials),
   its default's score (seed mean where the default was confirmed, else its one search run, marked), the best
@@ -32,16 +29,17 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
 
-from analysis import decisions, pareto
-from peftune.record import BUDGETS_PCT
+from analysis import pareto
+from peftune import decisions
+from peftune.decisions import CANNOT_TELL, Configuration, Plan
+from peftune.record import BUDGETS_PCT, DECISION
 
 ALPHA = 0.05
-MARGIN = 0.01  # the default of confirm.margin
-NO_PREDICTIONS = "no per-example predictions on both sides"
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -116,111 +114,57 @@ def configurations(sweep) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def predictions_by_config(frame: pd.DataFrame, kinds: Mapping[str, str]) -> dict[str, decisions.Predictions]:
-    """config_key -> its ``Predictions`` (every seed), from ``analysis.runs.load_predictions``'s frame.
-
-    The labels are the dev set's, shared by every configuration (the first run's); a configuration whose
-    examples differ from them (another dev set) is left out, so that every comparison stays paired.
-    """
-    if not len(frame):
-        return {}
-    reference = frame[frame["run_id"] == frame["run_id"].iloc[0]]
-    labels = {task: rows.set_index("example_id")["label"] for task, rows in reference.groupby("task")}
-    out = {}
-    for key, rows in frame.groupby("config_key", sort=False):
-        try:
-            out[key] = decisions.predictions_from_frame(rows, labels, {t: kinds[t] for t in labels})
-        except ValueError:
-            continue
-    return out
-
-
-def comparison_pairs(configs: pd.DataFrame, budgets_pct: Sequence[float] = BUDGETS_PCT) -> list[tuple]:
-    """(comparison, budget, config_key a, config_key b) of every comparison the report makes (module docstring)."""
-    if not len(configs):
-        return []
-    pairs = []
-    for budget in budgets_pct:
-        under = _ranked(configs[configs[pareto.COST_PCT] <= budget])
-        if not len(under):
-            continue
-        best, label = under.iloc[0], budget_label(budget)
-        cheaper = under[under[pareto.COST] < best[pareto.COST]]
-        pairs += [("best_vs_cheaper", label, best["config_key"], key) for key in cheaper["config_key"]]
-        others = under[under["method"] != best["method"]].drop_duplicates("method")  # each method's best
-        if len(others):
-            pairs.append(("best_vs_runner_up", label, best["config_key"], others.iloc[0]["config_key"]))
-        pairs += [("best_vs_method", label, best["config_key"], key) for key in others["config_key"].iloc[1:]]
-    front = _mean_frontier(configs)
-    for (_, cheap), (_, dear) in zip(front.iloc[:-1].iterrows(), front.iloc[1:].iterrows(), strict=True):
-        pairs.append(("frontier_neighbours", "", dear["config_key"], cheap["config_key"]))
-    for method, own in configs.groupby("method", sort=False):
-        tuned, default = own[~own["default"]], own[own["default"]]
-        if len(tuned) and len(default):
-            best = tuned.loc[tuned["score_mean"].idxmax()]
-            pairs.append(("tuned_vs_default", method, best["config_key"], default.iloc[0]["config_key"]))
-    return pairs
+def decide(configs: pd.DataFrame, frame: pd.DataFrame, kinds: Mapping[str, str], plan: Plan) -> Decided:
+    """The decision procedure (``peftune.decisions.replay``, the one the confirmation ran) on the confirmation
+    runs' decision-split predictions (``frame``: ``analysis.runs.load_predictions``'s rows of that split).
+    Without such predictions (a record from before the decision split, or ``decision_examples: 0``) nothing is
+    decided: every answer is "cannot tell", said as such."""
+    configurations = [
+        Configuration(r.config_key, r.method, float(r[pareto.COST_PCT]), bool(r.default))
+        for _, r in configs.iterrows()
+    ] if len(configs) else []  # fmt: skip
+    rows = frame[frame["split"] == DECISION] if len(frame) and "split" in frame else frame.iloc[0:0]
+    rows = rows.rename(columns={"config_key": "config"})
+    values = decisions.values_from_frame(rows, kinds) if len(rows) else {}
+    outcome = decisions.replay(values, configurations, plan)
+    table = decisions.pair_table(outcome)
+    labels = _labels(configs) if len(configs) else {}
+    table = table.assign(
+        key_a=table["a"], key_b=table["b"],
+        a=table["a"].map(labels), b=table["b"].map(labels),
+        budget=[b if b == "all" else budget_label(b) for b in table["budget"]],
+    )  # fmt: skip
+    return Decided(table, outcome, values_present=bool(values))
 
 
-def decide(
-    configs: pd.DataFrame,
-    predictions: Mapping[str, decisions.Predictions],
-    *,
-    budgets_pct: Sequence[float] = BUDGETS_PCT,
-    margin: float = MARGIN,
-    seed: int = 0,
-) -> pd.DataFrame:
-    """Every comparison of :func:`comparison_pairs`, decided as one Holm family (``decisions.decide_family``).
+@dataclass
+class Decided:
+    """The decision procedure's outcome and its pair table (``decisions.DECISION_COLUMNS`` + key_a, key_b)."""
 
-    One row per comparison: ``decisions.COLUMNS`` with the configurations' labels as ``a`` and ``b`` (a the
-    higher point estimate), plus ``key_a``, ``key_b`` and ``note``. Each distinct pair is bootstrapped once.
-    """
-    pairs = comparison_pairs(configs, budgets_pct)
-    columns = [*decisions.COLUMNS, "key_a", "key_b", "note"]
-    if not pairs:
-        return pd.DataFrame(columns=columns)
-    unique = list(dict.fromkeys(tuple(sorted((a, b))) for *_, a, b in pairs))
-    paired = [(a, b) for a, b in unique if a in predictions and b in predictions]
-    family = decisions.decide_family(
-        [("", "", a, b) for a, b in paired], predictions, margin=margin, alpha=ALPHA, seed=seed
-    )
-    decided = {tuple(sorted((row.a, row.b))): row._asdict() for row in family.itertuples(index=False)}
-    labels = _labels(configs)
-    means = configs.set_index("config_key")["score_mean"]
-    seeds = configs.set_index("config_key")["seeds"]
-    rows = []
-    for comparison, budget, a, b in pairs:
-        row = decided.get(tuple(sorted((a, b))))
-        if row is None:  # not paired: the seed means' difference, no interval
-            a, b = (a, b) if means[a] >= means[b] else (b, a)
-            row = {"diff_mean": means[a] - means[b], "ci_low": math.nan, "ci_high": math.nan}
-            row |= {"decision": "inconclusive", "seeds_a": seeds[a], "seeds_b": seeds[b], "note": NO_PREDICTIONS}
-            row |= {"level": math.nan, "p_value": math.nan, "resolvable_gap": math.nan, "swapped": False}
-        else:
-            a, b = row["a"], row["b"]
-        rows.append({**row, "comparison": comparison, "budget": budget, "a": labels[a], "b": labels[b],
-                     "key_a": a, "key_b": b, "note": row.get("note", "")})  # fmt: skip
-    return pd.DataFrame(rows, columns=columns)
+    table: pd.DataFrame
+    outcome: decisions.Outcome | None = None
+    values_present: bool = False
+
+    def pairs(self, budget: str) -> dict[tuple[str, str], dict]:
+        """(sorted config keys) -> the pair's row in the family of ``budget`` (a budget label, or "all")."""
+        if not len(self.table):
+            return {}
+        rows = self.table[self.table["budget"] == budget]
+        return {tuple(sorted((r["key_a"], r["key_b"]))): r for r in rows.to_dict("records")}
+
+    def answer(self, budget: float) -> decisions.Answer | None:
+        if self.outcome is None:
+            return None
+        return next((a for a in self.outcome.answers if a.budget == budget), None)
 
 
-def open_configurations(table: pd.DataFrame) -> dict[str, str]:
-    """config key -> the first inconclusive decision it takes part in (that had predictions on both sides)."""
-    out: dict[str, str] = {}
-    for row in table[(table["decision"] == "inconclusive") & (table["note"] == "")].itertuples(index=False):
-        where = " ".join(f"{row.comparison} {row.budget}".split())
-        why = f"{where}: {row.a} vs {row.b}, {interval_text(row.diff_mean, row.ci_low, row.ci_high)}"
-        for key in (row.key_a, row.key_b):
-            out.setdefault(key, why)
-    return out
-
-
-def seed_mean_frontier(configs: pd.DataFrame, table: pd.DataFrame | None = None) -> pd.DataFrame:
-    """The Pareto frontier of the seed means (cost up), each point with ``vs_cheaper``: its decision against
-    the next cheaper frontier point ("" for the cheapest), ``diff_vs_cheaper`` and its interval."""
+def seed_mean_frontier(configs: pd.DataFrame, decided: Decided | None = None) -> pd.DataFrame:
+    """The Pareto frontier of the dev seed means (cost up), each point with ``vs_cheaper``: its decision
+    against the next cheaper frontier point, from the family of all configurations (decision split)."""
     front = _mean_frontier(configs)
     empty = {"vs_cheaper": "", "diff_vs_cheaper": math.nan, "ci_low": math.nan, "ci_high": math.nan}
     rows = [dict(empty) for _ in range(len(front))]
-    found = _decisions_by_pair(table, "frontier_neighbours")
+    found = decided.pairs("all") if decided is not None else {}
     for i in range(1, len(front)):
         key = front.iloc[i]["config_key"]
         hit = found.get(tuple(sorted((key, front.iloc[i - 1]["config_key"]))))
@@ -231,65 +175,57 @@ def seed_mean_frontier(configs: pd.DataFrame, table: pd.DataFrame | None = None)
 
 
 def recommendations(
-    configs: pd.DataFrame, table: pd.DataFrame | None = None, budgets_pct: Sequence[float] = BUDGETS_PCT
+    configs: pd.DataFrame, decided: Decided | None = None, budgets_pct: Sequence[float] = BUDGETS_PCT
 ) -> pd.DataFrame:
-    """Per budget: the pick (the cheapest configuration not worse than the best), the best beside it with
-    the pick's decision against it, and the best against the runner-up (the best of another method)."""
+    """Per budget: the pick of the decision procedure (the cheapest configuration shown not worse than every
+    other under the budget by more than the margin; else the best), its decision, P(best) and regret, all on
+    the decision split; beside it the pick's dev score (dev chose nothing) and what would decide an open one."""
+    by_key = configs.set_index("config_key") if len(configs) else configs
     rows = []
-    cheaper = _decisions_by_pair(table, "best_vs_cheaper")
-    runner = _decisions_by_pair(table, "best_vs_runner_up")
     for budget in budgets_pct:
-        under = _ranked(configs[configs[pareto.COST_PCT] <= budget]) if len(configs) else configs
         row = {"budget_pct": budget, "method": None, "label": None, "mean": math.nan, "std": math.nan, "seeds": 0}
-        row |= {"trainable_pct": math.nan, "best": None, "best_mean": math.nan, "vs_best": ""}
-        row |= {"runner_up": None, "runner_up_mean": math.nan, "runner_up_std": math.nan}
-        row |= {"vs_runner_up": "", "diff": math.nan, "ci_low": math.nan, "ci_high": math.nan}
-        if len(under):
-            best = under.iloc[0]
-            pick, vs_best = best, ""
-            for _, other in under.sort_values(pareto.COST, kind="stable").iterrows():
-                hit = cheaper.get(tuple(sorted((best["config_key"], other["config_key"]))))
-                if other[pareto.COST] < best[pareto.COST] and hit is not None and hit["decision"] == "equivalent":
-                    pick, vs_best = other, "equivalent"
-                    break
+        row |= {"trainable_pct": math.nan, "best": None, "best_mean": math.nan, "decision": "none fits"}
+        row |= {"diff": math.nan, "ci_low": math.nan, "ci_high": math.nan, "level": math.nan, "p_best": math.nan}
+        row |= {"regret": math.nan, "regret_high": math.nan, "needs": "", "look": 0}
+        a = decided.answer(budget) if decided is not None else None
+        under = configs[configs[pareto.COST_PCT] <= budget] if len(configs) else configs
+        if (a is None or a.pick is None) and len(under):  # nothing to decide on: the best dev mean, said as undecided
+            best = _ranked(under).iloc[0]["config_key"]
+            a = decisions.Answer(budget, list(under["config_key"]), best=best, pick=best)
+            a.needs = "no decision-split predictions in the record (decision_examples: 0, or an older record)"
+        if a is not None and a.pick is not None:
+            pick, best = by_key.loc[a.pick], by_key.loc[a.best]
             row |= {"method": pick["method"], "label": pick["label"], "mean": pick["score_mean"]}
             row |= {"std": pick["score_std"], "seeds": int(pick["seeds"]), "trainable_pct": pick[pareto.COST_PCT]}
-            row |= {"best": best["label"], "best_mean": best["score_mean"], "vs_best": vs_best}
-            others = under[under["method"] != best["method"]]
-            if len(others):
-                second = others.iloc[0]
-                hit = runner.get(tuple(sorted((best["config_key"], second["config_key"]))))
-                row |= {"runner_up": second["label"], "runner_up_mean": second["score_mean"]}
-                row |= {"runner_up_std": second["score_std"]}
-                if hit is not None:
-                    diff, low, high, word = _from_side(hit, best["config_key"])
-                    row |= {"vs_runner_up": word, "diff": diff, "ci_low": low, "ci_high": high}
+            row |= {"best": best["label"], "best_mean": best["score_mean"], "decision": a.decision}
+            row |= {"diff": a.diff, "ci_low": a.ci_low, "ci_high": a.ci_high, "level": a.level}
+            row |= {"p_best": a.p_best.get(a.pick, math.nan), "regret": a.regret, "regret_high": a.regret_high}
+            row |= {"needs": a.needs, "look": a.look}
         rows.append(row)
     return pd.DataFrame(rows)
 
 
 def budget_table(
-    configs: pd.DataFrame, table: pd.DataFrame | None = None, budgets_pct: Sequence[float] = BUDGETS_PCT
+    configs: pd.DataFrame, decided: Decided | None = None, budgets_pct: Sequence[float] = BUDGETS_PCT
 ) -> pd.DataFrame:
-    """Per budget, every method's best configuration under it (seed mean), with its decision against the
-    budget's best: every method tried under a budget is in that budget's rows."""
-    found = {}
-    for comparison in ("best_vs_cheaper", "best_vs_runner_up", "best_vs_method"):
-        found |= _decisions_by_pair(table, comparison)
+    """Per budget, every method's best configuration under it (by dev seed mean, shown), with its decision
+    against the budget's best on the decision split (the budget's family): every method tried is in its rows."""
     rows = []
     for budget in budgets_pct:
         under = _ranked(configs[configs[pareto.COST_PCT] <= budget]) if len(configs) else configs
         if not len(under):
             continue
-        best = under.iloc[0]
+        a = decided.answer(budget) if decided is not None else None
+        best_key = a.best if a is not None and a.best else under.iloc[0]["config_key"]
+        found = decided.pairs(budget_label(budget)) if decided is not None else {}
         for _, r in under.drop_duplicates("method").iterrows():
             row = {"budget_pct": budget, "method": r["method"], "label": r["label"], "mean": r["score_mean"]}
             row |= {"std": r["score_std"], "seeds": int(r["seeds"]), "trainable_pct": r[pareto.COST_PCT]}
-            hit = found.get(tuple(sorted((best["config_key"], r["config_key"]))))
+            hit = found.get(tuple(sorted((best_key, r["config_key"]))))
             diff, low, high, word = _from_side(hit, r["config_key"]) if hit else (math.nan,) * 3 + ("",)
-            if r["config_key"] == best["config_key"]:
+            if r["config_key"] == best_key:
                 word = "the best"
-            rows.append(row | {"vs_best": word or "inconclusive", "diff": diff, "ci_low": low, "ci_high": high})
+            rows.append(row | {"vs_best": word or CANNOT_TELL, "diff": diff, "ci_low": low, "ci_high": high})
     return pd.DataFrame(rows)
 
 
@@ -322,13 +258,6 @@ def _labels(configs: pd.DataFrame) -> dict[str, str]:
     return names
 
 
-def _decisions_by_pair(table: pd.DataFrame | None, comparison: str) -> dict[tuple[str, str], dict]:
-    if table is None or not len(table):
-        return {}
-    rows = table[table["comparison"] == comparison]
-    return {tuple(sorted((r["key_a"], r["key_b"]))): r for r in rows.to_dict("records")}
-
-
 def _word(hit: Mapping, key: str) -> str:
     """The decision as said of ``key``'s side: "better" of the side that won; "worse" of the other."""
     if hit["decision"] == "better" and hit["key_a"] != key:
@@ -343,10 +272,10 @@ def _from_side(hit: Mapping, key: str) -> tuple[float, float, float, str]:
     return -hit["diff_mean"], -hit["ci_high"], -hit["ci_low"], _word(hit, key)
 
 
-def fairness(sweep, configs: pd.DataFrame, table: pd.DataFrame | None = None) -> pd.DataFrame:
+def fairness(sweep, configs: pd.DataFrame, decided: Decided | None = None) -> pd.DataFrame:
     """One row per method: budget received, default, best tuned seed mean +- std, tuning gain (its interval
     and word where both were confirmed with predictions; shown also when it is <= 0), sensitivity."""
-    gains = _decisions_by_pair(table, "tuned_vs_default")
+    gains = decided.pairs("all") if decided is not None else {}
     trials = sweep.trials
     metrics = getattr(sweep, "parent_metrics", {}) or {}
     rows = []
@@ -437,18 +366,20 @@ def recommendation_display(table: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for r in table.itertuples(index=False):
         same = _text(r.best) == _text(r.label)
+        level = "" if pd.isna(r.level) else f" [{r.level:.2%}]"
         rows.append(
             {
                 "Budget (trainable/task)": f"≤ {r.budget_pct:g}%",
                 "Pick": _text(r.label) or "none fits",
+                "Decision (decision split)": r.decision,
                 "Trainable/task (%)": _pct(r.trainable_pct),
-                "Dev score (mean ± std)": mean_std(r.mean, r.std),
+                "Dev score (mean ± std, reported only)": mean_std(r.mean, r.std),
                 "Seeds": r.seeds or "",
                 "Best under the budget": "the pick" if same else f"{_text(r.best)}, {r.best_mean:.3f}",
-                "Pick vs best": "" if same else _text(r.vs_best),
-                "Runner-up (another method)": _text(r.runner_up) or "no other method fits",
-                "Best vs runner-up": (_text(r.vs_runner_up) or "inconclusive") if _text(r.runner_up) else "",
-                "Difference [95% interval]": interval_text(r.diff, r.ci_low, r.ci_high),
+                "Difference" + level: interval_text(r.diff, r.ci_low, r.ci_high),
+                "P(best)": "" if pd.isna(r.p_best) else f"{r.p_best:.2f}",
+                "Expected regret (95% bound)": "" if pd.isna(r.regret) else f"{r.regret:.3f} ({r.regret_high:.3f})",
+                "What would decide it": _text(r.needs),
             }
         )
     return pd.DataFrame(rows)
@@ -466,7 +397,7 @@ def budget_table_display(table: pd.DataFrame) -> pd.DataFrame:
                 "Dev score (mean ± std)": mean_std(r.mean, r.std),
                 "Seeds": r.seeds,
                 "Vs the budget's best": r.vs_best,
-                "Difference [95% interval]": interval_text(r.diff, r.ci_low, r.ci_high),
+                "Difference [simultaneous interval]": interval_text(r.diff, r.ci_low, r.ci_high),
             }
         )
     return pd.DataFrame(rows)
@@ -489,7 +420,7 @@ def fairness_display(table: pd.DataFrame) -> pd.DataFrame:
                 "Best tuned (mean ± std)": mean_std(r.tuned_mean, r.tuned_std),
                 "Tuned configuration": _text(r.tuned_label),
                 "Tuning gain [95% interval]": interval_text(r.tuning_gain, r.gain_ci_low, r.gain_ci_high),
-                "Gain decision": r.gain_decision or ("" if pd.isna(r.tuning_gain) else "inconclusive"),
+                "Gain decision": r.gain_decision or ("" if pd.isna(r.tuning_gain) else CANNOT_TELL),
                 "Spread: IQR": num(r.score_iqr, ".3f"),
                 "Spread: std": num(r.score_std, ".3f"),
             }

@@ -47,9 +47,11 @@ from pathlib import Path
 
 import pandas as pd
 
-from analysis import confirmed, decisions, pareto, plots, slots, views
+from analysis import confirmed, pareto, plots, slots, views
 from analysis.runs import COUNT_COLUMNS, SweepRuns, load_predictions, read_sweep_record
-from peftune.record import NOTE_TAG, REPORTS_DIR, artifact_route, compare_address, compare_route
+from peftune import decisions
+from peftune.decisions import Plan
+from peftune.record import DECISION, NOTE_TAG, REPORTS_DIR, artifact_route, compare_address, compare_route
 from peftune.tasks import get_task
 
 log = logging.getLogger("analysis.report")
@@ -221,7 +223,7 @@ class Report:
     confirmed_front: pd.DataFrame = field(default_factory=pd.DataFrame)
     recommendation: pd.DataFrame = field(default_factory=pd.DataFrame)
     fairness: pd.DataFrame = field(default_factory=pd.DataFrame)
-    decisions: pd.DataFrame = field(default_factory=pd.DataFrame)  # every comparison made (decisions.csv)
+    decisions: confirmed.Decided = field(default_factory=lambda: confirmed.Decided(pd.DataFrame()))  # decisions.csv
     by_budget: pd.DataFrame = field(default_factory=pd.DataFrame)  # every method's best under each budget
     expected_max: pd.DataFrame = field(default_factory=pd.DataFrame)  # per method: E[best] after n trials
     slots: pd.DataFrame = field(default_factory=pd.DataFrame)  # per phase: where the slots' time went
@@ -278,23 +280,33 @@ def build_report(sweep: SweepRuns, *, reference: bool = True) -> Report:
     )
 
 
-def open_decisions(tracking_uri: str, name: str) -> dict[str, str]:
-    """The configurations of sweep ``name``'s inconclusive decisions (config key -> the decision), as the
-    report would make them now: the confirmation gives them more seeds (``peftune.confirm``)."""
+def read_predictions(tracking_uri: str, name: str) -> pd.DataFrame:
+    """The decision-split predictions of sweep ``name``'s completed confirmation runs: what the confirmation's
+    decision procedure (``peftune.decisions``) reads after each round. Reading only: nothing is decided here."""
     sweep = read_sweep_record(name, tracking_uri)
-    configs = confirmed.configurations(sweep)
-    return confirmed.open_configurations(decide(sweep, configs))
+    frame = load_predictions(sweep, splits=(DECISION,))
+    return frame.assign(seed=frame["seed"].astype(int)) if len(frame) else frame
 
 
-def decide(sweep: SweepRuns, configs: pd.DataFrame) -> pd.DataFrame:
-    """Every comparison the report makes, decided on the confirmation runs' dev predictions."""
+def decide(sweep: SweepRuns, configs: pd.DataFrame) -> confirmed.Decided:
+    """The decision procedure the confirmation ran, replayed on the sweep's record (decision split)."""
+    plan = plan_of(sweep.parent_params)
     if not len(configs) or configs["source"].iloc[0] != "confirmed":
-        return confirmed.decide(configs, {})
+        return confirmed.decide(configs, pd.DataFrame(), {}, plan)
     kinds = {task: get_task(task).kind for task in sweep.tasks}
-    predictions = confirmed.predictions_by_config(load_predictions(sweep), kinds)
-    margin = sweep.parent_params.get("decision_margin")
-    margin = float(margin) if isinstance(margin, (int, float)) and not isinstance(margin, bool) else confirmed.MARGIN
-    return confirmed.decide(configs, predictions, margin=margin, seed=int(sweep.parent_params.get("seed") or 0))
+    return confirmed.decide(configs, load_predictions(sweep, splits=(DECISION,)), kinds, plan)
+
+
+def plan_of(params: dict) -> Plan:
+    """The decision plan a sweep ran with, from its parent run's params (the defaults for an older record)."""
+
+    def number(key, default, kind):
+        value = params.get(key)
+        return kind(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
+
+    seeds = number("confirm_seeds", 3, int)
+    margin = number("decision_margin", Plan(3, 3, 0.05).margin, float)
+    return Plan(seeds=seeds, max_seeds=max(seeds, number("confirm_max_seeds", seeds, int)), margin=margin)
 
 
 def write_report(sweep: SweepRuns, directory: str | Path, *, reference: bool = True) -> Report:
@@ -321,7 +333,8 @@ def write_report(sweep: SweepRuns, directory: str | Path, *, reference: bool = T
     report.confirmed_front.to_csv(out("confirmed_frontier.csv"), index=False)
     report.recommendation.to_csv(out("recommendation.csv"), index=False)
     report.fairness.to_csv(out("fairness.csv"), index=False)
-    decisions.write_decisions_csv(report.decisions, out("decisions.csv"))
+    report.decisions.table.to_csv(out("decisions.csv"), index=False)
+    decisions.seeds_table(report.decisions.outcome).to_csv(out("seeds.csv"), index=False)
     report.by_budget.to_csv(out("by_budget.csv"), index=False)
     report.expected_max.to_csv(out("expected_max.csv"), index=False)
     report.slots.to_csv(out("slots.csv"), index=False)
@@ -566,7 +579,9 @@ def _skipped_rows_line(params: dict) -> list[str]:
 def answer_notes(report: Report) -> dict[str, str]:
     """The sentences that say where the numbers of the answer come from (Markdown and HTML alike)."""
     configs = report.configs
-    margin = report.sweep.parent_params.get("decision_margin", confirmed.MARGIN)
+    outcome = report.decisions.outcome
+    plan = outcome.plan if outcome is not None else None
+    margin = report.sweep.parent_params.get("decision_margin", plan.margin if plan else "")
     if len(configs) and configs["source"].iloc[0] == "confirmed":
         seeds = sorted(set(configs["seeds"].astype(int)))
         legacy = "dev (runs written before the selection split existed: dev selected too)"
@@ -581,15 +596,19 @@ def answer_notes(report: Report) -> dict[str, str]:
             "No confirmation runs recorded: each configuration is its single search trial, scored on the split it "
             "selected on (no std, no decision)."
         )
-    words = "; ".join(f"**{word}**: {meaning}" for word, meaning in decisions.DECISIONS.items())
+    words = "; ".join(f"**{word}**: {meaning}" for word, meaning in decisions.WORDS.items())
+    looks = f"{plan.looks} look(s), each at {1 - plan.alpha_look:.2%}" if plan else ""
     return {
         "source": source,
         "noise": (
-            f"Decisions: the difference of two configurations' scores with its 95% interval from a paired bootstrap "
-            f"over dev examples and seeds, Holm-corrected over the {len(report.decisions)} comparisons of this report "
-            f"(`decisions.csv`); {words} (margin {margin}). The pick is the cheapest configuration under the budget "
-            f"that is not worse than the best one: the best itself, or a cheaper one equivalent to it. "
-            f"Definitions: analysis/confirmed.py, analysis/decisions.py."
+            f"Decisions are made on the decision split (train rows no trial trained on; dev chooses nothing): per "
+            f"budget, simultaneous intervals for every pair of the configurations under it, from per-example and "
+            f"per-seed variance components, the seeds added in planned looks ({looks}; the false-'better' rate "
+            f"over all looks is at most 5% per budget, measured by `peftune decide --simulate`), and a futility "
+            f"stop; {words} (margin {margin}). The pick is the cheapest configuration shown not worse than every "
+            f"other under the budget by more than the margin; else the best. `decisions.csv` has every pair with "
+            f"the level used; `seeds.csv` the seeds each configuration got and why it stopped. "
+            f"Definitions: platform/peftune/decisions.py."
         ),
         "by_budget": "Each method's best confirmed configuration under the budget, against the budget's best "
         "(worse: the interval lies below 0).",

@@ -47,6 +47,7 @@ from peftune.record import (  # the record's names, shared with the writer (no R
     COMPLETED,
     CONFIRM,
     COUNT_METRICS,
+    DECISION,
     DEFAULT,
     DEV,
     DIVERGED,
@@ -55,13 +56,13 @@ from peftune.record import (  # the record's names, shared with the writer (no R
     FAILED,
     PARENT_TAG,
     PREDICTION_COLUMNS,
-    PREDICTIONS_ARTIFACT,
     ROLE,
     SEED_REASON,
     SELECTION,
     STATUS,
     SWEEP,
     TRIAL_ID,
+    predictions_artifact,
     resolve_tracking_uri,
     run_config_key,
     run_phase,
@@ -173,40 +174,42 @@ def _read_sweep_record(name: str, uri: str, client) -> SweepRuns:
     )
 
 
-# (tracking URI, run id) -> that completed run's predictions: the artifact of a completed run never changes,
-# and the confirmation asks for every run's predictions after each round of added seeds (about 50 ms of HTTP
-# calls per run: 5.7 s for the 108 runs of the cpu job, the slots idle meanwhile)
-_PREDICTIONS: dict[tuple[str, str], pd.DataFrame] = {}
+# (tracking URI, run id, split) -> that completed run's predictions: the artifact of a completed run never
+# changes, and the confirmation asks for every run's predictions after each round of added seeds (about 50 ms
+# of HTTP calls per run: 5.7 s for the 108 runs of the cpu job, the slots idle meanwhile)
+_PREDICTIONS: dict[tuple[str, str, str], pd.DataFrame] = {}
 
 
-def load_predictions(sweep: SweepRuns, *, client=None) -> pd.DataFrame:
-    """The per-example dev predictions of the sweep's completed confirmation runs, one frame: the columns of
-    ``PREDICTION_COLUMNS`` plus ``config_key`` and ``run_id``. Runs without the artifact (written before
-    it existed) are left out: their configurations' comparisons stay open."""
+def load_predictions(sweep: SweepRuns, *, client=None, splits: Sequence[str] = (DECISION, DEV)) -> pd.DataFrame:
+    """The per-example predictions of the sweep's completed confirmation runs on ``splits``, one frame: the
+    columns of ``PREDICTION_COLUMNS`` plus ``config_key``, ``run_id`` and ``split``. Runs without an artifact
+    (written before it existed) are left out of that split: their configurations are not decided on it."""
     import mlflow
 
     runs = sweep.confirmations
-    columns = [*PREDICTION_COLUMNS, "config_key", "run_id"]
+    columns = [*PREDICTION_COLUMNS, "config_key", "run_id", "split"]
     if runs is None or not len(runs):
         return pd.DataFrame(columns=columns)
     client = client or mlflow.MlflowClient(tracking_uri=sweep.tracking_uri)
     frames = []
     with store_errors(sweep.tracking_uri), tempfile.TemporaryDirectory(prefix="peftune-predictions-") as tmp:
         for run in runs[runs["status"] == COMPLETED].itertuples():
-            frame = _run_predictions(client, sweep.tracking_uri, run.run_id, tmp)
-            if frame is not None:
-                frames.append(frame.assign(config_key=run.config_key, run_id=run.run_id))
+            for split in splits:
+                frame = _run_predictions(client, sweep.tracking_uri, run.run_id, split, tmp)
+                if frame is not None:
+                    frames.append(frame.assign(config_key=run.config_key, run_id=run.run_id, split=split))
     return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
 
 
-def _run_predictions(client, tracking_uri: str, run_id: str, tmp: str) -> pd.DataFrame | None:
-    """A completed run's predictions artifact (None where it has none), downloaded once per process."""
-    key = (tracking_uri, run_id)
+def _run_predictions(client, tracking_uri: str, run_id: str, split: str, tmp: str) -> pd.DataFrame | None:
+    """A completed run's predictions artifact on ``split`` (None where it has none), downloaded once per process."""
+    key = (tracking_uri, run_id, split)
     if key not in _PREDICTIONS:
-        directory, name = PREDICTIONS_ARTIFACT.rsplit("/", 1)
+        path = predictions_artifact(split)
+        directory, name = path.rsplit("/", 1)
         if name not in {Path(f.path).name for f in client.list_artifacts(run_id, directory)}:
             return None
-        local = client.download_artifacts(run_id, PREDICTIONS_ARTIFACT, tmp)
+        local = client.download_artifacts(run_id, path, tmp)
         _PREDICTIONS[key] = pd.read_csv(local, compression="gzip")
     return _PREDICTIONS[key]
 

@@ -22,7 +22,7 @@ half rather than on one or two trials. Fewer than :data:`MIN_TRIALS` completed t
 
 What tuning buys (Dodge et al. 2019, "Show Your Work"): per method, the expected best selection score
 of the first n search trials, n = 1 .. the trials it got, with its default as trial 1 and the searched
-trials as draws with replacement from those observed (``analysis.decisions.expected_max_with_default``):
+trials as draws with replacement from those observed (``expected_max_with_default``):
 the curve shows how much each further trial is worth, and where tuning stops paying.
 """
 
@@ -41,7 +41,7 @@ import plotly.graph_objects as go
 from optuna.distributions import CategoricalDistribution, FloatDistribution, IntDistribution
 from optuna.importance import PedAnovaImportanceEvaluator
 
-from analysis import decisions, pareto
+from analysis import pareto
 from analysis.plots import TASK_NAMES, method_color, zero_floor
 
 log = logging.getLogger("analysis.views")
@@ -67,9 +67,9 @@ def expected_max_table(trials: pd.DataFrame) -> pd.DataFrame:
         default = mine[mine["default"]]["score"] if "default" in mine else mine.iloc[0:0]["score"]
         searched = mine[~mine["default"]]["score"].to_numpy(float) if "default" in mine else mine["score"]
         if len(default) and len(searched):
-            curve = decisions.expected_max_with_default(float(default.max()), searched, len(mine))
+            curve = expected_max_with_default(float(default.max()), searched, len(mine))
         elif len(searched):
-            curve = decisions.expected_max_curve(searched, len(mine))
+            curve = expected_max_curve(searched, len(mine))
         else:
             curve = np.full(len(mine), float(default.max()))
         rows += [{"method": method, "n": n, "expected_best": v, "default": bool(len(default))} for n, v in
@@ -419,3 +419,46 @@ def _vertical_axis(ax, j: int, axis: dict) -> None:
         if -0.01 <= tick <= 1.01:
             color = method_color(label) if axis["label"] == "method" else "black"
             ax.text(j + 0.04, tick, str(label), fontsize=7.5, va="center", color=color)
+
+
+# ----------------------------------------------------------------------------- expected maximum
+
+
+def _expected_max(values: np.ndarray, draws: np.ndarray) -> np.ndarray:
+    """E[max of k draws with replacement from ``values``] for each k in ``draws`` (k >= 1)."""
+    v = np.sort(values)  # (N,)
+    cdf = np.arange(1, len(v) + 1) / len(v)  # (N,): P(one draw <= v_(i))
+    k = np.asarray(draws, dtype=float)[:, None]  # (K, 1)
+    mass = cdf**k - (cdf - 1 / len(v)) ** k  # (K, N): P(max of k draws = v_(i))
+    return mass @ v
+
+
+def _finite(scores: Sequence[float], what: str) -> np.ndarray:
+    values = np.asarray(scores, dtype=float)
+    if values.ndim != 1 or not len(values) or not np.isfinite(values).all():
+        raise ValueError(f"{what}: need a non-empty list of finite scores")
+    return values
+
+
+def expected_max_curve(scores: Sequence[float], max_n: int | None = None) -> np.ndarray:
+    """(max_n,) expected best score of n = 1 .. max_n trials (default max_n = N = len(scores)).
+
+    Dodge et al. 2019: n i.i.d. draws from the empirical distribution of the N observed trial scores
+    (with replacement), ``E[max of n] = sum_i v_(i) ((i/N)^n - ((i-1)/N)^n)`` over the sorted scores v_(1) <=
+    ... <= v_(N). n = 1 gives the mean; the curve rises to the maximum as n grows."""
+    values = _finite(scores, "expected_max_curve")
+    return _expected_max(values, np.arange(1, (max_n or len(values)) + 1))
+
+
+def expected_max_with_default(
+    default_score: float, searched_scores: Sequence[float], max_n: int | None = None
+) -> np.ndarray:
+    """(max_n,) expected best score when the first trial is the default configuration and the later ones are
+    search trials (default max_n = N + 1): n = 1 is ``default_score``; n >= 2 is
+    ``E[max(default, max of n-1 draws)] = sum_i max(default, v_(i)) ((i/N)^(n-1) - ((i-1)/N)^(n-1))``
+    (the draws as in ``expected_max_curve``)."""
+    values = _finite(searched_scores, "expected_max_with_default")
+    max_n = max_n or len(values) + 1
+    curve = np.full(max_n, float(default_score))
+    curve[1:] = _expected_max(np.maximum(values, default_score), np.arange(1, max_n))
+    return curve

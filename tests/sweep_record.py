@@ -181,18 +181,20 @@ def record_sweep(
 
 
 def log_predictions(client, run_id: str, predictions: dict, seed: int, scratch: Path) -> None:
-    """The ``predictions/dev.csv.gz`` artifact, in the writer's format (``peftune.record.predictions_csv``)."""
+    """The ``predictions/decision.csv.gz`` and ``predictions/dev.csv.gz`` artifacts (the same synthetic
+    predictions on both), in the writer's format (``peftune.record.predictions_csv``)."""
     import gzip
 
-    from peftune.record import PREDICTIONS_ARTIFACT, predictions_csv
+    from peftune.record import DECISION, DEV, predictions_artifact, predictions_csv
 
     values = {task: list(p) for task, (_, p, _) in predictions.items()}
     examples = {task: (list(ids), list(labels)) for task, (ids, _, labels) in predictions.items()}
-    directory, name = PREDICTIONS_ARTIFACT.rsplit("/", 1)
-    local = Path(scratch) / f"upload-{run_id}" / name
-    local.parent.mkdir(parents=True, exist_ok=True)
-    local.write_bytes(gzip.compress(predictions_csv(values, examples, seed).encode()))
-    client.log_artifact(run_id, str(local), directory)
+    for split in (DECISION, DEV):
+        directory, name = predictions_artifact(split).rsplit("/", 1)
+        local = Path(scratch) / f"upload-{run_id}-{split}" / name
+        local.parent.mkdir(parents=True, exist_ok=True)
+        local.write_bytes(gzip.compress(predictions_csv(values, examples, seed).encode()))
+        client.log_artifact(run_id, str(local), directory)
 
 
 def counts(trainable: int, stored: int | None = None, backbone: int = 1_000_000) -> dict:

@@ -11,9 +11,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from analysis import decisions
 from conftest import SHARED_DATA
-from peftune import train
+from peftune import decisions, train
 
 SEEDS = (1, 2, 3)
 
@@ -42,13 +41,13 @@ def test_bf16_and_fp32_reach_the_same_dev_accuracy_on_real_sst():
             )
             runs[precision].append(dev_predictions(config, prepared))
     by_precision = {
-        p: decisions.Predictions({"sst": labels}, {"sst": np.stack(v)}, SEEDS, {"sst": "multiclass"})
+        p: decisions.Values(tuple(SEEDS), {"sst": decisions.example_values(np.stack(v), labels, "multiclass")})
         for p, v in runs.items()
     }
     accuracy = {p: [float((v == labels).mean()) for v in runs[p]] for p in runs}
     chance = 0.3  # the majority class of SST-5 dev: both must have learned something
     assert min(np.mean(a) for a in accuracy.values()) > chance, accuracy
-    result = decisions.compare(by_precision["fp32"], by_precision["bf16"], rng=np.random.default_rng(0))
-    print(f"SST dev accuracy over seeds {SEEDS}: {accuracy}; fp32 - bf16 {result.diff_mean:+.3f} "
-          f"[{result.ci_low:+.3f}, {result.ci_high:+.3f}]")  # fmt: skip
-    assert result.ci_low <= 0 <= result.ci_high, f"bf16 differs from fp32: {accuracy}, {result}"
+    fit = decisions.fit(by_precision, ["fp32", "bf16"], {"fp32": "fp32", "bf16": "bf16"})
+    diff, low, high = decisions.intervals(fit, 0.05).diff(0, 1)
+    print(f"SST dev accuracy over seeds {SEEDS}: {accuracy}; fp32 - bf16 {diff:+.3f} [{low:+.3f}, {high:+.3f}]")
+    assert low <= 0 <= high, f"bf16 differs from fp32: {accuracy}, {diff} [{low}, {high}]"

@@ -86,13 +86,18 @@ def test_a_search_trial_is_judged_on_selection_and_a_confirmation_run_reports_de
     assert "selection_score" in metrics and metrics["selection_score"] == metrics["score"]
     assert not any(key.startswith("dev_") for key in metrics)  # a search trial never sees dev
     confirm = train.TrainConfig(
-        method="frozen", tasks=["sst"], epochs=1, batch_size=16, eval_splits=["selection", "dev"], predictions_of="dev"
+        method="frozen",
+        tasks=["sst"],
+        epochs=1,
+        batch_size=16,
+        eval_splits=["selection", "dev"],
+        predictions_of=("dev",),
     )
     reports = []
     train.run_trial(confirm, tiny_prepared, lambda metrics, save: reports.append(metrics))
     final = reports[-1]
     assert final["score"] == final["selection_score"] and "dev_score" in final and "dev_sst_accuracy" in final
-    predicted = final["predictions"]["sst"]
+    predicted = final["predictions"]["dev"]["sst"]
     labels = tiny_prepared.tasks["sst"].dev.labels.tolist()
     assert len(predicted) == len(labels)
     accuracy = sum(p == y for p, y in zip(predicted, labels, strict=True)) / len(labels)
@@ -107,7 +112,11 @@ def test_a_one_epoch_confirmation_run_evaluates_dev_once_and_names_its_numbers_d
     settings = worker.TrialSettings("s", ("sst",), epochs=1, batch_size=16, seed=0, phase=record.CONFIRM,
                                     train={"report_fractions": [1 / 3]})  # fmt: skip
     config = settings.train_config("frozen", {"lr": 1e-3, "dropout": 0.0, "weight_decay": 0.0})
-    assert config.eval_splits == ["dev"] and config.predictions_of == "dev" and config.report_fractions == []
+    assert config.eval_splits == ["dev"] and config.predictions_of == ("dev",) and config.report_fractions == []
+    decided = dataclasses.replace(settings, data={"decision_examples": 8}).train_config(
+        "frozen", {"lr": 1e-3, "dropout": 0.0, "weight_decay": 0.0}
+    )
+    assert decided.eval_splits == ["dev", "decision"] and decided.predictions_of == ("decision", "dev")
     two = dataclasses.replace(settings, epochs=2).train_config(
         "frozen", {"lr": 1e-3, "dropout": 0.0, "weight_decay": 0.0}
     )
@@ -129,5 +138,5 @@ def test_a_one_epoch_confirmation_run_evaluates_dev_once_and_names_its_numbers_d
     final = reports[-1]
     assert final["score"] == final["dev_score"] and "dev_sst_accuracy" in final and "selection_score" not in final
     labels = tiny_prepared.tasks["sst"].dev.labels.tolist()
-    accuracy = sum(p == y for p, y in zip(final["predictions"]["sst"], labels, strict=True)) / len(labels)
+    accuracy = sum(p == y for p, y in zip(final["predictions"]["dev"]["sst"], labels, strict=True)) / len(labels)
     assert accuracy == pytest.approx(final["dev_sst_accuracy"])

@@ -7,6 +7,7 @@ models) print one line naming what is wrong and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import logging
 import math
@@ -18,7 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import ray
 import torch
@@ -30,7 +31,7 @@ from peftune.backbone import DEFAULT_MODEL, BertConfig, BertModel, check_tokeniz
 from peftune.errors import UserError, one_line, user_errors
 from peftune.model import MultitaskModel
 from peftune.params import count_parameters
-from peftune.tasks import parse_tasks
+from peftune.tasks import get_task, parse_tasks
 
 log = logging.getLogger("peftune.cli")
 
@@ -163,6 +164,7 @@ def cmd_train(args) -> int:
         seed=args.seed if args.data_seed is None else args.data_seed,
         invalid_rows=args.invalid_rows,
         selection_examples=_selection_examples(args.selection_examples),
+        decision_examples=args.decision_examples,
     )
     best = {"score": float("-inf")}
 
@@ -202,6 +204,10 @@ def train_config(args) -> train.TrainConfig:
 
 
 def check_train_args(args, config: train.TrainConfig, output: Path) -> None:
+    if args.decision_examples and (args.decision_examples < 0 or args.selection_examples is None):
+        raise UserError(
+            f"--decision-examples {args.decision_examples}: expected a count >= 0, with --selection-examples"
+        )
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads {args.threads}: expected an integer >= 1")
     if output.exists() and not output.is_dir():
@@ -271,9 +277,53 @@ def cmd_bench(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from analysis.report import on_sweep_finished, open_decisions  # deferred: pandas and plotting load slowly
+    from analysis.report import on_sweep_finished, read_predictions  # deferred: pandas and plotting load slowly
 
-    return main_from_args(args, on_finished=on_sweep_finished, open_decisions=open_decisions)
+    return main_from_args(args, on_finished=on_sweep_finished, read_predictions=read_predictions)
+
+
+def cmd_decide(args) -> int:
+    """Replay a confirmation's decisions from a predictions file (see ``peftune.decisions``)."""
+    from peftune import confirm, decisions
+
+    definition = spaces.load_sweep(spaces.resolve_sweep_path(args.definition), budget=args.budget)
+    plan = confirm.plan_of(definition.confirm)
+    if args.simulate:
+        if args.simulate < 1 or args.simulate > 100_000:
+            raise UserError(f"--simulate {args.simulate}: expected a number of simulations from 1 to 100000")
+        examples = definition.budget.decision_examples or 2000
+        for line in decisions.operating_characteristics(plan, examples, args.simulate):
+            print(line, flush=True)
+        return 0
+    if not (args.predictions and args.configurations and args.output):
+        raise UserError("peftune decide: expected --predictions, --configurations and --output (or --simulate N)")
+    output = Path(args.output)
+    check_output_dir("--output", output)
+    kinds = {task: get_task(task).kind for task in definition.tasks}
+    try:
+        frame = decisions.read_table(args.predictions, "predictions", decisions.PREDICTION_COLUMNS)
+        if "split" in frame:
+            frame = frame[frame["split"].astype(str) == decisions.DECISION]
+        table = decisions.read_table(
+            args.configurations, "configurations", ("config", "method", "trainable_pct", "default")
+        )
+        configurations = decisions.configurations_from_frame(table, args.configurations)
+        values = decisions.values_from_frame(frame, kinds)
+    except ValueError as error:
+        raise UserError(str(error)) from None
+    unknown = sorted(set(values) - {c.name for c in configurations})
+    if unknown:
+        raise UserError(f"{args.predictions}: configuration(s) {unknown[:3]} not in {args.configurations}")
+    outcome = decisions.replay(values, configurations, dataclasses.replace(plan, budgets=tuple(args.budgets)))
+    output.mkdir(parents=True, exist_ok=True)
+    decisions.pair_table(outcome).to_csv(output / "decisions.csv", index=False)
+    recommendation = decisions.recommendation_table(outcome)
+    recommendation.to_csv(output / "recommendation.csv", index=False)
+    decisions.seeds_table(outcome).to_csv(output / "seeds.csv", index=False)
+    for r in recommendation.itertuples(index=False):
+        print(f"<= {r.budget:g}%: {r.decision}: pick {r.pick} (best {r.best}) {r.needs}".rstrip())
+    print(f"looks {outcome.looks}, stopped: {outcome.stopped or 'wants more seeds'}; files in {output}")
+    return 0
 
 
 def cmd_report(args) -> int:
@@ -337,7 +387,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (add_train_parser, add_methods_parser, add_sweep_parser, add_report_parser, add_evaluate_parser,
-                add_bench_parser, add_services_parsers, add_schema_parser):  # fmt: skip
+                add_bench_parser, add_services_parsers, add_schema_parser, add_decide_parser):  # fmt: skip
         add(sub)
     return parser
 
@@ -377,6 +427,13 @@ def add_train_parser(sub) -> None:
         "--selection-examples",
         help="carve a selection split from the train file, as a sweep does ('dev': as many as each task's dev "
         "set, or a count); the run is then judged on it and also reports dev",
+    )
+    p.add_argument(
+        "--decision-examples",
+        type=int,
+        default=0,
+        help="with --selection-examples: hold that many further train rows out as a sweep's decision split does "
+        "(so the run trains on exactly a sweep trial's rows)",
     )
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--data-seed", type=int, help="seed of the training subset and selection split (default: --seed)")
@@ -482,6 +539,21 @@ def add_services_parsers(sub) -> None:
     p = sub.add_parser("down", help="stop the Ray head and MLflow server that `peftune up` started on these ports")
     services.add_arguments(p, starting=False)
     p.set_defaults(func=services.cmd_down)
+
+
+def add_decide_parser(sub) -> None:
+    p = sub.add_parser(
+        "decide",
+        help="replay a confirmation's decisions from predictions (as a sweep would), or simulate their error rates",
+    )
+    p.add_argument("--predictions", help="CSV or Parquet: config, seed, task, example_id, prediction, label[, split]")
+    p.add_argument("--configurations", help="CSV: config, method, trainable_pct, default")
+    p.add_argument("--definition", required=True, help="a sweep definition: its tasks and its confirm section")
+    p.add_argument("--budget", help="the definition's budget preset (default: its own)")
+    p.add_argument("--budgets", type=float, nargs="+", default=[0.1, 1.0, 10.0], help="trainable %% budgets")
+    p.add_argument("--output", help="a directory: decisions.csv, recommendation.csv, seeds.csv")
+    p.add_argument("--simulate", type=int, help="instead: N simulations of the procedure's error rates and power")
+    p.set_defaults(func=cmd_decide)
 
 
 def add_schema_parser(sub) -> None:
@@ -674,9 +746,9 @@ def definition_from_args(args) -> spaces.SweepDefinition:
 def main_from_args(
     args,
     on_finished: Callable[[sweep.SweepResult], None] | None = None,
-    open_decisions: Callable[[str, str], dict[str, str]] | None = None,
+    read_predictions: Callable[[str, str], Any] | None = None,
 ) -> int:
-    """Run the sweep the flags describe; ``on_finished`` and ``open_decisions``: ``run_sweep``'s report hooks."""
+    """Run the sweep the flags describe; ``on_finished`` and ``read_predictions``: ``run_sweep``'s report hooks."""
     definition = definition_from_args(args)  # validated before anything starts
     record.check_tracking_uri(record.resolve_tracking_uri(args.tracking_uri))
     test_dir = getattr(args, "test_dir", None)
@@ -694,7 +766,7 @@ def main_from_args(
         reports_dir=args.reports_dir,
         on_finished=on_finished,
         optuna_storage=getattr(args, "optuna_storage", None),
-        open_decisions=open_decisions,
+        read_predictions=read_predictions,
     )
     if test_dir is not None and result.status in (sweep.COMPLETED, sweep.COMPLETED_WITH_FAILURES):
         final_evaluation(result, args, definition.invalid_rows, on_finished)
@@ -748,12 +820,12 @@ def job_main(
     description: str,
     argv: list[str] | None = None,
     on_finished: Callable[[sweep.SweepResult], None] | None = None,
-    open_decisions: Callable[[str, str], dict[str, str]] | None = None,
+    read_predictions: Callable[[str, str], Any] | None = None,
 ) -> int:
     """What ``jobs/*.py`` run: parse the flags, run the sweep, print where everything is.
 
     ``on_finished(result)`` runs when the sweep has completed: where the report is written;
-    ``open_decisions``: the report's inconclusive decisions, which get more confirmation seeds.
+    ``read_predictions``: the reader of the confirmation runs' decision-split predictions.
     """
     parser = argparse.ArgumentParser(
         description=description, epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -763,7 +835,7 @@ def job_main(
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
     )
-    return run_command(parser.prog, lambda: main_from_args(args, on_finished, open_decisions))
+    return run_command(parser.prog, lambda: main_from_args(args, on_finished, read_predictions))
 
 
 def _warn_relative_paths_in_job(args) -> None:

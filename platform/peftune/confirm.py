@@ -55,6 +55,7 @@ from mlflow.entities import Metric
 from ray import tune
 from ray.tune.search import Searcher
 
+from peftune import decisions
 from peftune.methods.options import options_from_params
 from peftune.record import (
     BUDGETS_PCT,
@@ -71,6 +72,7 @@ from peftune.record import (
     run_phase,
     trial_name,
 )
+from peftune.tasks import get_task
 from peftune.tracking import child_runs
 
 log = logging.getLogger("peftune.confirm")
@@ -201,7 +203,7 @@ class ConfirmationResult:
     ran: int  # trials started by this call
     deleted: list[str]  # partial runs of interrupted or failed pairs, deleted before they ran again
     added: int = 0  # seeds added to configurations of inconclusive decisions (in ``wanted`` too)
-    stopped_by: str = ""  # why adding seeds stopped: decided | max_seeds | max_seconds ("" when none was added)
+    stopped_by: str = ""  # why adding seeds stopped: decided | max_seeds | futile | max_seconds ("": none added)
 
 
 class Rounds(Searcher):
@@ -284,18 +286,21 @@ def run_confirmation(
     callbacks: Sequence = (),
     verbose: int = 1,
     flush_s: float = 600.0,
-    open_decisions: Callable[[str, str], Mapping[str, str]] | None = None,
+    read_predictions: Callable[[str, str], object] | None = None,
 ) -> ConfirmationResult:
     """Confirm the best configurations of every method of the finished search (see the module docstring).
 
     ``runnable``: the search's trainable with its parameters and resources; ``trial_logger``: the search's
     ``TrialLogger`` (it records these trials too); ``storage``: the search's Tune storage URI;
-    ``callbacks``: extra ``tune.Callback`` objects for this run. ``open_decisions(tracking URI, sweep)``: the
-    configurations (config key -> why) of the decisions the report would leave inconclusive; while it
-    names any under ``confirm.max_seeds`` and ``confirm.max_seconds`` is not spent, each gets one more
-    seed, all of a round as parallel trials of the same Tune experiment. The count lives in the record, so a
-    resume continues it. It is also called in a thread once a slot waits for a round's last trials, its
-    answer unused: what it reads of the finished runs is then kept (``analysis.runs``) for the decision.
+    ``callbacks``: extra ``tune.Callback`` objects for this run. ``read_predictions(tracking URI, sweep)``: the
+    decision-split predictions of the completed confirmation runs (a frame with the columns ``config_key``,
+    ``seed``, ``task``, ``example_id``, ``prediction``, ``label``). After each round, the decision procedure
+    (:func:`peftune.decisions.replay`, the one the report and ``peftune decide`` use) replays the looks on
+    them; the configurations it still wants seeds for get one more each, all of a round as parallel trials of
+    the same Tune experiment, until every budget is decided, the rest is futile, ``confirm.max_seeds`` or
+    ``confirm.max_seconds``. The record holds the seeds, so a resume replays to the same point. It is also
+    called in a thread once a slot waits for a round's last trials, its answer unused: what it reads of the
+    finished runs is then kept (``analysis.runs``) for the decision.
     """
     settings = definition.confirm
     if settings.seeds == 0 or (settings.top_k == 0 and not settings.defaults):
@@ -307,21 +312,31 @@ def run_confirmation(
     log.info("confirmation: %d configuration(s) x %d seed(s)", len(candidates), settings.seeds)
     searched = {c.config_key: c for c in map(_candidate, runs) if c is not None}
     confirmation = Confirmation(definition, record, runnable, client, trial_logger, storage, callbacks, verbose,
-                                flush_s, open_decisions, searched)  # fmt: skip
+                                flush_s, read_predictions, searched, candidates)  # fmt: skip
     return confirmation.run(first)
 
 
-def _more_seeds(
-    done: Mapping[str, set[int]], open_keys: Mapping[str, str], searched: Mapping[str, Candidate], settings
-) -> tuple[list[tuple[Candidate, int, str]], str]:
-    """(candidate, next seed, why) for every open configuration under ``max_seeds``; and, when there is none,
-    why adding stops: ``decided`` (nothing open) or ``max_seeds``."""
-    grow = [
-        (searched[key], max(done[key]) + 1, why)
-        for key, why in open_keys.items()
-        if key in searched and done.get(key) and len(done[key]) < settings.max_seeds
-    ]
-    return grow, "" if grow else ("max_seeds" if open_keys else "decided")
+def plan_of(settings) -> decisions.Plan:
+    """The decision plan of a sweep's ``confirm`` settings."""
+    return decisions.Plan(seeds=settings.seeds, max_seeds=settings.max_seeds, margin=settings.margin,
+                          budgets=tuple(BUDGETS_PCT))  # fmt: skip
+
+
+def configurations_of(candidates: Sequence[Candidate]) -> list[decisions.Configuration]:
+    return [decisions.Configuration(c.config_key, c.method, c.trainable_pct, c.default) for c in candidates]
+
+
+def decide_round(frame, tasks: Sequence[str], candidates: Sequence[Candidate], settings) -> decisions.Outcome:
+    """The decision procedure replayed on the decision-split predictions there are (``frame``)."""
+    frame = frame.rename(columns={"config_key": "config"})
+    values = decisions.values_from_frame(frame, {t: get_task(t).kind for t in tasks}) if len(frame) else {}
+    return decisions.replay(values, configurations_of(candidates), plan_of(settings))
+
+
+def _why(key: str, look: int, open_answers) -> str:
+    """The seed reason of an added seed: the look and the open budgets the configuration takes part in."""
+    budgets = [f"<= {a.budget:g}%" for a in open_answers if key in a.members]
+    return f"look {look}: budget {', '.join(budgets) or '?'} still open"
 
 
 def completed_seeds(runs: list) -> dict[str, set[int]]:
@@ -337,7 +352,7 @@ def completed_seeds(runs: list) -> dict[str, set[int]]:
 class Confirmation:
     """The confirmation's trials in one Tune experiment, round by round (see :class:`Rounds`): the first round
     (every candidate x seed), then one seed more for every configuration of an open decision, while
-    ``open_decisions`` names any under ``confirm.max_seeds`` and ``confirm.max_seconds`` is not spent.
+    the decision procedure wants them, under ``confirm.max_seeds`` and ``confirm.max_seconds``.
 
     Each round skips the pairs the record has completed and replaces the partial runs of the others (see the
     module docstring); the decisions read the record of completed rounds only, as when each round was an
@@ -352,8 +367,9 @@ class Confirmation:
     callbacks: Sequence
     verbose: int
     flush_s: float
-    open_decisions: Callable[[str, str], Mapping[str, str]] | None
+    read_predictions: Callable[[str, str], object] | None
     searched: Mapping[str, Candidate]  # config key -> its search trial (the seeds added re-train it)
+    candidates: Sequence[Candidate] = ()  # the configurations confirmed
     wanted: list = dataclasses.field(default_factory=list)  # every (candidate, seed, why) asked for so far
     deleted: list = dataclasses.field(default_factory=list)
     ran: int = 0
@@ -403,12 +419,14 @@ class Confirmation:
         if not flushed or self.finished(runs) < len(self.wanted):
             self.held_back = True
             return None
-        if self.open_decisions is None:
+        if self.read_predictions is None:
             return None
         if self.adding_since is None:
             self.adding_since = time.monotonic()
         read_at = time.monotonic()
-        open_keys = self.open_decisions(self.record.tracking_uri, self.definition.name)
+        frame = self.read_predictions(self.record.tracking_uri, self.definition.name)
+        settings = self.definition.confirm
+        outcome = decide_round(frame, self.definition.tasks, self.candidates, settings)
         decided_at = time.monotonic()
         # the slots wait for this: its parts say which one to make cheaper
         log.info(
@@ -418,22 +436,32 @@ class Confirmation:
             read_at - flushed_at,
             decided_at - read_at,
         )
-        grow, self.stopped_by = _more_seeds(completed_seeds(runs), open_keys, self.searched, self.definition.confirm)
-        max_seconds = self.definition.confirm.max_seconds
+        for answer in outcome.answers:
+            log.info("confirmation: look %d, budget <= %g%%: %s (pick %s)", outcome.looks, answer.budget,
+                     answer.decision, answer.pick)  # fmt: skip
+        why = {a.budget: a for a in outcome.answers if not a.decided}
+        grow = [
+            (self.searched[key], seed, _why(key, outcome.looks, why.values()))
+            for key, seed in outcome.next_seeds.items()
+            if key in self.searched
+        ]
+        self.stopped_by = "" if grow else (outcome.stopped or "decided")
+        max_seconds = settings.max_seconds
         if grow and max_seconds is not None and time.monotonic() - self.adding_since > max_seconds:
             grow, self.stopped_by = [], "max_seconds"
         if not grow:
+            log.info("confirmation: no more seeds (%s)", self.stopped_by)
             return None
-        log.info("confirmation: %d inconclusive configuration(s) get another seed", len(grow))
+        log.info("confirmation: %d configuration(s) of open budgets get another seed", len(grow))
         self.wanted += grow
         self.added += len(grow)
         return self.todo(grow)
 
     def read_ahead(self) -> None:
-        """What the next decision reads, read now: the finished runs' histories and predictions stay in this
-        process (``analysis.runs``), so after the round only the last runs' are read."""
-        if self.open_decisions is not None:
-            self.open_decisions(self.record.tracking_uri, self.definition.name)
+        """What the next decision reads, read now: the finished runs' predictions stay in this process
+        (``analysis.runs``), so after the round only the last runs' are read."""
+        if self.read_predictions is not None:
+            self.read_predictions(self.record.tracking_uri, self.definition.name)
 
     def finished(self, runs: list | None = None) -> int:
         """How many of the wanted pairs have a final status (completed or failed) in the record (``runs``: the
@@ -481,6 +509,8 @@ def log_dev_sizes(record, prepared, seed: int) -> None:
         metrics.append(Metric(f"dev_examples.{task}", len(data.dev), now, 0))
         if data.selection is not None:
             metrics.append(Metric(f"selection_examples.{task}", len(data.selection), now, 0))
+        if data.decision is not None:
+            metrics.append(Metric(f"decision_examples.{task}", len(data.decision), now, 0))
     _mlflow_client(record.tracking_uri).log_batch(record.parent_run_id, metrics=metrics)
 
 

@@ -161,12 +161,15 @@ class Batch:
 @dataclass
 class TaskData:
     """A task's splits, each in one role: ``train`` trains; ``selection`` (rows of the train file that
-    ``train`` does not hold) is what a search selects on (TPE, rungs, the epoch kept); ``dev`` is only
-    reported. ``selection`` is None where nothing is selected (``peftune train``)."""
+    ``train`` does not hold) is what a search selects on (TPE, rungs, the epoch kept); ``decision`` (other
+    such rows) is what the confirmation decides on (the best per budget, a cheaper one not worse, which
+    configurations get more seeds); ``dev`` is only reported. ``selection`` and ``decision`` are None where
+    nothing is selected or decided (``peftune train``)."""
 
     train: EncodedSplit
     dev: EncodedSplit
     selection: EncodedSplit | None = None
+    decision: EncodedSplit | None = None
 
     def split(self, name: str) -> EncodedSplit:
         """``train``, ``selection`` or ``dev``; a missing selection split is an error, never dev instead."""
@@ -176,7 +179,7 @@ class TaskData:
         return split
 
 
-SPLITS = ("train", "selection", "dev")
+SPLITS = ("train", "selection", "decision", "dev")
 
 
 # --------------------------------------------------------------------------- reading and validation
@@ -555,6 +558,7 @@ def load_tasks(
     *,
     invalid_rows: str = "raise",
     selection_examples: int | None | bool = False,
+    decision_examples: int = 0,
 ) -> dict[str, TaskData]:
     """Train and dev splits of every task, keyed by task name, in the order given.
 
@@ -562,7 +566,9 @@ def load_tasks(
     file fails in a fraction of a second and nothing is returned half-loaded.
     ``max_*_examples`` cap each task with a seeded random subset (see ``_limited``).
     ``selection_examples``: carve a selection split of that many train rows per task (``None``: as
-    many as the task's dev split; ``False``: none), disjoint from the train rows (see :func:`carve`).
+    many as the task's dev split; ``False``: none), disjoint from the train rows (see :func:`carve`);
+    ``decision_examples``: a decision split of that many further train rows per task (0: none; it needs a
+    selection split), or all the rows left when the file holds fewer (said in a warning).
     """
     data_dir = Path(data_dir)
     specs = [get_task(s) if isinstance(s, str) else s for s in specs]
@@ -593,18 +599,23 @@ def load_tasks(
     if selecting:
         for data in tasks.values():
             size = len(data.dev) if selection_examples is None else selection_examples
-            data.train, data.selection = carve(data.train, max_train_examples, size, seed)
+            data.train, data.selection, data.decision = carve(
+                data.train, max_train_examples, size, seed, decision_examples
+            )
     return tasks
 
 
-def carve(train: EncodedSplit, limit: int | None, selection: int, seed: int) -> tuple[EncodedSplit, EncodedSplit]:
-    """(train, selection): disjoint seeded subsets of a train file, each in file order.
+def carve(
+    train: EncodedSplit, limit: int | None, selection: int, seed: int, decision: int = 0
+) -> tuple[EncodedSplit, EncodedSplit, EncodedSplit | None]:
+    """(train, selection, decision): disjoint seeded subsets of a train file, each in file order.
 
-    One seeded permutation of the rows: the selection split is its last ``selection`` rows, train its
-    first ``limit`` rows of the rest (all of the rest with ``limit`` None). Where the budget leaves
-    enough unused rows, train is exactly the subset ``_limited`` gives without a selection split, so
-    the selection split costs the training nothing; where the budget uses the whole file, the
-    selection rows are held out of it.
+    One seeded permutation of the rows: the selection split is its last ``selection`` rows, the decision
+    split the ``decision`` rows before them, train the first ``limit`` rows of the rest (all of the rest
+    with ``limit`` None). Where the budget leaves enough unused rows, train is exactly the subset
+    ``_limited`` gives without these splits, so they cost the training nothing; where the budget would use
+    those rows, they are held out of it. A file too small for the decision split it asks for gives it what
+    the train rows leave (at least half of the rows stay for training), with a warning.
     """
     n = len(train)
     if not isinstance(selection, int) or isinstance(selection, bool) or not 1 <= selection < n:
@@ -612,8 +623,18 @@ def carve(train: EncodedSplit, limit: int | None, selection: int, seed: int) -> 
             train.source, f"selection_examples {selection!r} of {n} rows", expected=f"an integer from 1 to {n - 1}"
         )
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    kept = order[: min(limit or n, n - selection)]
-    return train.subset(kept.sort().values), train.subset(order[n - selection :].sort().values)
+    if decision:
+        room = max(0, n - selection - max(1, min(limit or n, (n - selection) // 2)))
+        if room < decision:
+            logger.warning(
+                "%s: %d rows leave %d for a decision split of %d: the decision split has %d",
+                train.source, n, room, decision, room,
+            )  # fmt: skip
+            decision = room
+    kept = order[: min(limit or n, n - selection - decision)]
+    chosen = order[n - selection - decision : n - selection].sort().values
+    decided = train.subset(chosen) if decision else None
+    return train.subset(kept.sort().values), train.subset(order[n - selection :].sort().values), decided
 
 
 # --------------------------------------------------------------------------- batching

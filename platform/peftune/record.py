@@ -48,15 +48,22 @@ TRAIN_COMMAND = "peftune.train_command"  # the `peftune train` command line that
 # sst_accuracy, ...) are on the selection split and repeated as selection_score; a confirmation run also
 # logs dev_score and dev_<task metric> (the report's numbers, at the epoch the selection split chose; a
 # one-epoch confirmation run evaluates dev only, so its plain metrics are dev's and it has no selection_score)
-SELECTION, DEV = "selection", "dev"
-# a confirmation run's per-example dev predictions at that epoch: gzip CSV, one row per example and seed
-PREDICTIONS_ARTIFACT = "predictions/dev.csv.gz"
+SELECTION, DECISION, DEV = "selection", "decision", "dev"
+
+
+def predictions_artifact(split: str) -> str:
+    """A confirmation run's per-example predictions on ``split`` (decision, dev) at the epoch kept: gzip CSV,
+    one row per example."""
+    return f"predictions/{split}.csv.gz"
+
+
+PREDICTIONS_ARTIFACT = predictions_artifact(DEV)
 PREDICTION_COLUMNS = ("task", "example_id", "seed", "prediction", "label")
 
 
 def split_metric_names(task_metrics: Sequence[str]) -> list[str]:
     """The per-split metrics a trial logs beside its task metrics (see the names above)."""
-    return [f"{SELECTION}_score", f"{DEV}_score", *(f"{DEV}_{m}" for m in task_metrics)]
+    return [f"{SELECTION}_score", f"{DECISION}_score", f"{DEV}_score", *(f"{DEV}_{m}" for m in task_metrics)]
 
 
 def predictions_csv(predictions: dict[str, list[float]], examples: dict[str, tuple[list, list]], seed: int) -> str:

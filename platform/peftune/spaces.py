@@ -236,6 +236,9 @@ class Budget(Section):
     max_train_examples: count(1) | None = None  # per task, a seeded subset; None = all
     max_dev_examples: count(1) | None = None
     selection_examples: count(1) | None = None  # per task, train rows that judge the trials (None: as dev)
+    # per task, further train rows the confirmation decides on (the best per budget, a cheaper one not worse,
+    # which configurations get more seeds); dev only reports. 0: none (the confirmation then decides nothing)
+    decision_examples: count(0, 1_000_000, "a sane bound on a split") = 0
 
 
 @section()

@@ -256,6 +256,7 @@ def trial_settings(
         "max_train_examples": budget.max_train_examples,
         "max_dev_examples": budget.max_dev_examples,
         "selection_examples": budget.selection_examples,
+        "decision_examples": budget.decision_examples,
         "seed": definition.seed,
         "invalid_rows": definition.invalid_rows,
     }
@@ -309,7 +310,7 @@ def run_sweep(
     verbose: int = 1,
     optuna_storage: str | None = None,
     tracking_wait_s: float = TRACKING_WAIT_S,
-    open_decisions: Callable[[str, str], dict[str, str]] | None = None,
+    read_predictions: Callable[[str, str], Any] | None = None,
 ) -> SweepResult:
     """Run (or resume) ``definition`` as one Ray Tune experiment logged to MLflow.
 
@@ -323,8 +324,9 @@ def run_sweep(
     URL of the per-method Optuna studies (default: ``peftune.search.default_storage_url``).
     ``tracking_wait_s``: how long the end of the sweep waits for MLflow writes still buffered (a
     tracking-server outage); what is left then stays on disk beside Tune's state and is written by
-    the next run of the sweep. ``open_decisions(tracking URI, sweep name)``: the configurations of the
-    report's inconclusive decisions, which the confirmation gives more seeds (``peftune.confirm``).
+    the next run of the sweep. ``read_predictions(tracking URI, sweep name)``: the decision-split predictions
+    of the confirmation's completed runs, on which the confirmation decides who gets more seeds
+    (``peftune.confirm``, ``peftune.decisions``).
     """
     _set_environment()
     tracking_uri = record_names.resolve_tracking_uri(tracking_uri)
@@ -360,7 +362,7 @@ def run_sweep(
             with every_slot_pending(definition.resources):
                 confirmation = confirm.run_confirmation(
                     definition, record, runnable, trial_logger=trial_logger, storage=storage, callbacks=callbacks,
-                    verbose=verbose, flush_s=tracking_wait_s, open_decisions=open_decisions,
+                    verbose=verbose, flush_s=tracking_wait_s, read_predictions=read_predictions,
                 )  # fmt: skip
             if not trial_logger.flush(tracking_wait_s):
                 return _unrecorded(definition, record, *where, trial_logger, len(grid))
@@ -384,7 +386,7 @@ def _trial_logger(definition, record, settings, prepared, storage: str, exists: 
         tracking_buffer.set_aside_stale(pending)
     task_metrics = _task_metric_names(definition.tasks)
     logged_metrics = [*task_metrics, *record_names.split_metric_names(task_metrics)]
-    trial_logger = tracking.TrialLogger(record, settings, logged_metrics, pending, dev_examples(prepared))
+    trial_logger = tracking.TrialLogger(record, settings, logged_metrics, pending, split_examples(prepared))
     trial_logger.open_buffer()  # first the writes an earlier run left pending: a resume reads the record
     return trial_logger
 
@@ -435,6 +437,7 @@ def _prepare(definition: SweepDefinition, data_dir: str | Path):
         seed=definition.seed,
         invalid_rows=definition.invalid_rows,
         selection_examples=budget.selection_examples,
+        decision_examples=budget.decision_examples,
     )
 
 
@@ -593,9 +596,16 @@ def _sigint_ignored():
         signal.signal(signal.SIGINT, previous)
 
 
-def dev_examples(prepared) -> dict[str, tuple[list[int], list[float]]]:
-    """Per task, the dev split's example ids (file lines) and labels, in the order of a trial's predictions."""
-    return {task: (data.dev.lines.tolist(), data.dev.labels.tolist()) for task, data in prepared.tasks.items()}
+def split_examples(prepared) -> dict[str, dict[str, tuple[list[int], list[float]]]]:
+    """Per split whose predictions are kept (decision, dev), per task: the example ids (file lines) and labels,
+    in the order of a trial's predictions."""
+    out: dict[str, dict] = {}
+    for task, data in prepared.tasks.items():
+        for split in (record_names.DECISION, record_names.DEV):
+            rows = getattr(data, split)
+            if rows is not None:
+                out.setdefault(split, {})[task] = (rows.lines.tolist(), rows.labels.tolist())
+    return out
 
 
 def _task_metric_names(tasks: Sequence[str]) -> list[str]:

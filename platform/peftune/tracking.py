@@ -105,7 +105,6 @@ from peftune.record import (
     FAILED,
     PARENT_TAG,
     PHASE,
-    PREDICTIONS_ARTIFACT,
     ROLE,
     SEARCH,
     SHARED_VIEW_TAG,
@@ -116,6 +115,7 @@ from peftune.record import (
     TRIAL_ID,
     TRIALS_VIEW_KEY,
     config_key,
+    predictions_artifact,
     predictions_csv,
     run_label,
     run_phase,
@@ -383,7 +383,10 @@ def sweep_params(definition, skipped_rows: int) -> dict[str, Any]:
         "max_train_examples": budget.max_train_examples,
         "max_dev_examples": budget.max_dev_examples,
         "selection_examples": budget.selection_examples,
+        "decision_examples": budget.decision_examples,
         "decision_margin": definition.confirm.margin,
+        "confirm_seeds": definition.confirm.seeds,
+        "confirm_max_seeds": definition.confirm.max_seeds,
         "invalid_rows": getattr(definition, "invalid_rows", "raise"),
         "skipped_rows": skipped_rows,
     }
@@ -608,14 +611,14 @@ class TrialLogger(tune.Callback):
         settings,
         task_metrics: list[str],
         pending_path: str | Path | None = None,
-        dev_examples: dict[str, tuple[list[int], list[float]]] | None = None,
+        examples: dict[str, dict[str, tuple[list[int], list[float]]]] | None = None,
     ):
         self.record = record
         self.settings = settings
         self.task_metrics = list(task_metrics)
         self.pending_path = pending_path
-        # per task, (example ids, labels) of the dev split, in the order of a trial's dev predictions
-        self.dev_examples = dev_examples or {}
+        # per split (decision, dev), per task: (example ids, labels), in the order of a trial's predictions
+        self.examples = examples or {}
         self.buffer = None
         self._reset()
 
@@ -636,7 +639,7 @@ class TrialLogger(tune.Callback):
             "settings": self.settings,
             "task_metrics": self.task_metrics,
             "pending_path": self.pending_path,
-            "dev_examples": self.dev_examples,
+            "examples": self.examples,
         }
 
     def __setstate__(self, state):
@@ -840,14 +843,15 @@ class TrialLogger(tune.Callback):
 
     def _log_predictions(self, trial, result: dict) -> None:
         """The dev predictions of the trial's best epoch so far (by ``score``, the earliest on a tie, as
-        ``best_*``), as :data:`PREDICTIONS_ARTIFACT`: what the report's paired comparisons read."""
+        ``best_*``), one artifact per split (``predictions_artifact``): what the decisions and the report read."""
         score = result.get("score")
         if not _finite(score) or score <= self._predicted.get(trial.trial_id, -math.inf):
             return
         self._predicted[trial.trial_id] = score
         seed = (trial.config.get("peftune") or {}).get("seed", self.settings.seed)
-        text = predictions_csv(result["predictions"], self.dev_examples, int(seed))
-        self._write("artifact", trial_id=trial.trial_id, path=PREDICTIONS_ARTIFACT, text=text)
+        for split, predictions in result["predictions"].items():
+            text = predictions_csv(predictions, self.examples[split], int(seed))
+            self._write("artifact", trial_id=trial.trial_id, path=predictions_artifact(split), text=text)
 
     def _log_partial(self, trial_id: str, result: dict) -> None:
         """A rung within an epoch, once: ``fidelity_<score|steps|progress>`` at step = examples seen."""

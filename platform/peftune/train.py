@@ -96,10 +96,10 @@ class TrainConfig:
     # the splits evaluated after each epoch (peftune.data.SPLITS): the first is the one the run is judged
     # on (``score``, the task metrics, the epoch kept); the others are reported beside it as
     # ``<split>_score`` and ``<split>_<task metric>`` (a search trial: selection; a confirmation run:
-    # selection, then dev, whose numbers the report gives at the epoch selection chose)
+    # selection, then decision and dev, whose numbers the confirmation takes at the epoch selection chose)
     eval_splits: list[str] = field(default_factory=lambda: ["dev"])
-    # a split whose per-example predictions every epoch's report carries (``predictions``), or None
-    predictions_of: str | None = None
+    # the splits whose per-example predictions every epoch's report carries (``predictions``)
+    predictions_of: tuple[str, ...] = ()
 
     def __post_init__(self):
         self.tasks = [t.name for t in parse_tasks(self.tasks)]
@@ -119,10 +119,10 @@ class TrainConfig:
             raise UserError(f"TrainConfig.pooling {self.pooling!r}, expected one of {('auto', *POOLINGS)}")
         if not self.eval_splits or len(set(self.eval_splits)) != len(self.eval_splits):
             raise UserError(f"TrainConfig.eval_splits must name distinct splits, got {self.eval_splits!r}")
-        if any(split not in ("selection", "dev") for split in self.eval_splits):
-            raise UserError(f"TrainConfig.eval_splits: {self.eval_splits!r}, expected selection and/or dev")
-        if self.predictions_of not in (None, *self.eval_splits):
-            raise UserError(f"TrainConfig.predictions_of {self.predictions_of!r}: not one of the eval_splits")
+        if any(split not in ("selection", "decision", "dev") for split in self.eval_splits):
+            raise UserError(f"TrainConfig.eval_splits: {self.eval_splits!r}, expected selection, decision, dev")
+        if not set(self.predictions_of) <= set(self.eval_splits):
+            raise UserError(f"TrainConfig.predictions_of {self.predictions_of!r}: not among the eval_splits")
         try:
             check_device_name(self.device)
         except ValueError as error:
@@ -210,6 +210,7 @@ def prepare(
     seed: int = 0,
     invalid_rows: str = "raise",
     selection_examples: int | None | bool = False,
+    decision_examples: int = 0,
 ) -> PreparedData:
     """Load the backbone and tokenizer, read and tokenize every task's train and dev file once.
 
@@ -229,6 +230,7 @@ def prepare(
         seed=seed,
         invalid_rows=invalid_rows,
         selection_examples=selection_examples,
+        decision_examples=decision_examples,
     )
     hashes = {Path(split.source).name: split.sha256 for task in data.values() for split in (task.train, task.dev)}
     return PreparedData(
@@ -269,6 +271,7 @@ def train_command(config: TrainConfig, data: dict, threads: int | None = None) -
         "max-train-examples": data.get("max_train_examples"),
         "max-dev-examples": data.get("max_dev_examples"),
         "selection-examples": _selection_flag(data.get("selection_examples", False)),
+        "decision-examples": data.get("decision_examples") or None,  # the rows it holds out of train
         "invalid-rows": data.get("invalid_rows", "raise"),
         "data-seed": data.get("seed", config.seed),
         **{name.replace("_", "-"): getattr(config, name) for name in COMMAND_FIELDS},
@@ -679,8 +682,8 @@ class _Trial:
 def evaluate_splits(model, tasks, config: TrainConfig, device, precision: str, with_predictions: bool = True) -> dict:
     """The metrics of ``config.eval_splits`` (see :class:`TrainConfig`): the first split's task metrics and
     ``score`` under their plain names and as ``<split>_score``; every other split's, and dev's always (the
-    report reads them by that name), as ``<split>_<name>``; and, for ``config.predictions_of``,
-    ``predictions``: {task: [prediction per example, in file order]}."""
+    report reads them by that name), as ``<split>_<name>``; and, for the splits of ``config.predictions_of``,
+    ``predictions``: {split: {task: [prediction per example, in file order]}}."""
     metrics: dict = {}
     for i, split in enumerate(config.eval_splits):
         results = predict(model, tasks, split, config.batch_size * 4, device, precision)
@@ -689,8 +692,8 @@ def evaluate_splits(model, tasks, config: TrainConfig, device, precision: str, w
         metrics.update(values if i == 0 else {})
         named = i > 0 or split == DEV
         metrics.update({f"{split}_{key}": value for key, value in values.items() if named or key == "score"})
-        if with_predictions and split == config.predictions_of:
-            metrics["predictions"] = {t: p.tolist() for t, (p, _) in results.items()}
+        if with_predictions and split in config.predictions_of:
+            metrics.setdefault("predictions", {})[split] = {t: p.tolist() for t, (p, _) in results.items()}
     return metrics
 
 

@@ -71,12 +71,16 @@ class TrialSettings:
 
     def evaluation(self) -> dict[str, Any]:
         """What a trial evaluates: a search trial the selection split only (it selects, also at the rungs); a
-        confirmation run dev (the reported numbers, keeping its predictions), after selection when there is an
+        confirmation run the decision split (what the confirmation decides on) and dev (the reported numbers),
+        keeping both splits' predictions, after selection when there is an
         epoch to choose. No scheduler stops a confirmation run, so it evaluates at no rung, and with one epoch
         a selection pass would choose nothing: each would cost an evaluation for nothing."""
         if self.phase == record.CONFIRM:
-            splits = [record.SELECTION, record.DEV] if self.epochs > 1 else [record.DEV]
-            return {"eval_splits": splits, "predictions_of": record.DEV, "report_fractions": []}
+            decided = [record.DECISION] if self.data.get("decision_examples") else []
+            # the first split is the one the run is judged on: selection picks the epoch; with one epoch there is
+            # nothing to pick, and dev's numbers keep their plain names
+            splits = [record.SELECTION, *decided, record.DEV] if self.epochs > 1 else [record.DEV, *decided]
+            return {"eval_splits": splits, "predictions_of": (*decided, record.DEV), "report_fractions": []}
         return {"eval_splits": [record.SELECTION]}
 
     def command(self, method: str, sampled: dict[str, Any]) -> str | None:

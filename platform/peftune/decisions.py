@@ -1,0 +1,675 @@
+"""The decision procedure: which configuration to recommend under each parameter budget, and how sure.
+
+One procedure serves the confirmation (which configurations get another seed), the report and
+``peftune decide`` (which replays a confirmation from a predictions file). Its parts, in the order a
+decision is made:
+
+- **Data.** Every configuration's per-example predictions on the *decision* split (rows of the train
+  files the budget does not train on), one row of predictions per seed. Dev chooses nothing.
+- **Per-example values.** A seed's score is the mean over tasks of the task metric. Each example gets a
+  value whose mean over the task's examples is that metric: 1/0 for a right/wrong classification, and
+  ``r + IF_i`` for a Pearson task (``IF_i`` the example's empirical influence on r, which sums to 0), so
+  one linear model carries every task.
+- **Variance components** (a two-way layout per configuration: seeds x examples). The estimate of a
+  configuration's score is its seeds' mean. Its sampling error has an *example* part (which decision
+  examples were drawn; shared by all configurations, which is what pairs them) and a *seed* part. The
+  example part's covariance between configurations is the covariance over examples of their seed-averaged
+  values, per task, divided by the task's size. The seed part is the variance of a seed's score once the
+  example-level noise in it is taken off (``var(seed scores) - residual mean square / n``), pooled over the
+  configurations of one method (a method's sizes share how much their seeds move it) with its degrees of
+  freedom; a method with no second seed anywhere borrows the pool of all methods. Below 2 seeds in the
+  whole family no seed variance can be estimated, and nothing is decided (said as such). Seed effects are
+  taken as independent between configurations: seeds are numbered alike everywhere, and a positive
+  correlation through the shared numbers (the data order) could only make the intervals wider than needed.
+- **A family fixed before the data.** Per budget: every pair of the configurations that fit under it
+  (all of them, whichever turns out best, so choosing the best and the cheap pick from the same data is
+  covered). Simultaneous intervals ``diff +- q * se`` with ``q`` the (1 - alpha_look) quantile of the
+  largest studentised pair difference, simulated from the fitted components with the seed variances
+  re-drawn from their chi-square laws (a parametric bootstrap-t: calibrated for few seeds).
+- **Looks.** The first look has the first seeds; while a budget's question is open, each round adds one
+  seed to the configurations that could still decide it, up to ``max_seeds``: at most
+  ``L = max_seeds - seeds + 1`` looks, each at ``alpha / L`` (Bonferroni over looks: a false claim at any
+  look has probability at most alpha in all). A claim, once made, stands.
+- **Futility.** A configuration gets no further seed when, even with ``max_seeds`` seeds on both sides and
+  the current estimates, its comparison could not be decided: the example term alone keeps it open.
+- **The answer per budget.** The *pick* is the cheapest configuration shown not worse than every other one
+  under the budget by more than ``margin`` (delta): "not worse". Else, where the best (highest mean) is shown
+  better than every cheaper one, the best: "better". Else the best, and "cannot tell", with what would tell
+  (more decision examples or seeds). With it, each contender's P(best) and the pick's expected regret with a
+  95% upper bound, from the normal law of the estimates.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+ALPHA = 0.05
+DRAWS = 20_000  # simulated draws of the max-statistic: its 99.9% quantile moves by ~1% between streams
+BETTER, NOT_WORSE, CANNOT_TELL, EQUIVALENT = "better", "not worse", "cannot tell", "equivalent"
+WORDS = {
+    BETTER: "the interval of the difference lies above 0",
+    EQUIVALENT: "the interval lies inside [-margin, +margin]: either is not worse than the other",
+    CANNOT_TELL: "otherwise: the data cannot tell",
+}
+KINDS = ("multiclass", "binary", "regression")
+PREDICTION_COLUMNS = ("config", "seed", "task", "example_id", "prediction", "label")
+DECISION, DEV = "decision", "dev"
+
+
+# ----------------------------------------------------------------------------- per-example values
+
+
+@dataclass(frozen=True)
+class Values:
+    """One configuration's per-example values on the decision split: ``values[t]`` is (S, n_t), one row per
+    seed (``seeds``, ascending), whose row mean is that seed's task metric; the score is the mean over tasks."""
+
+    seeds: tuple[int, ...]
+    values: Mapping[str, np.ndarray]  # task -> (S, n_t)
+
+    @property
+    def scores(self) -> np.ndarray:
+        """(S,) each seed's score."""
+        return np.mean([v.mean(axis=1) for v in self.values.values()], axis=0)
+
+    def first(self, count: int) -> Values:
+        """The values of the first ``count`` seeds."""
+        return Values(self.seeds[:count], {t: v[:count] for t, v in self.values.items()})
+
+
+def example_values(predictions: np.ndarray, labels: np.ndarray, kind: str) -> np.ndarray:
+    """(S, n) per-example values of S seeds' predictions (S, n) against labels (n,): 1/0 right or wrong for a
+    classification; for a regression ``r + IF_i`` (Pearson r and each example's empirical influence on it)."""
+    if kind in ("multiclass", "binary"):
+        return (predictions == labels[None, :]).astype(float)
+    x = predictions - predictions.mean(axis=1, keepdims=True)  # (S, n)
+    y = labels - labels.mean()  # (n,)
+    sx, sy = np.sqrt((x * x).mean(axis=1, keepdims=True)), math.sqrt(float((y * y).mean()))
+    ok = (sx[:, 0] > 1e-12) & (sy > 1e-12)
+    zx = np.where(ok[:, None], x / np.where(sx > 0, sx, 1.0), 0.0)
+    zy = y / sy if sy > 1e-12 else np.zeros_like(y)
+    r = (zx * zy[None, :]).mean(axis=1, keepdims=True)  # (S, 1)
+    influence = zx * zy[None, :] - r / 2 * (zx * zx + (zy * zy)[None, :])
+    return np.where(ok[:, None], r + influence, 0.0)
+
+
+def values_from_frame(frame: pd.DataFrame, kinds: Mapping[str, str]) -> dict[str, Values]:
+    """config -> its ``Values``, from a frame with the columns of ``PREDICTION_COLUMNS`` (the decision split's
+    rows). Every configuration must cover the same examples of the same tasks, with the same labels; a seed
+    must cover every example. Raises ValueError naming the configuration, task or seed otherwise."""
+    missing = set(PREDICTION_COLUMNS) - set(frame.columns)
+    if missing:
+        raise ValueError(f"the predictions lack the column(s) {sorted(missing)}")
+    if frame.duplicated(["config", "seed", "task", "example_id"]).any():
+        row = frame[frame.duplicated(["config", "seed", "task", "example_id"])].iloc[0]
+        raise ValueError(
+            f"config {row['config']!r} seed {row['seed']} task {row['task']!r} example {row['example_id']!r}: "
+            "more than one prediction"
+        )
+    unknown = sorted(set(frame["task"]) - set(kinds))
+    if unknown:
+        raise ValueError(f"unknown task(s) {unknown}: expected {sorted(kinds)}")
+    reference: dict[str, pd.Series] = {}
+    for task, rows in frame.groupby("task", sort=True):
+        labels = rows.drop_duplicates(["example_id"]).set_index("example_id")["label"].sort_index()
+        clash = rows.groupby("example_id")["label"].nunique()
+        if (clash > 1).any():
+            raise ValueError(f"task {task!r} example {clash[clash > 1].index[0]!r}: two different labels")
+        reference[task] = labels
+    out = {}
+    for config, rows in frame.groupby("config", sort=False):
+        seeds = tuple(sorted(int(s) for s in rows["seed"].unique()))
+        values = {}
+        for task, labels in reference.items():
+            mine = rows[rows["task"] == task]
+            table = mine.pivot(index="seed", columns="example_id", values="prediction")
+            table = table.reindex(index=list(seeds), columns=labels.index)  # (S, n_t)
+            if table.isna().any(axis=None):
+                seed = table.index[table.isna().any(axis=1)][0]
+                raise ValueError(
+                    f"config {config!r} seed {seed} task {task!r}: predictions missing for some examples "
+                    "(every configuration and seed must cover the same decision examples)"
+                )
+            y = labels.to_numpy(dtype=float)
+            values[task] = example_values(table.to_numpy(dtype=float), y, kinds[task])
+        out[str(config)] = Values(seeds, values)
+    return out
+
+
+# ----------------------------------------------------------------------------- the fitted model
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The estimates of K configurations (``names``), their covariance's parts, and the seed pools."""
+
+    names: tuple[str, ...]
+    means: np.ndarray  # (K,) seed-mean scores
+    seeds: np.ndarray  # (K,) seeds used
+    example_cov: np.ndarray  # (K, K) the example part of the estimates' covariance (with the per-run noise)
+    seed_var: np.ndarray  # (K,) seed variance component (per seed) of each configuration's pool
+    seed_df: np.ndarray  # (K,) degrees of freedom of that pool (0: no seed variance estimable)
+    pool: np.ndarray  # (K,) index of each configuration's pool (configurations sharing a pool share a draw)
+    seed_var_raw: np.ndarray  # (K,) the pool's variance of seed scores, example-level noise left in (>= seed_var)
+
+    def cov(self, seeds: np.ndarray | None = None) -> np.ndarray:
+        """(K, K) covariance of the estimates, at ``seeds`` seeds per configuration (default: those used)."""
+        s = self.seeds if seeds is None else seeds
+        # the example part is kept as measured: its per-run noise would shrink with more seeds (conservative)
+        return self.example_cov + np.diag(self.seed_var / s)
+
+    def pair_se(self, i: int, j: int, seeds: np.ndarray | None = None) -> float:
+        c = self.cov(seeds)
+        return math.sqrt(max(c[i, i] + c[j, j] - 2 * c[i, j], 1e-18))
+
+    def index(self, name: str) -> int:
+        return self.names.index(name)
+
+
+def fit(values: Mapping[str, Values], names: Sequence[str], methods: Mapping[str, str]) -> Fit:
+    """The variance-component fit of configurations ``names`` (see the module docstring); ``methods``:
+    config -> its method (the seed pools)."""
+    tasks = sorted(next(iter(values.values())).values)
+    k = len(names)
+    means = np.array([values[n].scores.mean() for n in names])
+    seeds = np.array([len(values[n].seeds) for n in names], dtype=float)
+    example_cov = np.zeros((k, k))
+    resid = np.zeros(k)  # per configuration: the example-level noise in one seed's score
+    for task in tasks:
+        per_config = [values[n].values[task] for n in names]  # (S_c, n_t) each
+        n_t = per_config[0].shape[1]
+        cols = np.stack([v.mean(axis=0) for v in per_config])  # (K, n_t) seed-averaged values
+        example_cov += np.cov(cols).reshape(k, k) / n_t / len(tasks) ** 2
+        for c, v in enumerate(per_config):
+            s = v.shape[0]
+            if s > 1:
+                r = v - v.mean(axis=1, keepdims=True) - v.mean(axis=0, keepdims=True) + v.mean()
+                ms = float((r * r).sum() / ((s - 1) * (n_t - 1)))
+                resid[c] += ms / n_t / len(tasks) ** 2
+    # per configuration: sum of squares of its seed scores around their mean, minus the example-level part
+    ss, df = np.zeros(k), np.zeros(k)
+    for c, n in enumerate(names):
+        scores = values[n].scores
+        if len(scores) > 1:
+            ss[c] = float(((scores - scores.mean()) ** 2).sum()) - (len(scores) - 1) * resid[c]
+            df[c] = len(scores) - 1
+    groups = sorted({methods[n] for n in names})
+    pool = np.array([groups.index(methods[n]) for n in names])
+    raw = ss + df * resid  # sums of squares of the seed scores themselves
+    seed_var, seed_df, seed_raw = np.zeros(k), np.zeros(k), np.zeros(k)
+    all_df = df.sum()
+    all_var, all_raw = (max(ss.sum(), 0.0) / all_df, raw.sum() / all_df) if all_df else (0.0, 0.0)
+    for g in range(len(groups)):
+        mine = pool == g
+        g_df = df[mine].sum()
+        if g_df >= 2:
+            seed_var[mine], seed_df[mine] = max(ss[mine].sum(), 0.0) / g_df, g_df
+            seed_raw[mine] = raw[mine].sum() / g_df
+        else:  # too few seeds in this method: the pool of every method
+            seed_var[mine], seed_df[mine], seed_raw[mine] = all_var, all_df, all_raw
+            pool[mine] = len(groups)  # the shared pool: one draw for all that borrow it
+    return Fit(tuple(names), means, seeds, example_cov, seed_var, seed_df, pool, seed_raw)
+
+
+# ----------------------------------------------------------------------------- simultaneous intervals
+
+
+def _stream(*parts) -> np.random.Generator:
+    """A generator from the names and numbers it is for only: the same family gives the same quantile."""
+    text = "\0".join(map(str, parts)).encode()
+    return np.random.default_rng(int.from_bytes(hashlib.sha256(text).digest()[:8], "little"))
+
+
+def critical_value(f: Fit, pairs: Sequence[tuple[int, int]], alpha: float, draws: int = DRAWS) -> float:
+    """The (1 - alpha) quantile of max over ``pairs`` of |studentised difference| under the fitted law, the
+    seed variances re-drawn from chi-square(df) / df (a pool with df 0 contributes no seed variance)."""
+    if not pairs:
+        return math.nan
+    rng = _stream("q", alpha, f.names, f.seeds.tolist(), np.round(f.example_cov, 12).tobytes(),
+                  np.round(f.seed_var, 12).tobytes())  # fmt: skip
+    from scipy import stats
+
+    k = len(f.names)
+    ex = f.example_cov + 1e-15 * np.eye(k)
+    z = rng.multivariate_normal(np.zeros(k), ex, size=draws, method="eigh")  # (draws, K) example part
+    # the law is drawn at an upper 90% bound of the seed variance: the quantile grows with the seed part's share,
+    # and a plug-in estimate from 1-5 degrees of freedom is often far too small (2 seeds covered 85%, not 95%)
+    df = np.maximum(f.seed_df, 1.0)
+    upper = np.where(f.seed_df > 0, np.maximum(f.seed_var, f.seed_var_raw) * df / stats.chi2.ppf(0.10, df), 0.0)
+    seed_sd = np.sqrt(upper / f.seeds)
+    z += rng.standard_normal((draws, k)) * seed_sd  # the seed part, independent per configuration
+    pools = np.unique(f.pool)
+    ratio = np.ones((draws, k))
+    for p in pools:  # the seed variance as it would be estimated from such data: chi-square(df) / df
+        mine = f.pool == p
+        df = f.seed_df[mine][0]
+        if df > 0:
+            ratio[:, mine] = (rng.chisquare(df, size=draws) / df)[:, None]
+    a, b = np.array([i for i, _ in pairs]), np.array([j for _, j in pairs])
+    var_ex = ex[a, a] + ex[b, b] - 2 * ex[a, b]  # (P,)
+    seed_part = upper / f.seeds  # (K,)
+    se = np.sqrt(var_ex[None, :] + ratio[:, a] * seed_part[a] + ratio[:, b] * seed_part[b])  # (draws, P)
+    t = np.abs(z[:, a] - z[:, b]) / se
+    return float(np.quantile(t.max(axis=1), 1 - alpha))
+
+
+def all_pairs(k: int) -> list[tuple[int, int]]:
+    return [(i, j) for i in range(k) for j in range(i + 1, k)]
+
+
+@dataclass(frozen=True)
+class Intervals:
+    """Simultaneous intervals of every pair of a family's configurations (``fit``), at ``level``."""
+
+    fit: Fit
+    q: float
+    level: float
+
+    def diff(self, i: int, j: int) -> tuple[float, float, float]:
+        """(estimate, low, high) of score(i) - score(j)."""
+        d = float(self.fit.means[i] - self.fit.means[j])
+        h = self.q * self.fit.pair_se(i, j)
+        return d, d - h, d + h
+
+
+def intervals(f: Fit, alpha: float) -> Intervals:
+    decidable = bool((f.seed_df > 0).any()) or bool((f.seeds > 1).any())
+    q = critical_value(f, all_pairs(len(f.names)), alpha) if decidable and len(f.names) > 1 else math.inf
+    return Intervals(f, q, 1 - alpha)
+
+
+def pair_word(low: float, high: float, margin: float) -> str:
+    """The word for an oriented pair (its estimate >= 0): better, equivalent or cannot tell."""
+    if low > 0:
+        return BETTER
+    if -margin <= low and high <= margin:
+        return EQUIVALENT
+    return CANNOT_TELL
+
+
+# ----------------------------------------------------------------------------- one budget's answer
+
+
+@dataclass
+class Answer:
+    """One budget's answer at one look."""
+
+    budget: float
+    members: list[str]
+    best: str | None = None
+    pick: str | None = None
+    decision: str = CANNOT_TELL  # better | not worse | cannot tell | only one fits | none fits
+    diff: float = math.nan  # pick - best (a "better" best: best - the strongest cheaper one)
+    ci_low: float = math.nan
+    ci_high: float = math.nan
+    level: float = math.nan
+    look: int = 0
+    p_best: dict[str, float] = field(default_factory=dict)
+    regret: float = math.nan  # the pick's expected shortfall from the best, and its 95% upper bound
+    regret_high: float = math.nan
+    needs: str = ""  # what would decide it
+    grow: list[str] = field(default_factory=list)  # configurations a further seed could decide it with
+    why: str = ""
+    pairs: list[dict] = field(default_factory=list)  # every pair of its family at its look (``pair_rows``)
+
+    @property
+    def decided(self) -> bool:
+        return self.decision in (BETTER, NOT_WORSE)
+
+
+def answer(budget: float, iv: Intervals, costs: Mapping[str, float], margin: float, max_seeds: int,
+           q_last: float) -> Answer:  # fmt: skip
+    """The answer for the configurations of ``iv`` (all under the budget) at this look (module docstring)."""
+    f = iv.fit
+    names = list(f.names)
+    out = Answer(budget, names, level=iv.level)
+    if not names:
+        out.decision = "none fits"
+        return out
+    order = sorted(range(len(names)), key=lambda i: (-f.means[i], costs[names[i]], names[i]))
+    best = order[0]
+    out.best = names[best]
+    if len(names) == 1:
+        out.pick, out.decision = names[best], "only one fits"
+        return out
+    out.p_best, out.regret, out.regret_high = _posterior(f, best)
+    others = {i: [j for j in range(len(names)) if j != i] for i in range(len(names))}
+    not_worse = [i for i in range(len(names)) if all(iv.diff(i, j)[1] >= -margin for j in others[i])]
+    by_cost = sorted(range(len(names)), key=lambda i: (costs[names[i]], -f.means[i], names[i]))
+    cheaper = [j for j in by_cost if costs[names[j]] < costs[names[best]]]
+    chosen = min(not_worse, key=lambda i: (costs[names[i]], -f.means[i], names[i])) if not_worse else None
+    if chosen is not None and (chosen != best or not cheaper):
+        out.pick, out.decision = names[chosen], NOT_WORSE
+        out.diff, out.ci_low, out.ci_high = iv.diff(chosen, best) if chosen != best else _closest(iv, best)
+        out.p_best, out.regret, out.regret_high = _posterior(f, chosen)
+        out.why = "the cheapest configuration shown not worse than every other by more than the margin"
+        return out
+    out.pick = names[best]
+    if cheaper and all(iv.diff(best, j)[1] > 0 for j in cheaper):
+        strongest = max(cheaper, key=lambda j: f.means[j])
+        out.decision = BETTER
+        out.diff, out.ci_low, out.ci_high = iv.diff(best, strongest)
+        out.why = "the best is shown better than every cheaper configuration"
+        return out
+    # open: the cheapest contender against the best, and whether more seeds could decide it
+    contender = next((j for j in by_cost if j != best), best)
+    out.diff, out.ci_low, out.ci_high = iv.diff(contender, best)
+    out.grow, out.needs = _what_would_tell(iv, best, cheaper or others[best], costs, margin, max_seeds, q_last)
+    out.why = "no cheaper configuration shown not worse, and the best not shown better than every cheaper one"
+    return out
+
+
+def _closest(iv: Intervals, i: int) -> tuple[float, float, float]:
+    """i against its nearest rival (the highest other mean): i - rival."""
+    f = iv.fit
+    rival = max((j for j in range(len(f.names)) if j != i), key=lambda j: f.means[j])
+    return iv.diff(i, rival)
+
+
+def _posterior(f: Fit, pick: int, draws: int = 4000) -> tuple[dict[str, float], float, float]:
+    """P(best) of each configuration and the pick's expected regret (and its 95% bound), from the normal law
+    of the true scores around the estimates (flat prior)."""
+    rng = _stream("posterior", f.names, f.means.tobytes())
+    mu = rng.multivariate_normal(f.means, f.cov() + 1e-15 * np.eye(len(f.names)), size=draws, method="eigh")
+    winner = mu.argmax(axis=1)
+    p_best = {n: float(np.mean(winner == i)) for i, n in enumerate(f.names)}
+    regret = mu.max(axis=1) - mu[:, pick]
+    return p_best, float(regret.mean()), float(np.quantile(regret, 0.95))
+
+
+def _what_would_tell(iv: Intervals, best: int, rivals: Sequence[int], costs, margin: float, max_seeds: int,
+                     q_last: float) -> tuple[list[str], str]:  # fmt: skip
+    """(configurations worth a seed, what would decide the question). A rival is worth seeds when, at
+    ``max_seeds`` on both sides and the current estimates, it would be shown not worse, or the best better
+    than it, at the last look's ``q_last``; else the example term alone keeps it open (futile)."""
+    f = iv.fit
+    full = np.full(len(f.names), float(max_seeds))
+    grow = []
+    for j in rivals:
+        d = float(f.means[best] - f.means[j])
+        h = q_last * f.pair_se(best, j, np.maximum(f.seeds, full))
+        if (-d - h >= -margin or d - h > 0) and (f.seeds[j] < max_seeds or f.seeds[best] < max_seeds):
+            grow.append(f.names[j])
+    if grow:
+        grow.append(f.names[best])
+        return sorted(set(grow)), f"more seeds may decide it (up to {max_seeds})"
+    j = min(rivals, key=lambda r: (costs[f.names[r]], f.names[r]))
+    d = float(f.means[best] - f.means[j])  # >= 0
+    ex_se = f.pair_se(best, j, np.full(len(f.names), 1e12))  # the example term alone: infinite seeds
+    route = max(margin - d, d)  # what q * se must stay below: "not worse" (margin - d) or "better" (d)
+    if route <= 0 or ex_se <= 0:
+        return [], "cannot be decided at this margin with these estimates"
+    factor = (q_last * ex_se / route) ** 2  # se shrinks as 1 / sqrt(examples)
+    return [], (
+        f"futile: even at {max_seeds} seeds the decision examples' noise (se {ex_se:.4f}) keeps it open; "
+        f"about {factor:.1f}x the decision examples would decide it at these estimates"
+    )
+
+
+# ----------------------------------------------------------------------------- the sequential plan
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What the confirmation does: ``seeds`` first seeds, up to ``max_seeds``; ``alpha`` over all looks."""
+
+    seeds: int
+    max_seeds: int
+    margin: float
+    alpha: float = ALPHA
+    budgets: tuple[float, ...] = (0.1, 1.0, 10.0)
+
+    @property
+    def looks(self) -> int:
+        return self.max_seeds - self.seeds + 1
+
+    @property
+    def alpha_look(self) -> float:
+        return self.alpha / self.looks
+
+
+@dataclass(frozen=True)
+class Configuration:
+    """A configuration the confirmation trains: its method, its cost (trainable % per task), its role."""
+
+    name: str
+    method: str
+    trainable_pct: float
+    default: bool = False
+
+
+@dataclass
+class Outcome:
+    """The replayed confirmation: the answers per budget, the seeds used and why each stopped, and what the
+    next round should train (empty when it is over)."""
+
+    answers: list[Answer]
+    seeds_used: dict[str, int]
+    stop_reason: dict[str, str]
+    next_seeds: dict[str, int]  # config -> the seed number its next run trains (the next round)
+    looks: int
+    stopped: str  # decided | max_seeds | futile | no more data ("" while the next round is wanted)
+    final: dict[str, Values] = field(default_factory=dict)  # the data of the last look, per configuration
+    plan: Plan | None = None
+    all_pairs: list[dict] = field(default_factory=list)  # the family of every configuration, last look
+
+
+def replay(values: Mapping[str, Values], configurations: Sequence[Configuration], plan: Plan) -> Outcome:
+    """Replay the confirmation on the predictions there are: look 1 with every configuration's first
+    ``plan.seeds`` seeds; at each look, decide every budget; the configurations worth a seed in an open budget
+    get their next seed (the next in their numbered order) if the data hold it, and the next look follows; it
+    ends when every budget is decided or futile, at ``max_seeds``, or where the data hold no wanted seed (the
+    confirmation trains those: ``next_seeds``). Deterministic: the same data give the same outcome."""
+    known = [c for c in configurations if c.name in values and len(values[c.name].seeds)]
+    count = {c.name: min(plan.seeds, len(values[c.name].seeds)) for c in known}
+    settled: dict[float, Answer] = {}
+    reasons: dict[str, str] = {c.name: "" for c in known}
+    look, answers, wanted = 0, [], {}
+    while True:
+        look += 1
+        data = {n: values[n].first(count[n]) for n in count}
+        answers = _look(data, known, plan, look, settled)
+        for a in answers:
+            if a.decided and a.budget not in settled:
+                settled[a.budget] = a
+        grow = sorted({n for a in answers if not a.decided for n in a.grow if count[n] < plan.max_seeds})
+        if look >= plan.looks or not grow:
+            stopped = "decided" if all(a.decided or a.decision in ("only one fits", "none fits") for a in answers) \
+                else ("max_seeds" if look >= plan.looks else "futile")  # fmt: skip
+            for n in count:
+                reasons[n] = reasons[n] or _reason(n, answers, stopped)
+            everything = _all_family(data, known, plan)
+            return Outcome(answers, dict(count), reasons, {}, look, stopped, data, plan, everything)
+        wanted = {n: values[n].seeds[count[n]] if count[n] < len(values[n].seeds) else None for n in grow}
+        missing = {n: _next_seed(values[n].seeds) for n, s in wanted.items() if s is None}
+        if missing:  # the data stop here: the confirmation trains these next
+            return Outcome(answers, dict(count), reasons, missing, look, "", data, plan)
+        for n in grow:
+            count[n] += 1
+
+
+def _all_family(data: Mapping[str, Values], known: Sequence[Configuration], plan: Plan) -> list[dict]:
+    names = [c.name for c in known]
+    if len(names) < 2:
+        return []
+    f = fit(data, names, {c.name: c.method for c in known})
+    return pair_rows(intervals(f, plan.alpha_look), plan.margin, "all")
+
+
+def _next_seed(seeds: Sequence[int]) -> int:
+    return max(seeds) + 1
+
+
+def _reason(name: str, answers: Sequence[Answer], stopped: str) -> str:
+    mine = [a for a in answers if name in a.members]
+    if not mine:
+        return "in no budget"
+    if all(a.decided for a in mine):
+        return "decided"
+    return {"max_seeds": "max_seeds", "futile": "futile"}.get(stopped, stopped)
+
+
+def _look(data: Mapping[str, Values], known: Sequence[Configuration], plan: Plan, look: int,
+          settled: Mapping[float, Answer]) -> list[Answer]:  # fmt: skip
+    methods = {c.name: c.method for c in known}
+    costs = {c.name: c.trainable_pct for c in known}
+    q_cache: dict[tuple[str, ...], float] = {}
+    out = []
+    for budget in plan.budgets:
+        if budget in settled:  # a claim, once made, stands
+            out.append(settled[budget])
+            continue
+        members = [c.name for c in known if c.trainable_pct <= budget]
+        if len(members) < 2:
+            a = Answer(budget, members, best=members[0] if members else None, pick=members[0] if members else None)
+            a.decision = "only one fits" if members else "none fits"
+            out.append(a)
+            continue
+        f = fit(data, members, methods)
+        iv = intervals(f, plan.alpha_look)
+        key = tuple(members)
+        if key not in q_cache:  # the last look's q at max_seeds: what more seeds could reach
+            q_cache[key] = _q_at_max(f, plan)
+        a = answer(budget, iv, costs, plan.margin, plan.max_seeds, q_cache[key])
+        a.look, a.pairs = look, pair_rows(iv, plan.margin, budget)
+        if not np.isfinite(iv.q):
+            a.needs = "no seed variance can be estimated below 2 seeds: confirm with 2 or more"
+            a.grow = [n for n in members if len(data[n].seeds) < 2]
+        out.append(a)
+    return out
+
+
+def _q_at_max(f: Fit, plan: Plan) -> float:
+    """The critical value a look at ``max_seeds`` seeds everywhere would use (the futility rule's yardstick)."""
+    full = np.maximum(f.seeds, plan.max_seeds).astype(float)
+    df = np.maximum(f.seed_df, (plan.max_seeds - 1) * np.bincount(f.pool)[f.pool])
+    g = Fit(f.names, f.means, full, f.example_cov, f.seed_var, df.astype(float), f.pool, f.seed_var_raw)
+    return critical_value(g, all_pairs(len(f.names)), plan.alpha_look, draws=4000)
+
+
+# ----------------------------------------------------------------------------- what the sweep can reach
+
+
+def reachable_margin(examples: int, configurations: int, plan: Plan, *, disagreement: float = 0.25,
+                     seed_sd: float = 0.02, power: float = 0.8) -> float:  # fmt: skip
+    """The smallest margin (delta) at which a configuration truly equal to the best is shown not worse with
+    ``power`` at ``max_seeds``, for ``configurations`` in one budget on ``examples`` decision examples; assumed
+    components (defaults from this project's cpu jobs): two configurations disagree on ``disagreement`` of the
+    examples, a seed moves a score by ``seed_sd``. An approximation for planning; the report measures."""
+    from scipy import stats
+
+    k = max(configurations, 2)
+    se = math.sqrt(disagreement / examples + 2 * seed_sd**2 / plan.max_seeds)
+    # the max of k(k-1)/2 |t| at alpha/L, by Bonferroni's bound (slightly above the simulated max-statistic)
+    q = stats.norm.ppf(1 - plan.alpha_look / (k * (k - 1)))
+    return float((q + stats.norm.ppf(power)) * se)
+
+
+# ----------------------------------------------------------------------------- tables
+
+
+DECISION_COLUMNS = ["budget", "a", "b", "diff_mean", "ci_low", "ci_high", "decision", "seeds_a", "seeds_b", "level"]
+
+
+def pair_rows(iv: Intervals, margin: float, budget) -> list[dict]:
+    """Every pair of a family: a the higher estimate, its simultaneous interval at ``iv.level``, its word."""
+    f, rows = iv.fit, []
+    for i, j in all_pairs(len(f.names)):
+        if f.means[j] > f.means[i]:
+            i, j = j, i
+        d, low, high = iv.diff(i, j)
+        rows.append({"budget": budget, "a": f.names[i], "b": f.names[j], "diff_mean": d, "ci_low": low,
+                     "ci_high": high, "decision": pair_word(low, high, margin), "seeds_a": int(f.seeds[i]),
+                     "seeds_b": int(f.seeds[j]), "level": iv.level})  # fmt: skip
+    return rows
+
+
+def pair_table(outcome: Outcome) -> pd.DataFrame:
+    """Every pair of every budget's family at the look that settled it (else the last), then the family of all
+    configurations at the last look (``budget`` "all": tuning gains and frontier neighbours read it)."""
+    rows = [row for a in outcome.answers for row in a.pairs] + outcome.all_pairs
+    return pd.DataFrame(rows, columns=DECISION_COLUMNS)
+
+
+RECOMMENDATION_COLUMNS = ["budget", "pick", "best", "decision", "diff_mean", "ci_low", "ci_high", "p_best",
+                          "regret", "regret_high", "level", "look", "needs"]  # fmt: skip
+
+
+def recommendation_table(outcome: Outcome) -> pd.DataFrame:
+    rows = []
+    for a in outcome.answers:
+        rows.append({"budget": a.budget, "pick": a.pick, "best": a.best, "decision": a.decision, "diff_mean": a.diff,
+                     "ci_low": a.ci_low, "ci_high": a.ci_high, "p_best": a.p_best.get(a.pick, math.nan)
+                     if a.pick else math.nan, "regret": a.regret, "regret_high": a.regret_high, "level": a.level,
+                     "look": a.look, "needs": a.needs})  # fmt: skip
+    return pd.DataFrame(rows, columns=RECOMMENDATION_COLUMNS)
+
+
+def seeds_table(outcome: Outcome) -> pd.DataFrame:
+    return pd.DataFrame(
+        [
+            {"config": n, "seeds_used": s, "stop_reason": outcome.stop_reason.get(n, "")}
+            for n, s in outcome.seeds_used.items()
+        ],  # fmt: skip
+        columns=["config", "seeds_used", "stop_reason"],
+    )
+
+
+# ----------------------------------------------------------------------------- `peftune decide`
+
+
+def read_table(path, what: str, columns: Sequence[str]) -> pd.DataFrame:
+    """A CSV (or Parquet, by extension) with at least ``columns``; ValueError naming the file otherwise."""
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.is_file():
+        raise ValueError(f"{path}: {what} file not found" if not path.exists() else f"{path}: is not a file")
+    try:
+        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+    except Exception as error:  # noqa: BLE001 -- pandas' parsers raise many kinds: one line names the file
+        raise ValueError(f"{path}: cannot be read as {what} ({str(error).splitlines()[0][:120]})") from None
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise ValueError(f"{path}: {what} lacks the column(s) {missing}; expected {list(columns)}")
+    return frame
+
+
+def configurations_from_frame(frame: pd.DataFrame, source) -> list[Configuration]:
+    """``C`` of ``peftune decide``: one row per configuration (config, method, trainable_pct, default)."""
+    out = []
+    for line, r in zip(range(2, len(frame) + 2), frame.itertuples(index=False), strict=True):
+        pct = pd.to_numeric(pd.Series([r.trainable_pct]), errors="coerce").iloc[0]
+        if not (isinstance(pct, float) and math.isfinite(pct) and pct >= 0):
+            raise ValueError(f"{source}: line {line}: trainable_pct {r.trainable_pct!r}, expected a number >= 0")
+        default = str(r.default).strip().lower()
+        if default not in ("true", "false", "1", "0"):
+            raise ValueError(f"{source}: line {line}: default {r.default!r}, expected true or false")
+        out.append(Configuration(str(r.config), str(r.method), float(pct), default in ("true", "1")))
+    names = [c.name for c in out]
+    if len(set(names)) != len(names):
+        raise ValueError(f"{source}: a configuration is listed twice")
+    return out
+
+
+def operating_characteristics(plan: Plan, examples: int, sims: int) -> list[str]:
+    """Lines of the procedure's measured error rates and power at ``examples`` decision examples per task
+    (``peftune.simulate``: the real loop on worlds with a known truth), each with its Monte-Carlo interval."""
+    from peftune import simulate as sm
+
+    lines = [f"plan: seeds {plan.seeds} to {plan.max_seeds}, margin {plan.margin}, {plan.looks} look(s) at "
+             f"alpha {plan.alpha_look:.4f} each; {examples} decision examples; {sims} simulations each"]  # fmt: skip
+    one = Plan(plan.seeds, plan.max_seeds, plan.margin, plan.alpha, (100.0,))
+    for world in (sm.W1, sm.W2):
+        for k in (6, 12):
+            lines.append(str(sm.null_error(world, k, one, examples, sims)))
+        lines.append(str(sm.pick_rate(world, 0.0, one, examples, sims)))
+        lines.append(str(sm.pick_rate(world, 2 * plan.margin, one, examples, sims)))
+        lines.append(str(sm.better_rate(world, 0.03, one, examples, sims)))
+    return lines
