@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from peftune import cli
+from peftune import cli, lease
 
 CASES = {
     "lr inf": ["train", "--lr", "inf"],
@@ -55,6 +55,8 @@ CASES = {
     "sweep bad invalid-rows": ["sweep", "smoke", "--data-dir", "{data}", "--invalid-rows", "ignore"],
     "sweep zero samples": ["sweep", "smoke", "--data-dir", "{data}", "--num-samples", "0"],
     "sweep bad name": ["sweep", "smoke", "--data-dir", "{data}", "--name", "a b/c"],
+    "sweep storage scheme": ["sweep", "smoke", "--data-dir", "{data}", "--storage-path", "garbage://x",
+                             "--tracking-uri", "sqlite:///{tmp}/m.db"],
 }  # fmt: skip
 if torch.cuda.is_available():
     del CASES["device tpu"]
@@ -67,6 +69,7 @@ NAMES_FILE = {
     "corrupt config.json": "config.json: line 1",
     "methods corrupt config": "config.json: line 1",
     "corrupt safetensors": "model.safetensors",
+    "sweep storage scheme": "--storage-path garbage://x: pyarrow (Ray Tune's storage) cannot open it",
 }
 
 
@@ -90,6 +93,7 @@ def places(tmp_path, tiny_data_dir):
     db = tmp_path / "mlflow.db"
     mlflow.MlflowClient(f"sqlite:///{db}").search_experiments()  # an existing, empty store
     return {
+        "tmp": str(tmp_path),
         "file": str(file),
         "missing": str(tmp_path / "missing"),
         "bad_config": str(bad_config),
@@ -103,6 +107,7 @@ def places(tmp_path, tiny_data_dir):
 def test_user_error_is_one_line_and_exit_2(name, places, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # nothing a failed command might write lands in the repository
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # an unreachable server fails now, not in minutes
+    monkeypatch.setenv(lease.DIR_ENV, str(tmp_path / "leases"))  # an object-storage URI's lease: not in ~/.peftune
     argv = [arg.format(**places) for arg in CASES[name]]
     if argv[0] == "train" and "--data-dir" not in argv:
         argv += ["--data-dir", places["data"], "--epochs" if "--epochs" not in argv else "--seed", "1"]
@@ -118,5 +123,23 @@ def test_user_error_is_one_line_and_exit_2(name, places, capsys, tmp_path, monke
     assert len(errors) == 1 and len(errors[0]) <= 600, err
     assert not (tmp_path / "missing").exists(), "a reading command created the store it was asked to read"
     if name in NAMES_FILE:
-        assert NAMES_FILE[name] in errors[0], f"the error names no file: {errors[0]}"
+        assert NAMES_FILE[name] in errors[0], f"the error does not say {NAMES_FILE[name]!r}: {errors[0]}"
     assert not list(tmp_path.glob("runs/*")), "a refused train command wrote a checkpoint"
+
+
+def test_a_storage_uri_pyarrow_cannot_open_is_refused_before_the_lease_ray_or_record(
+    tmp_path, tiny_data_dir, capsys, monkeypatch
+):
+    """Issue 34: ``--storage-path garbage://x`` was pyarrow's 39-line traceback from Tune, exit 1, after the
+    sweep's lease folder was made under ~/.peftune/leases."""
+    import ray
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(lease.DIR_ENV, str(tmp_path / "leases"))  # where an object-storage URI's lease goes
+    db = tmp_path / "m.db"
+    argv = ["sweep", "smoke", "--data-dir", str(tiny_data_dir), "--name", "x", "--storage-path", "garbage://x"]
+    assert cli.main([*argv, "--tracking-uri", f"sqlite:///{db}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Unrecognized filesystem type in URI: garbage://x" in err[0], err
+    assert not (tmp_path / "leases").exists() and not db.exists() and not ray.is_initialized()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
