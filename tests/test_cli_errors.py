@@ -6,6 +6,9 @@ Every mistake is caught before any training, sweep or store work starts.
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
 
@@ -55,6 +58,8 @@ CASES = {
     "sweep bad invalid-rows": ["sweep", "smoke", "--data-dir", "{data}", "--invalid-rows", "ignore"],
     "sweep zero samples": ["sweep", "smoke", "--data-dir", "{data}", "--num-samples", "0"],
     "sweep bad name": ["sweep", "smoke", "--data-dir", "{data}", "--name", "a b/c"],
+    "methods roberta": ["methods", "--model", "{roberta}"],
+    "train roberta": ["train", "--model", "{roberta}"],
     "sweep storage scheme": ["sweep", "smoke", "--data-dir", "{data}", "--storage-path", "garbage://x",
                              "--tracking-uri", "sqlite:///{tmp}/m.db"],
 }  # fmt: skip
@@ -64,11 +69,13 @@ else:
     CASES["device cuda without CUDA"] = ["train", "--device", "cuda"]
 
 
-# the damaged file a message must name (its directory alone leaves the user guessing)
+# what a message must name: the damaged file (its directory alone leaves the user guessing), the flag and why
 NAMES_FILE = {
     "corrupt config.json": "config.json: line 1",
     "methods corrupt config": "config.json: line 1",
     "corrupt safetensors": "model.safetensors",
+    "methods roberta": "config.json: model_type 'roberta', expected 'bert'",
+    "train roberta": "config.json: model_type 'roberta', expected 'bert'",
     "sweep storage scheme": "--storage-path garbage://x: pyarrow (Ray Tune's storage) cannot open it",
 }
 
@@ -92,7 +99,12 @@ def places(tmp_path, tiny_data_dir):
     (bad_weights / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\n")
     db = tmp_path / "mlflow.db"
     mlflow.MlflowClient(f"sqlite:///{db}").search_experiments()  # an existing, empty store
+    roberta = tmp_path / "roberta"  # a complete model folder, but not a BERT's
+    shutil.copytree(bad_weights, roberta)
+    config = json.loads((roberta / "config.json").read_text())
+    (roberta / "config.json").write_text(json.dumps({**config, "model_type": "roberta"}))
     return {
+        "roberta": str(roberta),
         "tmp": str(tmp_path),
         "file": str(file),
         "missing": str(tmp_path / "missing"),

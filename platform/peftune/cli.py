@@ -26,7 +26,7 @@ import yaml
 from pydantic import TypeAdapter
 
 from peftune import bench, checkpoint, methods, record, services, spaces, sweep, train
-from peftune.backbone import DEFAULT_MODEL, BertConfig, BertModel, check_tokenizer_files, read_json, resolve_model_dir
+from peftune.backbone import DEFAULT_MODEL, BertConfig, BertModel, check_tokenizer_files, read_config, resolve_model_dir
 from peftune.errors import UserError, one_line, user_errors
 from peftune.model import MultitaskModel
 from peftune.params import count_parameters
@@ -129,7 +129,7 @@ def check_model(config, model: str) -> None:
     alone), so a LoRA rank of 10**12 is refused here, not by the allocator after the data is read."""
 
     model_dir = resolve_model_dir(model)
-    bert = BertConfig.from_dict(read_json(model_dir / "config.json"))
+    bert = read_config(model_dir)
     check_tokenizer_files(model_dir)  # whether its vocabulary fits the model: load_tokenizer, once the weights are read
     try:
         methods.make_method_config(config.method, config.method_options_with_dropout()).check_backbone(bert)
@@ -245,7 +245,7 @@ def cmd_methods(args) -> int:
         config, label = BertConfig(), "bert-base shape (BertConfig() defaults)"
     else:
         model_dir = resolve_model_dir(args.model)
-        config = BertConfig.from_dict(read_json(model_dir / "config.json"))
+        config = read_config(model_dir)
         label = args.model
     tasks = parse_tasks(args.tasks)
     print(f"backbone: {label}; tasks: {', '.join(t.name for t in tasks)}")
