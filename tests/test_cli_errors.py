@@ -58,6 +58,18 @@ CASES = {
     "sweep bad invalid-rows": ["sweep", "smoke", "--data-dir", "{data}", "--invalid-rows", "ignore"],
     "sweep zero samples": ["sweep", "smoke", "--data-dir", "{data}", "--num-samples", "0"],
     "sweep bad name": ["sweep", "smoke", "--data-dir", "{data}", "--name", "a b/c"],
+    # issue 34: argparse's own refusals (one line, no usage block), negative numbers as values
+    "lr -inf": ["train", "--lr", "-inf"],
+    "lr -nan": ["train", "--lr", "-nan"],
+    "lr negative exponent": ["train", "--lr", "-1e-3"],
+    "alpha inf": ["train", "--alpha", "inf"],
+    "alpha -inf": ["train", "--alpha", "-inf"],
+    "unknown flag": ["train", "--bogus"],
+    "flag without its value": ["train", "--lr"],
+    "unknown command": ["bogus"],
+    "sweep without data-dir": ["sweep", "smoke"],
+    "sweep bad choice": ["sweep", "smoke", "--data-dir", "{data}", "--invalid-rows", "maybe"],
+    "report without sweep": ["report"],
     "methods roberta": ["methods", "--model", "{roberta}"],
     "train roberta": ["train", "--model", "{roberta}"],
     "sweep storage scheme": ["sweep", "smoke", "--data-dir", "{data}", "--storage-path", "garbage://x",
@@ -76,6 +88,9 @@ NAMES_FILE = {
     "corrupt safetensors": "model.safetensors",
     "methods roberta": "config.json: model_type 'roberta', expected 'bert'",
     "train roberta": "config.json: model_type 'roberta', expected 'bert'",
+    "lr -inf": "argument --lr: expected a finite number, got '-inf'",
+    "lr negative exponent": "TrainConfig.lr: out of range",
+    "alpha -inf": "argument --alpha: expected a finite number, got '-inf'",
     "sweep storage scheme": "--storage-path garbage://x: pyarrow (Ray Tune's storage) cannot open it",
 }
 
@@ -133,6 +148,7 @@ def test_user_error_is_one_line_and_exit_2(name, places, capsys, tmp_path, monke
     assert "Traceback" not in err
     errors = [line for line in err.splitlines() if ": error: " in line]
     assert len(errors) == 1 and len(errors[0]) <= 600, err
+    assert err.strip().splitlines() == errors, f"more than the error line (argparse's usage block?):\n{err}"
     assert not (tmp_path / "missing").exists(), "a reading command created the store it was asked to read"
     if name in NAMES_FILE:
         assert NAMES_FILE[name] in errors[0], f"the error does not say {NAMES_FILE[name]!r}: {errors[0]}"

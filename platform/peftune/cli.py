@@ -49,6 +49,43 @@ def finite_float(text: str) -> float:
     return value
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, its refusals one line like every other user error (``prog: error: ...``, exit 2): the
+    usage block argparse prints first (3 to 20 lines) buried the line that says what is wrong; ``--help`` has it.
+    A negative number is a value (``--lr -inf``), not a flag argparse does not know."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {one_line(message)}\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        return super().parse_known_args(numbers_attached(sys.argv[1:] if args is None else list(args)), namespace)
+
+
+def numbers_attached(argv: list[str]) -> list[str]:
+    """``--flag -inf`` as ``--flag=-inf``: argparse takes a word that starts with '-' for a flag unless it looks
+    like ``-1`` or ``-.5``, so ``-inf``, ``-nan`` and ``-1e-3`` never reached the flag's own check ("expected one
+    argument"). No flag of peftune looks like a number, so such a word is always a value."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if arg == "--":  # what follows is positional as it is
+            return out + argv[i:]
+        if out and _negative_number(arg) and out[-1].startswith("--") and "=" not in out[-1]:
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
+def _negative_number(text: str) -> bool:
+    if not text.startswith("-") or text.startswith("--"):
+        return False
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
@@ -333,7 +370,7 @@ def add_report_args(parser: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="peftune", description=__doc__.splitlines()[0])
+    parser = Parser(prog="peftune", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (add_train_parser, add_methods_parser, add_sweep_parser, add_report_parser, add_evaluate_parser,
@@ -755,7 +792,7 @@ def job_main(
     ``on_finished(result)`` runs when the sweep has completed: where the report is written;
     ``open_decisions``: the report's inconclusive decisions, which get more confirmation seeds.
     """
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         description=description, epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_arguments(parser, definition_default=definition)
