@@ -72,6 +72,11 @@ CASES = {
     "report without sweep": ["report"],
     "methods roberta": ["methods", "--model", "{roberta}"],
     "train roberta": ["train", "--model", "{roberta}"],
+    "data-dir empty": ["train", "--data-dir", ""],
+    "sweep data-dir empty": ["sweep", "smoke", "--data-dir", ""],
+    "sweep storage-path empty": ["sweep", "smoke", "--data-dir", "{data}", "--storage-path", ""],
+    "evaluate test-dir empty": ["evaluate", "--sweep", "s", "--data-dir", "{data}", "--test-dir", ""],
+    "sweep definition is a directory": ["sweep", "{tmp}", "--data-dir", "{data}"],
     "sweep storage scheme": ["sweep", "smoke", "--data-dir", "{data}", "--storage-path", "garbage://x",
                              "--tracking-uri", "sqlite:///{tmp}/m.db"],
 }  # fmt: skip
@@ -91,6 +96,11 @@ NAMES_FILE = {
     "lr -inf": "argument --lr: expected a finite number, got '-inf'",
     "lr negative exponent": "TrainConfig.lr: out of range",
     "alpha -inf": "argument --alpha: expected a finite number, got '-inf'",
+    "data-dir empty": "argument --data-dir: an empty path ''",
+    "sweep data-dir empty": "argument --data-dir: an empty path ''",
+    "sweep storage-path empty": "argument --storage-path: an empty path ''",
+    "evaluate test-dir empty": "argument --test-dir: an empty path ''",
+    "sweep definition is a directory": ": is a directory; expected a YAML file",
     "sweep storage scheme": "--storage-path garbage://x: pyarrow (Ray Tune's storage) cannot open it",
 }
 

@@ -120,6 +120,14 @@ def test_missing_file_and_missing_directory(tmp_path, tokenizer):
         data.load_tasks(tmp_path / "no-such-dir", [SST], tokenizer)
 
 
+def test_an_empty_data_directory_path_is_refused_not_read_as_the_working_directory(tmp_path, tokenizer, monkeypatch):
+    sentence_file(tmp_path / SST.train_file, ["fine"])  # what Path("") would find: the working directory's files
+    sentence_file(tmp_path / SST.dev_file, ["fine"])
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"data directory '': an empty path; expected a directory"):
+        data.load_tasks("", [SST], tokenizer)
+
+
 def test_data_error_survives_pickling():
     # Ray sends a trial's exception back to the driver pickled: it is rebuilt from __reduce__
     rebuild, args = DataError("f.csv", "bad label", line=3, expected="a number").__reduce__()[:2]

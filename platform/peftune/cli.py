@@ -86,9 +86,17 @@ def _negative_number(text: str) -> bool:
     return True
 
 
+def path_arg(text: str) -> str:
+    """argparse type of a path flag: not empty (``--data-dir ''`` was the working directory, silently)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"an empty path {text!r}; expected a path ('.' for the working directory)")
+    return text
+
+
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
+        type=path_arg,
         default=DEFAULT_MODEL,
         help=f"HF BERT: a local directory, a hub name, or {DEFAULT_MODEL!r} (packaged, offline; the default)",
     )
@@ -366,7 +374,7 @@ def add_report_args(parser: argparse.ArgumentParser) -> None:
         "--tracking-uri",
         help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory)",
     )
-    parser.add_argument("--output", help="report directory (default reports/<sweep>)")
+    parser.add_argument("--output", type=path_arg, help="report directory (default reports/<sweep>)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -384,7 +392,7 @@ def add_train_parser(sub) -> None:
     add_method_args(p)
     add_model_args(p)
     p.add_argument("--tasks", default="sst,para,sts", help="comma-separated task names (default sst,para,sts)")
-    p.add_argument("--data-dir", required=True, help="directory holding the task files")
+    p.add_argument("--data-dir", type=path_arg, required=True, help="directory holding the task files")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--lr", type=finite_float, default=1e-4)
     p.add_argument("--head-lr", type=finite_float, help="the task heads' learning rate (default: --lr)")
@@ -425,7 +433,7 @@ def add_train_parser(sub) -> None:
         choices=["auto", "bf16", "fp32"],
         help="auto: bf16 autocast on CPUs with AVX512-BF16/AMX and GPUs of compute capability >= 8.0, else fp32",
     )
-    p.add_argument("--output", help="checkpoint directory (default runs/<method>-<time>)")
+    p.add_argument("--output", type=path_arg, help="checkpoint directory (default runs/<method>-<time>)")
     p.add_argument("--overwrite", action="store_true", help="replace a checkpoint already in --output")
     p.add_argument("--export-peft", action="store_true", help="also export a LoRA adapter in peft's format")
     p.set_defaults(func=cmd_train)
@@ -473,9 +481,12 @@ def add_evaluate_parser(sub) -> None:
         "evaluate", help="re-train the dev frontier with several seeds and score it on a held-out labelled test split"
     )
     add_report_args(p)
-    p.add_argument("--data-dir", required=True, help="the directory the sweep trained on (its files are checked)")
+    p.add_argument(
+        "--data-dir", type=path_arg, required=True, help="the directory the sweep trained on (its files are checked)"
+    )
     p.add_argument(
         "--test-dir",
+        type=path_arg,
         required=True,
         help="directory holding the labelled test files (ids-sst-test.csv, quora-test.csv, sts-test.csv: dev's format)",
     )
@@ -497,7 +508,7 @@ def add_evaluate_parser(sub) -> None:
 def add_bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="training throughput: the core versus the HF Trainer (fp32, bf16, peft LoRA)")
     add_model_args(p)
-    p.add_argument("--data-dir", required=True)
+    p.add_argument("--data-dir", type=path_arg, required=True)
     p.add_argument("--examples", type=int, default=1024, help="SST train examples per measured epoch")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--repeats", type=int, default=2, help="alternating rounds; the best of each is kept")
@@ -607,7 +618,9 @@ def _add_what_runs(parser, definition_default: str | None) -> None:
         )
     else:
         parser.set_defaults(definition=definition_default)
-    parser.add_argument("--data-dir", required=True, help="directory holding the task files (read by the driver only)")
+    parser.add_argument(
+        "--data-dir", type=path_arg, required=True, help="directory holding the task files (read by the driver only)"
+    )
     parser.add_argument(
         "--smoke-test",
         action="store_true",
@@ -619,6 +632,7 @@ def _add_what_runs(parser, definition_default: str | None) -> None:
     parser.add_argument("--num-samples", type=int, help="number of trials (overrides the budget's)")
     parser.add_argument(
         "--model",
+        type=path_arg,
         help=f"backbone: a local HF BERT directory, a hub name or {DEFAULT_MODEL!r} (default: the definition's)",
     )
     parser.add_argument("--name", help="sweep name (default: the definition's); a new name starts a new sweep")
@@ -643,6 +657,7 @@ def _add_where_kept(parser) -> None:
     )
     parser.add_argument(
         "--storage-path",
+        type=path_arg,
         default=sweep.DEFAULT_STORAGE_PATH,
         help="where Ray Tune keeps the sweep's state and checkpoints (a directory, or s3://... on a "
         f"multi-node cluster; default ./{sweep.DEFAULT_STORAGE_PATH})",
@@ -654,6 +669,7 @@ def _add_where_kept(parser) -> None:
     )
     parser.add_argument(
         "--reports-dir",
+        type=path_arg,
         default=record.REPORTS_DIR,
         help=f"reports go to <dir>/<sweep>/ (default ./{record.REPORTS_DIR})",
     )
@@ -679,6 +695,7 @@ def _add_after_the_sweep(parser) -> None:
     """The final evaluation on held-out test files, and the exit status of a sweep with failures."""
     parser.add_argument(
         "--test-dir",
+        type=path_arg,
         help="labelled held-out test files (dev's format: ids-sst-test.csv, quora-test.csv, sts-test.csv); checked "
         "before the sweep, read once after it by the final evaluation (`peftune evaluate`), whose table the "
         "report then includes",

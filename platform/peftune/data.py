@@ -566,6 +566,8 @@ def load_tasks(
     ``selection_examples``: carve a selection split of that many train rows per task (``None``: as
     many as the task's dev split; ``False``: none), disjoint from the train rows (see :func:`carve`).
     """
+    if not os.fspath(data_dir).strip():  # Path("") is the working directory: read from there only when told
+        raise UserError(f"data directory {os.fspath(data_dir)!r}: an empty path; expected a directory")
     data_dir = Path(data_dir)
     specs = [get_task(s) if isinstance(s, str) else s for s in specs]
     if not specs:
