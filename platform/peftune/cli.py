@@ -574,7 +574,7 @@ def run_command(prog: str, command: Callable[[], int], verbose: bool = False) ->
     except BaseException as error:
         if not sweep.stopped(error):
             raise
-        ignore_further_interrupts()  # Ray shuts down at exit; a third Ctrl-C must not break that
+        ignore_further_interrupts()  # Ray shuts down at exit; a third Ctrl-C or a second SIGTERM must not break that
         print(f"{prog}: interrupted; run the same command again to resume", file=sys.stderr)
         if sweep.sigterm_received() or isinstance(error, SystemExit):
             exit_after_sigterm()
@@ -583,8 +583,20 @@ def run_command(prog: str, command: Callable[[], int], verbose: bool = False) ->
 
 def exit_after_sigterm() -> NoReturn:
     """Exit 3 at once after SIGTERM, the records closed: Ray's core worker, once it has seen the signal,
-    aborts the interpreter's normal exit (status -6), so Ray is shut down here and the rest of the exit skipped."""
-    ray.shutdown()
+    aborts the interpreter's normal exit (status -6), so Ray is shut down here and the rest of the exit skipped.
+
+    Midway through ``ray.shutdown()`` Ray's core worker puts SIGTERM back to the default action (measured: 0.3 s
+    in, a second before it returns), whatever Python had set: a second SIGTERM then (``ray job stop`` twice)
+    killed the driver, status 143. So Ray shuts down in a thread while this one, the only one that may set
+    signal handlers, keeps SIGTERM ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        ray.shutdown()
+    else:
+        stopping = threading.Thread(target=ray.shutdown, name="peftune-ray-shutdown", daemon=True)
+        stopping.start()
+        while stopping.is_alive():
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            stopping.join(0.001)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(EXIT_INTERRUPTED)
@@ -785,9 +797,12 @@ def final_evaluation(result: sweep.SweepResult, args, invalid_rows: str, on_fini
 
 
 def ignore_further_interrupts() -> None:
-    """The command is ending (Ray shuts down at exit): Ctrl-C from now on is ignored."""
+    """The command is ending, its records closed (Ray shuts down at exit): Ctrl-C and SIGTERM from now on are
+    ignored. A second SIGTERM (``ray job stop`` twice) during Ray's shutdown met Ray's core worker rather than
+    Python's handler and killed the driver (status 143) instead of its documented exit 3."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def exit_code(status: str, allow_failures: bool = False) -> int:

@@ -541,7 +541,7 @@ def stopped(error: BaseException) -> bool:
 
 def _close_after(error: BaseException, definition, record, trial_logger, wait_s: float) -> None:
     """The records closed all the same after ``error`` (a second Ctrl-C, which Tune does not handle, included)."""
-    with _sigint_ignored():
+    with _interrupts_ignored():
         trial_logger.close_open_runs()
         if trial_logger.flush(wait_s):
             tracking.close_sweep(record, INTERRUPTED if stopped(error) else FAILED)
@@ -607,16 +607,18 @@ def sweep_status(trials: Sequence) -> str:
 
 
 @contextlib.contextmanager
-def _sigint_ignored():
-    """Ctrl-C is ignored while the records are closed (only the main thread may set signal handlers)."""
+def _interrupts_ignored():
+    """Ctrl-C and SIGTERM are ignored while the records are closed: the driver is stopping already, and one
+    more (``ray job stop`` sent twice) would cut the closing short (only the main thread may set handlers)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = {number: signal.signal(number, signal.SIG_IGN) for number in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def dev_examples(prepared) -> dict[str, tuple[list[int], list[float]]]:
