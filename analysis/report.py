@@ -14,9 +14,10 @@ The directory (default ``reports/<sweep>/``), also logged under ``report/`` in t
 ``frontier.csv``              the trials on the frontier of the score and of each task (``objective``)
 ``frontier_summary.csv``      per scope (all methods, each method) and objective: frontier size, hypervolume
 ``importance.csv``            hyperparameter importance (PED-ANOVA) for score, frontier, each task
-``recommendation.csv``        per budget (0.1%, 1%, 10% trainable per task): the pick (cheapest not worse than the
-                              best), the best, the runner-up of another method, decisions and intervals
-``decisions.csv``             every comparison the report makes: difference, 95% interval, decision, seeds
+``recommendation.csv``        per budget (0.1%, 1%, 10% trainable per task): the pick (cheapest shown not worse than
+                              the rest), its decision, interval and level, P(best), regret, what would decide it
+``decisions.csv``             every pair of each budget's family (and of all): difference, interval, level, word
+``seeds.csv``                 the seeds each confirmed configuration got and why adding stopped
 ``by_budget.csv``             per budget, every method's best configuration under it, against the budget's best
 ``expected_max.csv``          per method: the expected best selection score of n search trials (also ``.png``)
 ``slots.csv``                 per phase: span, slots, timed seconds, the share outside every run's timers, eval's
@@ -35,11 +36,15 @@ figures (frontiers of trials, hypervolumes, importances) are selection figures.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import html
 import importlib.resources
 import logging
 import math
+import os
+import shutil
+import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -51,7 +56,16 @@ from analysis import confirmed, pareto, plots, slots, views
 from analysis.runs import COUNT_COLUMNS, SweepRuns, load_predictions, read_sweep_record
 from peftune import decisions
 from peftune.decisions import Plan
-from peftune.record import DECISION, NOTE_TAG, REPORTS_DIR, artifact_route, compare_address, compare_route
+from peftune.errors import UserError
+from peftune.record import (
+    COMPLETED,
+    DECISION,
+    NOTE_TAG,
+    REPORTS_DIR,
+    artifact_route,
+    compare_address,
+    compare_route,
+)
 from peftune.tasks import get_task
 
 log = logging.getLogger("analysis.report")
@@ -310,17 +324,57 @@ def plan_of(params: dict) -> Plan:
 
 
 def write_report(sweep: SweepRuns, directory: str | Path, *, reference: bool = True) -> Report:
-    """Build the report and write every file of it into ``directory`` (created; see the module docstring)."""
+    """Build the report and write every file of it into ``directory`` (see the module docstring).
+
+    A sweep without a completed trial has nothing to report: a user error, and nothing is written. The files
+    are written into a temporary folder beside ``directory``, then moved into place (:func:`_move_into_place`),
+    so a failure midway leaves ``directory`` as it was, never a report half old and half new.
+    """
+    if not (len(sweep.trials) and (sweep.trials["status"] == COMPLETED).any()):
+        raise UserError(
+            f"sweep {sweep.name!r} has no completed trial yet ({sweep.status_summary()}): nothing to report; "
+            f"run the sweep's command again to resume it (a failed trial's error is its peftune.error tag in MLflow)"
+        )
     report = build_report(sweep, reference=reference)
     report.directory = directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    for stale in directory.glob("score_vs_params_*.png"):  # a task plot of an earlier report (``evaluation/`` stays)
+    made = [d for d in (directory.parent, *directory.parent.parents) if not d.exists()]
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=f".{directory.name}.", suffix=".partial", dir=directory.parent))
+    try:
+        _write_files(report, staging)
+        _move_into_place(staging, directory)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        for folder in made:
+            with contextlib.suppress(OSError):
+                folder.rmdir()  # only when empty
+        raise
+    return report
+
+
+def _move_into_place(staging: Path, directory: Path) -> None:
+    """The written report becomes ``directory``: renamed whole when there is none (or an empty one); else each
+    file replaces its old self (renames, once everything is written), and the folder's other content stays:
+    ``evaluation/`` (``peftune evaluate``), or whatever else a user keeps there."""
+    if directory.is_dir() and not any(directory.iterdir()):
+        directory.rmdir()
+    if not directory.exists():
+        staging.rename(directory)
+        return
+    for stale in directory.glob("score_vs_params_*.png"):  # a task plot of an earlier report
         stale.unlink()
+    for file in staging.iterdir():
+        os.replace(file, directory / file.name)
+    staging.rmdir()
+
+
+def _write_files(report: Report, staging: Path) -> None:
+    """Every file of ``report`` into ``staging``; ``report.files`` lists them where they will be, in its directory."""
     trials = report.trials
 
     def out(name: str) -> Path:
-        report.files.append(directory / name)
-        return directory / name
+        report.files.append(report.directory / name)
+        return staging / name
 
     trials.to_csv(out("trials.csv"), index=False)
     report.best.to_csv(out("best_by_method_size.csv"), index=False)
@@ -339,9 +393,8 @@ def write_report(sweep: SweepRuns, directory: str | Path, *, reference: bool = T
     report.expected_max.to_csv(out("expected_max.csv"), index=False)
     report.slots.to_csv(out("slots.csv"), index=False)
     _write_plots(report, out)
-    out("report.md").write_text(markdown_report(report))
+    out("report.md").write_text(markdown_report(report))  # reads the directory's evaluation/, if there is one
     out("report.html").write_text(html_report(report), encoding="utf-8")
-    return report
 
 
 def plot_context(report: Report) -> dict:
@@ -456,6 +509,16 @@ def on_sweep_finished(result) -> Report | None:
     """
     try:
         report = report_sweep(result.name, result.tracking_uri, result.report_dir)
+    except UserError as error:  # e.g. every trial failed: the sweep's summary says so, and this is no bug
+        log.warning(
+            "no report of sweep %s: %s. Retry with: peftune report --sweep %s --tracking-uri %s --output %s",
+            result.name,
+            error,
+            result.name,
+            result.tracking_uri,
+            result.report_dir,
+        )
+        return None
     except Exception:
         log.exception(
             "the report of sweep %s failed; the sweep itself is recorded. Retry with: "

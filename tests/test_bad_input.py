@@ -148,3 +148,38 @@ def test_train_config_refuses_out_of_range_settings(values, message):
 def test_method_configs_refuse_non_finite_options(method, options):
     with pytest.raises(ValueError, match="must be a finite number"):
         methods.make_method_config(method, options)
+
+
+TOO_DEEP = "nested too deep (more than 64 levels)"
+
+
+def deep_block_mapping(levels: int) -> str:
+    return "".join("  " * i + f"k{i}:\n" for i in range(levels)) + "  " * levels + "x\n"
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [("", "the file is empty; expected a YAML mapping"),
+     ("# a comment, no document\n", "the file is empty; expected a YAML mapping"),
+     ("name: " + "[" * 3000 + "]" * 3000 + "\n", f"not valid YAML: line 1, column 70: {TOO_DEEP}"),
+     ("name: " + "{a: " * 3000 + "1" + "}" * 3000 + "\n", f"not valid YAML: line 1, column 256: {TOO_DEEP}"),
+     (deep_block_mapping(100), f"not valid YAML: line 64, column 127: {TOO_DEEP}")],
+    ids=["empty", "only a comment", "3,000 lists deep", "3,000 mappings deep", "100 mappings deep"],
+)  # fmt: skip
+def test_an_empty_or_too_deeply_nested_file_is_named_with_its_line(tmp_path, text, message):
+    """Issue 34: an empty file was "expected a mapping at the top level, got NoneType"; 3,000 levels of nesting
+    were "RecursionError: maximum recursion depth exceeded", with no line."""
+    path = write(tmp_path / "tiny.yaml", text)
+    for load in (spaces.load_sweep, spaces.load_method_space):
+        with pytest.raises(SpaceError) as caught:
+            load(path)
+        assert str(caught.value).startswith(f"{path}: {message}"), str(caught.value)
+
+
+def test_a_directory_given_as_the_file_is_named_a_directory(tmp_path):
+    folder = tmp_path / "tiny.yaml"
+    folder.mkdir()
+    with pytest.raises(SpaceError, match=r"tiny\.yaml: is a directory; expected a YAML file$"):
+        spaces.load_sweep(folder)
+    with pytest.raises(SpaceError, match="file not found"):
+        spaces.load_sweep(tmp_path / "missing.yaml")

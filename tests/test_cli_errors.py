@@ -6,10 +6,13 @@ Every mistake is caught before any training, sweep or store work starts.
 
 from __future__ import annotations
 
+import json
+import shutil
+
 import pytest
 import torch
 
-from peftune import cli
+from peftune import cli, lease
 
 CASES = {
     "lr inf": ["train", "--lr", "inf"],
@@ -55,6 +58,27 @@ CASES = {
     "sweep bad invalid-rows": ["sweep", "smoke", "--data-dir", "{data}", "--invalid-rows", "ignore"],
     "sweep zero samples": ["sweep", "smoke", "--data-dir", "{data}", "--num-samples", "0"],
     "sweep bad name": ["sweep", "smoke", "--data-dir", "{data}", "--name", "a b/c"],
+    # issue 34: argparse's own refusals (one line, no usage block), negative numbers as values
+    "lr -inf": ["train", "--lr", "-inf"],
+    "lr -nan": ["train", "--lr", "-nan"],
+    "lr negative exponent": ["train", "--lr", "-1e-3"],
+    "alpha inf": ["train", "--alpha", "inf"],
+    "alpha -inf": ["train", "--alpha", "-inf"],
+    "unknown flag": ["train", "--bogus"],
+    "flag without its value": ["train", "--lr"],
+    "unknown command": ["bogus"],
+    "sweep without data-dir": ["sweep", "smoke"],
+    "sweep bad choice": ["sweep", "smoke", "--data-dir", "{data}", "--invalid-rows", "maybe"],
+    "report without sweep": ["report"],
+    "methods roberta": ["methods", "--model", "{roberta}"],
+    "train roberta": ["train", "--model", "{roberta}"],
+    "data-dir empty": ["train", "--data-dir", ""],
+    "sweep data-dir empty": ["sweep", "smoke", "--data-dir", ""],
+    "sweep storage-path empty": ["sweep", "smoke", "--data-dir", "{data}", "--storage-path", ""],
+    "evaluate test-dir empty": ["evaluate", "--sweep", "s", "--data-dir", "{data}", "--test-dir", ""],
+    "sweep definition is a directory": ["sweep", "{tmp}", "--data-dir", "{data}"],
+    "sweep storage scheme": ["sweep", "smoke", "--data-dir", "{data}", "--storage-path", "garbage://x",
+                             "--tracking-uri", "sqlite:///{tmp}/m.db"],
 }  # fmt: skip
 if torch.cuda.is_available():
     del CASES["device tpu"]
@@ -62,11 +86,22 @@ else:
     CASES["device cuda without CUDA"] = ["train", "--device", "cuda"]
 
 
-# the damaged file a message must name (its directory alone leaves the user guessing)
+# what a message must name: the damaged file (its directory alone leaves the user guessing), the flag and why
 NAMES_FILE = {
     "corrupt config.json": "config.json: line 1",
     "methods corrupt config": "config.json: line 1",
     "corrupt safetensors": "model.safetensors",
+    "methods roberta": "config.json: model_type 'roberta', expected 'bert'",
+    "train roberta": "config.json: model_type 'roberta', expected 'bert'",
+    "lr -inf": "argument --lr: expected a finite number, got '-inf'",
+    "lr negative exponent": "TrainConfig.lr: out of range",
+    "alpha -inf": "argument --alpha: expected a finite number, got '-inf'",
+    "data-dir empty": "argument --data-dir: an empty path ''",
+    "sweep data-dir empty": "argument --data-dir: an empty path ''",
+    "sweep storage-path empty": "argument --storage-path: an empty path ''",
+    "evaluate test-dir empty": "argument --test-dir: an empty path ''",
+    "sweep definition is a directory": ": is a directory; expected a YAML file",
+    "sweep storage scheme": "--storage-path garbage://x: pyarrow (Ray Tune's storage) cannot open it",
 }
 
 
@@ -89,7 +124,13 @@ def places(tmp_path, tiny_data_dir):
     (bad_weights / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\n")
     db = tmp_path / "mlflow.db"
     mlflow.MlflowClient(f"sqlite:///{db}").search_experiments()  # an existing, empty store
+    roberta = tmp_path / "roberta"  # a complete model folder, but not a BERT's
+    shutil.copytree(bad_weights, roberta)
+    config = json.loads((roberta / "config.json").read_text())
+    (roberta / "config.json").write_text(json.dumps({**config, "model_type": "roberta"}))
     return {
+        "roberta": str(roberta),
+        "tmp": str(tmp_path),
         "file": str(file),
         "missing": str(tmp_path / "missing"),
         "bad_config": str(bad_config),
@@ -103,6 +144,7 @@ def places(tmp_path, tiny_data_dir):
 def test_user_error_is_one_line_and_exit_2(name, places, capsys, tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # nothing a failed command might write lands in the repository
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")  # an unreachable server fails now, not in minutes
+    monkeypatch.setenv(lease.DIR_ENV, str(tmp_path / "leases"))  # an object-storage URI's lease: not in ~/.peftune
     argv = [arg.format(**places) for arg in CASES[name]]
     if argv[0] == "train" and "--data-dir" not in argv:
         argv += ["--data-dir", places["data"], "--epochs" if "--epochs" not in argv else "--seed", "1"]
@@ -116,7 +158,26 @@ def test_user_error_is_one_line_and_exit_2(name, places, capsys, tmp_path, monke
     assert "Traceback" not in err
     errors = [line for line in err.splitlines() if ": error: " in line]
     assert len(errors) == 1 and len(errors[0]) <= 600, err
+    assert err.strip().splitlines() == errors, f"more than the error line (argparse's usage block?):\n{err}"
     assert not (tmp_path / "missing").exists(), "a reading command created the store it was asked to read"
     if name in NAMES_FILE:
-        assert NAMES_FILE[name] in errors[0], f"the error names no file: {errors[0]}"
+        assert NAMES_FILE[name] in errors[0], f"the error does not say {NAMES_FILE[name]!r}: {errors[0]}"
     assert not list(tmp_path.glob("runs/*")), "a refused train command wrote a checkpoint"
+
+
+def test_a_storage_uri_pyarrow_cannot_open_is_refused_before_the_lease_ray_or_record(
+    tmp_path, tiny_data_dir, capsys, monkeypatch
+):
+    """Issue 34: ``--storage-path garbage://x`` was pyarrow's 39-line traceback from Tune, exit 1, after the
+    sweep's lease folder was made under ~/.peftune/leases."""
+    import ray
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv(lease.DIR_ENV, str(tmp_path / "leases"))  # where an object-storage URI's lease goes
+    db = tmp_path / "m.db"
+    argv = ["sweep", "smoke", "--data-dir", str(tiny_data_dir), "--name", "x", "--storage-path", "garbage://x"]
+    assert cli.main([*argv, "--tracking-uri", f"sqlite:///{db}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "Unrecognized filesystem type in URI: garbage://x" in err[0], err
+    assert not (tmp_path / "leases").exists() and not db.exists() and not ray.is_initialized()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []

@@ -79,6 +79,11 @@ INVALID_FILES = {
     "label not integer": (SENTENCE_HEADER + "0\ta\tfine\t1.5\n", SST, 2, "integer class label"),
     "label not a number": (SENTENCE_HEADER + "0\ta\tfine\t1\n1\tb\tgood\tpositive\n", SST, 3, "in [0, 4]"),
     "label nan": (SENTENCE_HEADER + "0\ta\tfine\tnan\n", SST, 2, "label in [0, 4]"),
+    # float() reads these as 3; the files' format is ASCII digits (issue 34)
+    "label arabic-indic digit": (SENTENCE_HEADER + "0\ta\tfine\t1\n1\tb\tgood\t\u0663\n", SST, 3, "ASCII digits"),
+    "label fullwidth digit": (SENTENCE_HEADER + "0\ta\tfine\t\uff13\n", SST, 2, "ASCII digits"),
+    "label with underscore": (SENTENCE_HEADER + "0\ta\tfine\t0_3\n", SST, 2, "ASCII digits"),
+    "similarity fullwidth": (PAIR_HEADER + "0\ta\tone\ttwo\t\uff12.5\n", STS, 2, "a number in [0, 5] in ASCII"),
     "too few fields": (SENTENCE_HEADER + "0\ta\tfine\t1\n1\tb\tgood\n", SST, 3, "4 tab-separated fields"),
     "too many fields": (SENTENCE_HEADER + "0\ta\tfine\t1\textra\n", SST, 2, "4 tab-separated fields"),
     "empty text": (PAIR_HEADER + "0\ta\tone\ttwo\t1\n1\tb\tone\t   \t2\n", STS, 3, "non-empty sentence"),
@@ -113,6 +118,14 @@ def test_missing_file_and_missing_directory(tmp_path, tokenizer):
         data.read_task_file(tmp_path / "nope.csv", SST)
     with pytest.raises(DataError, match=r"no-such-dir: data directory not found; expected a directory holding"):
         data.load_tasks(tmp_path / "no-such-dir", [SST], tokenizer)
+
+
+def test_an_empty_data_directory_path_is_refused_not_read_as_the_working_directory(tmp_path, tokenizer, monkeypatch):
+    sentence_file(tmp_path / SST.train_file, ["fine"])  # what Path("") would find: the working directory's files
+    sentence_file(tmp_path / SST.dev_file, ["fine"])
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"data directory '': an empty path; expected a directory"):
+        data.load_tasks("", [SST], tokenizer)
 
 
 def test_data_error_survives_pickling():

@@ -227,6 +227,7 @@ STOPS = {  # how the driver is stopped, and in which phase
     "ctrl-c": ((signal.SIGINT, signal.SIGINT), "search"),
     "sigterm": ((signal.SIGTERM,), "search"),
     "sigterm-in-confirmation": ((signal.SIGTERM,), "confirmation"),
+    "sigterm-twice": ((signal.SIGTERM, signal.SIGTERM), "search"),  # issue 34: the second one made it exit 143
 }
 
 

@@ -13,6 +13,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import textwrap
 import threading
 import time
@@ -20,6 +21,7 @@ from collections import Counter
 from pathlib import Path
 
 import mlflow
+import psutil
 import pytest
 
 from conftest import sweep_command
@@ -80,6 +82,60 @@ def test_a_lapsed_lease_is_taken_over_and_its_holder_finds_it_superseded(tmp_pat
 def test_a_fresh_lease_of_a_silent_driver_is_not_taken_over(tmp_path):
     write_holder(tmp_path, "s", 0, age=5.0, ttl=60.0)
     with pytest.raises(lease.LeaseHeld, match="host elsewhere, pid 4242, since .*, lease renewed 5 s ago;"):
+        lease.Lease(tmp_path, "s", ttl=60).acquire()
+
+
+HOLD = """\
+import sys, time
+from peftune import lease
+lease.Lease(sys.argv[1], "s", ttl=60).acquire()
+print("held", flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_lease_of_a_dead_driver_on_this_host_is_taken_over_at_once(tmp_path, caplog):
+    """Issue 34: after a driver's kill -9 the sweep could not be resumed for up to a minute (the lease's ttl)
+    though its pid was dead on this very host."""
+    holder = subprocess.Popen([sys.executable, "-c", HOLD, str(tmp_path)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(lease.LeaseHeld, match=f"pid {holder.pid}, "):  # alive: refused
+            lease.Lease(tmp_path, "s", ttl=60).acquire()
+        holder.kill()
+        os.waitid(os.P_PID, holder.pid, os.WEXITED | os.WNOWAIT)  # dead, not yet reaped: a zombie
+        taker = lease.Lease(tmp_path, "s", ttl=60)
+        with caplog.at_level("WARNING", logger="peftune.lease"):
+            taker.acquire()  # at once, 59 s before the dead driver's lease lapses
+        taker.release()
+        assert "whose process has ended" in caplog.text and f"pid {holder.pid}" in caplog.text
+    finally:
+        holder.kill()
+        holder.wait()
+    write_holder(tmp_path, "s", 5, age=0.0, ttl=60, host=socket.gethostname(), pid=holder.pid)  # reaped: no pid
+    taker = lease.Lease(tmp_path, "s", ttl=60)
+    taker.acquire()
+    assert taker.generation == 6
+    taker.release()
+
+
+def test_a_live_pid_that_is_another_process_than_the_holder_is_taken_over_and_another_host_waits(tmp_path):
+    this_host, now = socket.gethostname(), time.time()
+    live = {"host": this_host, "pid": os.getpid(), "since": now, "renewed": now, "ttl": 60.0, "token": "t"}
+    path = tmp_path / "s.driver.0.lease"
+    path.write_text(json.dumps({**live, "started": psutil.Process().create_time()}))  # this very process
+    with pytest.raises(lease.LeaseHeld):
+        lease.Lease(tmp_path, "s", ttl=60).acquire()
+    path.write_text(json.dumps({**live, "started": psutil.Process().create_time() - 3600}))  # its pid, reused
+    taker = lease.Lease(tmp_path, "s", ttl=60)
+    taker.acquire()
+    try:  # a lease records its holder's start
+        assert taker.current()[1].started == pytest.approx(psutil.Process().create_time())
+    finally:
+        taker.release()
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    write_holder(tmp_path, "s", 2, age=0.0, ttl=60, host="elsewhere", pid=int(gone.stdout))  # dead, but elsewhere
+    with pytest.raises(lease.LeaseHeld, match="host elsewhere"):
         lease.Lease(tmp_path, "s", ttl=60).acquire()
 
 

@@ -248,3 +248,53 @@ def test_reading_a_sweep_never_imports_ray():
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
         == "False"
     )
+
+
+@pytest.mark.parametrize("trials", [TRIALS[6:9], []], ids=["failed and interrupted", "no trial"])
+def test_a_sweep_without_a_completed_trial_is_refused_in_one_line_and_nothing_is_written(tmp_path, capsys, trials):
+    """Issue 34: such a sweep was a KeyError: 'method' (exit 1) after 14 files were written."""
+    from peftune.cli import main
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    record_sweep(uri, "nothing_yet", TASKS, trials, artifact_dir=tmp_path / "artifacts")
+    output = tmp_path / "reports" / "nothing_yet"
+    capsys.readouterr()
+    assert main(["report", "--sweep", "nothing_yet", "--tracking-uri", uri, "--output", str(output)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "sweep 'nothing_yet' has no completed trial yet" in err[0], err
+    assert f"({len(trials)} trials" in err[0] and "nothing to report" in err[0]
+    assert not (tmp_path / "reports").exists()
+
+
+def test_a_report_that_fails_midway_leaves_its_folder_as_it_was(store, tmp_path, monkeypatch):
+    """The files are written beside the folder and moved in once all are written: a failure leaves no half report."""
+    from analysis import report
+
+    uri, _, _ = store
+    sweep = runs.read_sweep_record("unit_sweep", uri)
+
+    def fails(*args):
+        raise RuntimeError("the last file failed")
+
+    output = tmp_path / "reports" / "unit_sweep"
+    with monkeypatch.context() as patched:
+        patched.setattr(report, "html_report", fails)  # the last file written
+        with pytest.raises(RuntimeError, match="the last file failed"):
+            report.write_report(sweep, output, reference=False)
+    assert not (tmp_path / "reports").exists()  # nothing, not even the folder above
+
+    written = report.write_report(sweep, output, reference=False)
+    assert {p.name for p in output.iterdir()} == {p.name for p in written.files}
+    (output / "evaluation").mkdir()  # peftune evaluate's, and a user's own file: a new report keeps both
+    (output / "evaluation" / "evaluation.md").write_text("# Final evaluation\n\n| score |\n|---|\n| 0.5 |\n")
+    (output / "notes.txt").write_text("mine")
+    (output / "report.md").write_text("the earlier report")
+    with monkeypatch.context() as patched:
+        patched.setattr(report, "html_report", fails)
+        with pytest.raises(RuntimeError):
+            report.write_report(sweep, output, reference=False)
+    assert (output / "report.md").read_text() == "the earlier report"  # not half replaced
+    assert [p.name for p in (tmp_path / "reports").iterdir()] == ["unit_sweep"]  # no temporary folder left
+    report.write_report(sweep, output, reference=False)
+    assert "## Held-out test split" in (output / "report.md").read_text()
+    assert (output / "notes.txt").read_text() == "mine" and (output / "evaluation" / "evaluation.md").is_file()

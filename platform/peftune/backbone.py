@@ -339,10 +339,7 @@ def _packaged_minilm_dir() -> Path:
 def load_pretrained(name_or_path: str = DEFAULT_MODEL) -> tuple[BertModel, Path]:
     """Build the encoder from a model directory or name; returns (model, model_dir)."""
     model_dir = resolve_model_dir(name_or_path)
-    hf_config = read_json(model_dir / "config.json")
-    if hf_config.get("model_type", "bert") != "bert":
-        raise UserError(f"{model_dir}/config.json: model_type {hf_config.get('model_type')!r}, expected 'bert'")
-    model = BertModel(BertConfig.from_dict(hf_config))
+    model = BertModel(read_config(model_dir))
     state = _read_weights(model_dir)
     state = {_strip_prefix(k): v for k, v in state.items()}
     state = {k: v for k, v in state.items() if not k.endswith("position_ids")}
@@ -352,6 +349,15 @@ def load_pretrained(name_or_path: str = DEFAULT_MODEL) -> tuple[BertModel, Path]
         raise UserError(f"{model_dir}: checkpoint lacks {len(missing)} BERT weights, e.g. {missing[:3]}")
     model.load_state_dict({k: state[k] for k in expected})
     return model, model_dir
+
+
+def read_config(model_dir: Path) -> BertConfig:
+    """The encoder's shape from ``model_dir/config.json``, refused unless it is a BERT's: every command that reads
+    a model (``train``, ``methods``, a sweep) asks here, so none counts or trains on a RoBERTa's shape."""
+    hf_config = read_json(model_dir / "config.json")
+    if hf_config.get("model_type", "bert") != "bert":
+        raise UserError(f"{model_dir}/config.json: model_type {hf_config.get('model_type')!r}, expected 'bert'")
+    return BertConfig.from_dict(hf_config)
 
 
 def _read_weights(model_dir: Path) -> dict[str, torch.Tensor]:

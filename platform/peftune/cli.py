@@ -27,7 +27,7 @@ import yaml
 from pydantic import TypeAdapter
 
 from peftune import bench, checkpoint, methods, record, services, spaces, sweep, train
-from peftune.backbone import DEFAULT_MODEL, BertConfig, BertModel, check_tokenizer_files, read_json, resolve_model_dir
+from peftune.backbone import DEFAULT_MODEL, BertConfig, BertModel, check_tokenizer_files, read_config, resolve_model_dir
 from peftune.errors import UserError, one_line, user_errors
 from peftune.model import MultitaskModel
 from peftune.params import count_parameters
@@ -50,9 +50,54 @@ def finite_float(text: str) -> float:
     return value
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse's parser, its refusals one line like every other user error (``prog: error: ...``, exit 2): the
+    usage block argparse prints first (3 to 20 lines) buried the line that says what is wrong; ``--help`` has it.
+    A negative number is a value (``--lr -inf``), not a flag argparse does not know."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USER_ERROR, f"{self.prog}: error: {one_line(message)}\n")
+
+    def parse_known_args(self, args=None, namespace=None):
+        return super().parse_known_args(numbers_attached(sys.argv[1:] if args is None else list(args)), namespace)
+
+
+def numbers_attached(argv: list[str]) -> list[str]:
+    """``--flag -inf`` as ``--flag=-inf``: argparse takes a word that starts with '-' for a flag unless it looks
+    like ``-1`` or ``-.5``, so ``-inf``, ``-nan`` and ``-1e-3`` never reached the flag's own check ("expected one
+    argument"). No flag of peftune looks like a number, so such a word is always a value."""
+    out: list[str] = []
+    for i, arg in enumerate(argv):
+        if arg == "--":  # what follows is positional as it is
+            return out + argv[i:]
+        if out and _negative_number(arg) and out[-1].startswith("--") and "=" not in out[-1]:
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
+def _negative_number(text: str) -> bool:
+    if not text.startswith("-") or text.startswith("--"):
+        return False
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def path_arg(text: str) -> str:
+    """argparse type of a path flag: not empty (``--data-dir ''`` was the working directory, silently)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError(f"an empty path {text!r}; expected a path ('.' for the working directory)")
+    return text
+
+
 def add_model_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--model",
+        type=path_arg,
         default=DEFAULT_MODEL,
         help=f"HF BERT: a local directory, a hub name, or {DEFAULT_MODEL!r} (packaged, offline; the default)",
     )
@@ -130,7 +175,7 @@ def check_model(config, model: str) -> None:
     alone), so a LoRA rank of 10**12 is refused here, not by the allocator after the data is read."""
 
     model_dir = resolve_model_dir(model)
-    bert = BertConfig.from_dict(read_json(model_dir / "config.json"))
+    bert = read_config(model_dir)
     check_tokenizer_files(model_dir)  # whether its vocabulary fits the model: load_tokenizer, once the weights are read
     try:
         methods.make_method_config(config.method, config.method_options_with_dropout()).check_backbone(bert)
@@ -251,7 +296,7 @@ def cmd_methods(args) -> int:
         config, label = BertConfig(), "bert-base shape (BertConfig() defaults)"
     else:
         model_dir = resolve_model_dir(args.model)
-        config = BertConfig.from_dict(read_json(model_dir / "config.json"))
+        config = read_config(model_dir)
         label = args.model
     tasks = parse_tasks(args.tasks)
     print(f"backbone: {label}; tasks: {', '.join(t.name for t in tasks)}")
@@ -379,11 +424,11 @@ def add_report_args(parser: argparse.ArgumentParser) -> None:
         "--tracking-uri",
         help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db in the working directory)",
     )
-    parser.add_argument("--output", help="report directory (default reports/<sweep>)")
+    parser.add_argument("--output", type=path_arg, help="report directory (default reports/<sweep>)")
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="peftune", description=__doc__.splitlines()[0])
+    parser = Parser(prog="peftune", description=__doc__.splitlines()[0])
     parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (add_train_parser, add_methods_parser, add_sweep_parser, add_report_parser, add_evaluate_parser,
@@ -397,7 +442,7 @@ def add_train_parser(sub) -> None:
     add_method_args(p)
     add_model_args(p)
     p.add_argument("--tasks", default="sst,para,sts", help="comma-separated task names (default sst,para,sts)")
-    p.add_argument("--data-dir", required=True, help="directory holding the task files")
+    p.add_argument("--data-dir", type=path_arg, required=True, help="directory holding the task files")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--lr", type=finite_float, default=1e-4)
     p.add_argument("--head-lr", type=finite_float, help="the task heads' learning rate (default: --lr)")
@@ -445,7 +490,7 @@ def add_train_parser(sub) -> None:
         choices=["auto", "bf16", "fp32"],
         help="auto: bf16 autocast on CPUs with AVX512-BF16/AMX and GPUs of compute capability >= 8.0, else fp32",
     )
-    p.add_argument("--output", help="checkpoint directory (default runs/<method>-<time>)")
+    p.add_argument("--output", type=path_arg, help="checkpoint directory (default runs/<method>-<time>)")
     p.add_argument("--overwrite", action="store_true", help="replace a checkpoint already in --output")
     p.add_argument("--export-peft", action="store_true", help="also export a LoRA adapter in peft's format")
     p.set_defaults(func=cmd_train)
@@ -493,9 +538,12 @@ def add_evaluate_parser(sub) -> None:
         "evaluate", help="re-train the dev frontier with several seeds and score it on a held-out labelled test split"
     )
     add_report_args(p)
-    p.add_argument("--data-dir", required=True, help="the directory the sweep trained on (its files are checked)")
+    p.add_argument(
+        "--data-dir", type=path_arg, required=True, help="the directory the sweep trained on (its files are checked)"
+    )
     p.add_argument(
         "--test-dir",
+        type=path_arg,
         required=True,
         help="directory holding the labelled test files (ids-sst-test.csv, quora-test.csv, sts-test.csv: dev's format)",
     )
@@ -517,7 +565,7 @@ def add_evaluate_parser(sub) -> None:
 def add_bench_parser(sub) -> None:
     p = sub.add_parser("bench", help="training throughput: the core versus the HF Trainer (fp32, bf16, peft LoRA)")
     add_model_args(p)
-    p.add_argument("--data-dir", required=True)
+    p.add_argument("--data-dir", type=path_arg, required=True)
     p.add_argument("--examples", type=int, default=1024, help="SST train examples per measured epoch")
     p.add_argument("--batch-size", type=int, default=32)
     p.add_argument("--repeats", type=int, default=2, help="alternating rounds; the best of each is kept")
@@ -598,7 +646,7 @@ def run_command(prog: str, command: Callable[[], int], verbose: bool = False) ->
     except BaseException as error:
         if not sweep.stopped(error):
             raise
-        ignore_further_interrupts()  # Ray shuts down at exit; a third Ctrl-C must not break that
+        ignore_further_interrupts()  # Ray shuts down at exit; a third Ctrl-C or a second SIGTERM must not break that
         print(f"{prog}: interrupted; run the same command again to resume", file=sys.stderr)
         if sweep.sigterm_received() or isinstance(error, SystemExit):
             exit_after_sigterm()
@@ -607,8 +655,20 @@ def run_command(prog: str, command: Callable[[], int], verbose: bool = False) ->
 
 def exit_after_sigterm() -> NoReturn:
     """Exit 3 at once after SIGTERM, the records closed: Ray's core worker, once it has seen the signal,
-    aborts the interpreter's normal exit (status -6), so Ray is shut down here and the rest of the exit skipped."""
-    ray.shutdown()
+    aborts the interpreter's normal exit (status -6), so Ray is shut down here and the rest of the exit skipped.
+
+    Midway through ``ray.shutdown()`` Ray's core worker puts SIGTERM back to the default action (measured: 0.3 s
+    in, a second before it returns), whatever Python had set: a second SIGTERM then (``ray job stop`` twice)
+    killed the driver, status 143. So Ray shuts down in a thread while this one, the only one that may set
+    signal handlers, keeps SIGTERM ignored."""
+    if threading.current_thread() is not threading.main_thread():
+        ray.shutdown()
+    else:
+        stopping = threading.Thread(target=ray.shutdown, name="peftune-ray-shutdown", daemon=True)
+        stopping.start()
+        while stopping.is_alive():
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            stopping.join(0.001)
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(EXIT_INTERRUPTED)
@@ -642,7 +702,9 @@ def _add_what_runs(parser, definition_default: str | None) -> None:
         )
     else:
         parser.set_defaults(definition=definition_default)
-    parser.add_argument("--data-dir", required=True, help="directory holding the task files (read by the driver only)")
+    parser.add_argument(
+        "--data-dir", type=path_arg, required=True, help="directory holding the task files (read by the driver only)"
+    )
     parser.add_argument(
         "--smoke-test",
         action="store_true",
@@ -654,6 +716,7 @@ def _add_what_runs(parser, definition_default: str | None) -> None:
     parser.add_argument("--num-samples", type=int, help="number of trials (overrides the budget's)")
     parser.add_argument(
         "--model",
+        type=path_arg,
         help=f"backbone: a local HF BERT directory, a hub name or {DEFAULT_MODEL!r} (default: the definition's)",
     )
     parser.add_argument("--name", help="sweep name (default: the definition's); a new name starts a new sweep")
@@ -678,6 +741,7 @@ def _add_where_kept(parser) -> None:
     )
     parser.add_argument(
         "--storage-path",
+        type=path_arg,
         default=sweep.DEFAULT_STORAGE_PATH,
         help="where Ray Tune keeps the sweep's state and checkpoints (a directory, or s3://... on a "
         f"multi-node cluster; default ./{sweep.DEFAULT_STORAGE_PATH})",
@@ -689,6 +753,7 @@ def _add_where_kept(parser) -> None:
     )
     parser.add_argument(
         "--reports-dir",
+        type=path_arg,
         default=record.REPORTS_DIR,
         help=f"reports go to <dir>/<sweep>/ (default ./{record.REPORTS_DIR})",
     )
@@ -714,6 +779,7 @@ def _add_after_the_sweep(parser) -> None:
     """The final evaluation on held-out test files, and the exit status of a sweep with failures."""
     parser.add_argument(
         "--test-dir",
+        type=path_arg,
         help="labelled held-out test files (dev's format: ids-sst-test.csv, quora-test.csv, sts-test.csv); checked "
         "before the sweep, read once after it by the final evaluation (`peftune evaluate`), whose table the "
         "report then includes",
@@ -803,9 +869,12 @@ def final_evaluation(result: sweep.SweepResult, args, invalid_rows: str, on_fini
 
 
 def ignore_further_interrupts() -> None:
-    """The command is ending (Ray shuts down at exit): Ctrl-C from now on is ignored."""
+    """The command is ending, its records closed (Ray shuts down at exit): Ctrl-C and SIGTERM from now on are
+    ignored. A second SIGTERM (``ray job stop`` twice) during Ray's shutdown met Ray's core worker rather than
+    Python's handler and killed the driver (status 143) instead of its documented exit 3."""
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
 
 def exit_code(status: str, allow_failures: bool = False) -> int:
@@ -827,7 +896,7 @@ def job_main(
     ``on_finished(result)`` runs when the sweep has completed: where the report is written;
     ``read_predictions``: the reader of the confirmation runs' decision-split predictions.
     """
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         description=description, epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     add_arguments(parser, definition_default=definition)

@@ -28,6 +28,7 @@ import itertools
 import json
 import logging
 import os
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -47,6 +48,8 @@ DEFAULT_MAX_LENGTH = 128
 # longest text accepted (characters): the longest in the shipped files is ~2,200 (a CFIMDB review);
 # anything far longer is a broken file (e.g. an unbalanced quote), and is cut to max_length anyway
 MAX_TEXT_CHARS = 20_000
+# a label as the data files write it (3, 1.0, 2.75, 4e-1): ASCII digits only
+ASCII_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
 
 
 class DataError(UserError):
@@ -348,10 +351,9 @@ def _check_row(row, num_fields, text_at, label_at, spec, header, spans) -> Examp
     if nul:  # invisible in a terminal, and a NUL in an id makes another id
         return f"column {nul[0]!r} holds a NUL character", "text without NUL (\\x00) characters: is it a binary file?"
     raw = row[label_at].strip()
-    try:
-        label = float(raw)
-    except ValueError:
+    if not ASCII_NUMBER.fullmatch(raw):  # float() alone takes '٣', '３' and '0_3' for 3
         return f"label {raw!r} in column {spec.label_column!r} is not a number", _label_expectation(spec)
+    label = float(raw)
     wrong = spec.check_label(label)
     if wrong is not None:
         return f"label {raw!r} in column {spec.label_column!r} is invalid for task {spec.name!r}", wrong
@@ -360,7 +362,7 @@ def _check_row(row, num_fields, text_at, label_at, spec, header, spans) -> Examp
 
 def _label_expectation(spec: TaskSpec) -> str:
     kind = "an integer class label" if spec.kind in ("multiclass", "binary") else "a number"
-    return f"{kind} in [{spec.label_min:g}, {spec.label_max:g}]"
+    return f"{kind} in [{spec.label_min:g}, {spec.label_max:g}] in ASCII digits"
 
 
 def _warn_skipped(path: Path, skipped: Sequence[tuple[int, str]]) -> None:
@@ -570,6 +572,8 @@ def load_tasks(
     ``decision_examples``: a decision split of that many further train rows per task (0: none; it needs a
     selection split), or all the rows left when the file holds fewer (said in a warning).
     """
+    if not os.fspath(data_dir).strip():  # Path("") is the working directory: read from there only when told
+        raise UserError(f"data directory {os.fspath(data_dir)!r}: an empty path; expected a directory")
     data_dir = Path(data_dir)
     specs = [get_task(s) if isinstance(s, str) else s for s in specs]
     if not specs:

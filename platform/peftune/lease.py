@@ -3,10 +3,12 @@
 Two drivers of one sweep (a user re-submits, or a driver thought dead is not) would both restore Tune's
 state, ask the same Optuna studies and write the same MLflow record: trials twice, a budget overrun,
 checkpoints deleted under a running trial. So ``run_sweep`` holds this lease from start to end; a
-second driver is refused at once (``LeaseHeld``: one line naming the holder's host, pid and start),
-and a driver that died without releasing it (SIGKILL, a lost node) is replaced only once its lease
-has lapsed: no renewal for ``ttl`` seconds (``PEFTUNE_LEASE_S``, default 60). Then running the same
-command again takes it over and resumes the sweep; no file has to be removed by hand.
+second driver is refused at once (``LeaseHeld``: one line naming the holder's host, pid and start).
+A driver that died without releasing it (SIGKILL) on this host is replaced at once: its pid is gone,
+or is another process (the lease records the holder's start time). One on another host (a lost node)
+is replaced only once its lease has lapsed: no renewal for ``ttl`` seconds (``PEFTUNE_LEASE_S``,
+default 60). Either way running the same command again takes it over and resumes the sweep; no file
+has to be removed by hand.
 
 Atomic without a lock server: a lease is a generation file ``<sweep>.driver.<n>.lease`` beside Tune's
 state (``<storage>/<sweep>``, which a multi-node sweep already requires every node to share). A driver
@@ -38,6 +40,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+import psutil
+
 from peftune.errors import UserError
 
 log = logging.getLogger("peftune.lease")
@@ -59,9 +63,29 @@ class Holder:
     renewed: float  # wall-clock time of its last renewal
     ttl: float
     token: str  # this holder's own mark: a renewal checks the file is still its own
+    started: float | None = None  # the holder process's start time (psutil): a reused pid is another process
 
     def lapsed(self, now: float) -> bool:
         return now - self.renewed > self.ttl
+
+    def gone(self) -> bool:
+        """Whether the holder is a process of this host that has ended (or whose pid another process now has).
+
+        A driver killed with SIGKILL cannot release its lease; on its own host that is seen at once, so running
+        the command again resumes the sweep without waiting ``ttl``. A holder on another host cannot be seen:
+        only its lease's lapse tells."""
+        if self.host != socket.gethostname():
+            return False
+        try:
+            process = psutil.Process(self.pid)
+            if process.status() == psutil.STATUS_ZOMBIE:  # ended, not yet reaped by its parent
+                return True
+            # psutil gives the start time to the hundredth of a second; 1 s apart is another process
+            return self.started is not None and abs(process.create_time() - self.started) > 1.0
+        except psutil.NoSuchProcess:
+            return True
+        except psutil.AccessDenied:  # another user's live process
+            return False
 
     def describe(self, now: float) -> str:
         since = datetime.datetime.fromtimestamp(self.since, datetime.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
@@ -138,11 +162,13 @@ class Lease:
         self.directory.mkdir(parents=True, exist_ok=True)
         now = time.time()
         generation, holder = self.current()
-        if holder is not None and not holder.lapsed(now):
+        gone = holder is not None and holder.gone()
+        if holder is not None and not holder.lapsed(now) and not gone:
             raise LeaseHeld(self.held_message(holder, now))
         if holder is not None:
-            log.warning("taking over sweep %s from a driver whose lease lapsed: %s", self.name, holder.describe(now))
-        mine = Holder(socket.gethostname(), os.getpid(), now, now, self.ttl, uuid.uuid4().hex)
+            why = "whose process has ended" if gone else "whose lease lapsed"
+            log.warning("taking over sweep %s from a driver %s: %s", self.name, why, holder.describe(now))
+        mine = Holder(socket.gethostname(), os.getpid(), now, now, self.ttl, uuid.uuid4().hex, _started(os.getpid()))
         target = 0 if generation is None else generation + 1
         temporary = self.directory / f".{self.name}.driver.{mine.token}.tmp"
         temporary.write_text(json.dumps(asdict(mine)))
@@ -204,6 +230,13 @@ class Lease:
             if current is not None and current.token == self.holder.token:
                 self._path(self.generation).unlink(missing_ok=True)
         self.generation = None
+
+
+def _started(pid: int) -> float | None:
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
 
 
 def _stop_driver() -> None:

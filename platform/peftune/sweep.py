@@ -45,13 +45,16 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
+import pyarrow
+import pyarrow.fs
 import ray
 from ray import tune
 
 from peftune import confirm, lease, search, spaces, tracking, tracking_buffer, worker
 from peftune import record as record_names
-from peftune.errors import UserError
+from peftune.errors import UserError, one_line
 from peftune.resume import RunCallbacks, installed
 from peftune.spaces import SweepDefinition
 from peftune.tasks import get_task
@@ -207,6 +210,28 @@ def check_storage(storage: str, shared: bool) -> None:
         )
 
 
+# schemes pyarrow opens only by reaching a service (a bucket's region, a JVM for HDFS): not opened here, where
+# an offline check of the flag must not wait on the network; Ray reports their errors when it uses them
+REMOTE_SCHEMES = ("s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss", "hf")
+
+
+def check_storage_uri(storage: str) -> None:
+    """Refuse a storage URI that pyarrow, which Ray Tune stores through, cannot open (``garbage://x``), before
+    the lease, Ray or the record: Tune would fail with pyarrow's traceback once the sweep had started."""
+    if "://" not in storage:
+        return  # a directory
+    scheme = urlparse(storage).scheme.lower()
+    if scheme in REMOTE_SCHEMES or scheme.startswith("fsspec+"):
+        return
+    try:
+        pyarrow.fs.FileSystem.from_uri(storage)  # file://, mock:// and an unknown scheme: answered locally
+    except (pyarrow.ArrowException, ValueError, OSError) as error:
+        raise UserError(
+            f"--storage-path {storage[:200]}: pyarrow (Ray Tune's storage) cannot open it ({one_line(error, 200)}); "
+            f"expected a directory, file:///absolute/path, or s3://, gs://, abfs://, hdfs:// ..."
+        ) from None
+
+
 def trial_resources(resources: spaces.Resources) -> dict[str, float]:
     """A GPU fraction per trial where the cluster has GPUs (several PEFT trials share one), CPUs otherwise."""
     if ray.cluster_resources().get("GPU", 0) > 0:
@@ -288,6 +313,7 @@ def one_driver(run: Callable[..., SweepResult]) -> Callable[..., SweepResult]:
 
     @functools.wraps(run)
     def holding_the_lease(definition, data_dir, tracking_uri=None, *, storage_path=DEFAULT_STORAGE_PATH, **options):
+        check_storage_uri(_storage_uri(storage_path))  # before the lease: an object-storage lease is a local folder
         with lease.held(_storage_uri(storage_path), definition.name):
             return run(definition, data_dir, tracking_uri, storage_path=storage_path, **options)
 
@@ -518,7 +544,7 @@ def stopped(error: BaseException) -> bool:
 
 def _close_after(error: BaseException, definition, record, trial_logger, wait_s: float) -> None:
     """The records closed all the same after ``error`` (a second Ctrl-C, which Tune does not handle, included)."""
-    with _sigint_ignored():
+    with _interrupts_ignored():
         trial_logger.close_open_runs()
         if trial_logger.flush(wait_s):
             tracking.close_sweep(record, INTERRUPTED if stopped(error) else FAILED)
@@ -584,16 +610,18 @@ def sweep_status(trials: Sequence) -> str:
 
 
 @contextlib.contextmanager
-def _sigint_ignored():
-    """Ctrl-C is ignored while the records are closed (only the main thread may set signal handlers)."""
+def _interrupts_ignored():
+    """Ctrl-C and SIGTERM are ignored while the records are closed: the driver is stopping already, and one
+    more (``ray job stop`` sent twice) would cut the closing short (only the main thread may set handlers)."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    previous = {number: signal.signal(number, signal.SIG_IGN) for number in (signal.SIGINT, signal.SIGTERM)}
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        for number, handler in previous.items():
+            signal.signal(number, handler)
 
 
 def split_examples(prepared) -> dict[str, dict[str, tuple[list[int], list[float]]]]:

@@ -42,6 +42,7 @@ from peftune.errors import UserError, one_line
 
 MAX_SHOWN = 80  # characters of a user's value echoed in an error message
 MAX_BYTES = 1_000_000  # a sweep definition is a few kilobytes: anything near this is not one
+MAX_DEPTH = 64  # nesting a YAML file may have (the shipped ones: 4); far below where Python's recursion gives out
 
 
 class SpaceError(UserError):
@@ -72,13 +73,24 @@ def show(value) -> str:
 class _Loader(yaml.SafeLoader):
     """``yaml.SafeLoader`` that refuses aliases and duplicate keys, and reads ``1e-4`` as a float."""
 
+    depth = 0
+
     def compose_node(self, parent, index):
         if self.check_event(yaml.AliasEvent):
             event = self.peek_event()
             raise yaml.composer.ComposerError(
                 None, None, f"aliases are not allowed (*{one_line(event.anchor, MAX_SHOWN)})", event.start_mark
             )
-        return super().compose_node(parent, index)
+        # composing is recursive: 3,000 levels ran out of Python's stack (a RecursionError, with no line)
+        if self.depth >= MAX_DEPTH:
+            raise yaml.composer.ComposerError(
+                None, None, f"nested too deep (more than {MAX_DEPTH} levels)", self.peek_event().start_mark
+            )
+        self.depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self.depth -= 1
 
     def construct_mapping(self, node, deep=False):
         seen = set()
@@ -104,6 +116,8 @@ _Loader.add_implicit_resolver(
 def read_yaml(path: str | Path) -> dict:
     """The mapping a YAML file holds; anything else (no file, broken YAML, a list) is a :class:`SpaceError`."""
     path = Path(path)
+    if path.is_dir():
+        raise SpaceError(path, None, "is a directory; expected a YAML file")
     if not path.is_file():
         raise SpaceError(path, None, "file not found")
     if path.stat().st_size > MAX_BYTES:
@@ -116,6 +130,8 @@ def read_yaml(path: str | Path) -> dict:
         raise SpaceError(path, None, f"not valid YAML: {where}{error.problem or error.context}") from None
     except (yaml.YAMLError, UnicodeDecodeError, RecursionError) as error:
         raise SpaceError(path, None, f"not valid YAML: {type(error).__name__}: {error}") from None
+    if data is None:  # no document, or only comments
+        raise SpaceError(path, None, "the file is empty; expected a YAML mapping (key: value lines)")
     if not isinstance(data, dict):
         raise SpaceError(path, None, f"expected a mapping at the top level, got {type(data).__name__}")
     return data
