@@ -611,12 +611,11 @@ def recommendation_table(outcome: Outcome) -> pd.DataFrame:
     return pd.DataFrame(rows, columns=RECOMMENDATION_COLUMNS)
 
 
-def seeds_table(outcome: Outcome) -> pd.DataFrame:
+def seeds_table(outcome: Outcome | None) -> pd.DataFrame:
+    """One row per configuration: the seeds the replay used and why adding stopped."""
+    used = outcome.seeds_used.items() if outcome is not None else ()
     return pd.DataFrame(
-        [
-            {"config": n, "seeds_used": s, "stop_reason": outcome.stop_reason.get(n, "")}
-            for n, s in outcome.seeds_used.items()
-        ],  # fmt: skip
+        [{"config": n, "seeds_used": s, "stop_reason": outcome.stop_reason.get(n, "")} for n, s in used],
         columns=["config", "seeds_used", "stop_reason"],
     )
 
