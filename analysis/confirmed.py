@@ -37,7 +37,7 @@ import pandas as pd
 from analysis import pareto
 from peftune import decisions
 from peftune.decisions import CANNOT_TELL, Configuration, Plan
-from peftune.record import BUDGETS_PCT, DECISION
+from peftune.record import BUDGETS_PCT, DECISION, is_report_run
 
 ALPHA = 0.05
 
@@ -84,7 +84,13 @@ def configurations(sweep) -> pd.DataFrame:
     runs = runs[runs["score"].notna()] if len(runs) else runs
     search = sweep.trials
     rows = []
-    for key, group in runs.groupby("config_key", sort=False):
+    for key, everything in runs.groupby("config_key", sort=False):
+        # a pick's report runs (fresh seeds after the decisions) give its reported dev score, and only that
+        reporting = everything["seed_reason"].map(is_report_run) if "seed_reason" in everything else None
+        group = everything[~reporting] if reporting is not None else everything
+        reported = everything[reporting] if reporting is not None else everything.iloc[0:0]
+        if not len(group):
+            continue
         first = group.iloc[0]
         same = search[search["config_key"] == key] if "config_key" in search else search.iloc[0:0]
         # the control arm is the search's default trial; a confirmation run's own tag is not trusted (runs
@@ -110,6 +116,9 @@ def configurations(sweep) -> pd.DataFrame:
         for metric in metrics:
             stats = seed_stats(group[metric].tolist())
             row.update({f"{metric}_{k}": v for k, v in stats.items() if k != "n"})
+        fresh = seed_stats(reported["score"].tolist()) if len(reported) else seed_stats([])
+        row.update({"report_seeds": fresh["n"], "report_mean": fresh["mean"], "report_std": fresh["std"]})
+        row.update({"report_ci_low": fresh["ci_low"], "report_ci_high": fresh["ci_high"]})
         rows.append(row)
     return pd.DataFrame(rows)
 
@@ -186,7 +195,7 @@ def recommendations(
         row = {"budget_pct": budget, "method": None, "label": None, "mean": math.nan, "std": math.nan, "seeds": 0}
         row |= {"trainable_pct": math.nan, "best": None, "best_mean": math.nan, "decision": "none fits"}
         row |= {"diff": math.nan, "ci_low": math.nan, "ci_high": math.nan, "level": math.nan, "p_best": math.nan}
-        row |= {"regret": math.nan, "regret_high": math.nan, "needs": "", "look": 0}
+        row |= {"regret": math.nan, "regret_high": math.nan, "needs": "", "look": 0, "dev_source": ""}
         a = decided.answer(budget) if decided is not None else None
         under = configs[configs[pareto.COST_PCT] <= budget] if len(configs) else configs
         if (a is None or a.pick is None) and len(under):  # nothing to decide on: the best dev mean, said as undecided
@@ -195,8 +204,14 @@ def recommendations(
             a.needs = "no decision-split predictions in the record (decision_examples: 0, or an older record)"
         if a is not None and a.pick is not None:
             pick, best = by_key.loc[a.pick], by_key.loc[a.best]
-            row |= {"method": pick["method"], "label": pick["label"], "mean": pick["score_mean"]}
-            row |= {"std": pick["score_std"], "seeds": int(pick["seeds"]), "trainable_pct": pick[pareto.COST_PCT]}
+            fresh = int(pick.get("report_seeds", 0) or 0) > 0
+            row |= {"method": pick["method"], "label": pick["label"], "trainable_pct": pick[pareto.COST_PCT]}
+            if fresh:  # seeds that chose nothing: an unbiased dev score
+                row |= {"mean": pick["report_mean"], "std": pick["report_std"], "seeds": int(pick["report_seeds"])}
+                row["dev_source"] = "fresh seeds"
+            else:  # the seeds that decided: their luck is in it (biased up where the pick was chosen among many)
+                row |= {"mean": pick["score_mean"], "std": pick["score_std"], "seeds": int(pick["seeds"])}
+                row["dev_source"] = "the decision seeds"
             row |= {"best": best["label"], "best_mean": best["score_mean"], "decision": a.decision}
             row |= {"diff": a.diff, "ci_low": a.ci_low, "ci_high": a.ci_high, "level": a.level}
             row |= {"p_best": a.p_best.get(a.pick, math.nan), "regret": a.regret, "regret_high": a.regret_high}
@@ -374,7 +389,7 @@ def recommendation_display(table: pd.DataFrame) -> pd.DataFrame:
                 "Decision (decision split)": r.decision,
                 "Trainable/task (%)": _pct(r.trainable_pct),
                 "Dev score (mean ± std, reported only)": mean_std(r.mean, r.std),
-                "Seeds": r.seeds or "",
+                "Seeds (dev score's)": f"{r.seeds} ({r.dev_source})" if r.seeds else "",
                 "Best under the budget": "the pick" if same else f"{_text(r.best)}, {r.best_mean:.3f}",
                 "Difference" + level: interval_text(r.diff, r.ci_low, r.ci_high),
                 "P(best)": "" if pd.isna(r.p_best) else f"{r.p_best:.2f}",

@@ -2,10 +2,12 @@
 
 ``peftune evaluate --sweep NAME --data-dir DIR --test-dir DIR --seeds 3`` calls :func:`evaluate_sweep`.
 
-Selection uses dev only. The configurations are the dev frontier of the completed trials (score up,
-trainable parameters per task down; ``--top N`` keeps the N best-scoring of them); within each
-re-training run the epoch kept is the one with the best dev score, exactly as the sweep chose its
-checkpoints. The test split is read here and nowhere else, once, after every selection is made.
+The data roles are the sweep's: the train rows are exactly the sweep's (its selection and decision splits
+carved and held out as it did), and within each re-training run the epoch kept is the one with the best
+*selection* score, as the sweep kept its epochs (a one-epoch run has nothing to choose). Dev is reported.
+The configurations are the frontier of the completed trials (score up, trainable parameters per task down;
+``--top N`` keeps the N best-scoring of them). The test split is read here and nowhere else, once, after
+every selection is made, so its numbers are unbiased whatever chose the configurations.
 
 With confirmation runs in the record (``peftune.confirm``), the configurations are the frontier of
 the seed means instead, and each is re-trained with the seeds its confirmation used (the first
@@ -56,7 +58,7 @@ from peftune.checkpoint import CheckpointError, load_checkpoint, load_trainable
 from peftune.data import DataError, TaskData, encode_split, read_task_file
 from peftune.errors import UserError
 from peftune.methods.options import options_from_params
-from peftune.record import REPORTS_DIR
+from peftune.record import DEV, REPORTS_DIR, SELECTION
 from peftune.tasks import get_task, overall_score
 from peftune.train import TrainConfig, evaluate, prepare, run_trial, select_device
 
@@ -136,22 +138,24 @@ def method_params(row: pd.Series) -> dict[str, str]:
     }
 
 
-def train_config(row: pd.Series, seed: int, train_settings: dict, device: str):
+def train_config(row: pd.Series, seed: int, train_settings: dict, device: str, selecting: bool = True):
     """The ``TrainConfig`` the trial trained, with another seed: its params, the sweep's fixed settings, the device."""
 
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    settings = {k: v for k, v in train_settings.items() if k in fields}
+    settings = {k: v for k, v in train_settings.items() if k in fields and k not in ("eval_splits", "predictions_of")}
     for key in ("warmup_ratio", "sampling"):
         if row.get(key) is not None and not (isinstance(row.get(key), float) and math.isnan(row[key])):
             settings[key] = row[key]
+    epochs = int(row["epochs"])
     return TrainConfig(
-        method=row["method"],
+        # as the sweep's confirmation: selection keeps the epoch (with more than one), dev is reported
+        eval_splits=[SELECTION, DEV] if epochs > 1 and selecting else [DEV],
         method_options=options_from_params(row["method"], method_params(row)),
         tasks=str(row["tasks"]).split(","),
         lr=float(row["lr"]),
         dropout=float(row["dropout"]),
         weight_decay=float(row["weight_decay"]),
-        epochs=int(row["epochs"]),
+        epochs=epochs,
         batch_size=int(row["batch_size"]),
         seed=seed,
         device=device,
@@ -306,6 +310,9 @@ def _evaluation_data(sweep: SweepRuns, client, data_dir, test_dir, invalid_rows:
         max_dev_examples=p.get("max_dev_examples"),
         seed=int(p.get("seed") or 0),
         invalid_rows=invalid_rows,
+        # the sweep's own carving: the same train rows, and a selection split to keep each run's epoch on
+        selection_examples=p.get("selection_examples") if "selection_examples" in p else False,
+        decision_examples=int(p.get("decision_examples") or 0),
     )
     recorded = _artifact_text(client, sweep.parent_run_id, "data_hashes.json")
     definition = yaml.safe_load(_artifact_text(client, sweep.parent_run_id, "sweep.yaml") or "{}") or {}
@@ -330,16 +337,19 @@ def _evaluate_seed(data: _EvaluationData, trial: pd.Series, seed: int, restore: 
         source = "checkpoint"
         dev = evaluate(model, data.prepared.tasks, batch_size, data.torch_device)
         dev["score"] = overall_score(dev)
-        if abs(dev["score"] - trial["score"]) > 1e-4:
+        # the sweep recorded the trial's score on the split it was judged on: selection where there is one
+        judged = SELECTION if next(iter(data.prepared.tasks.values())).selection is not None else DEV
+        again = overall_score(evaluate(model, data.prepared.tasks, batch_size, data.torch_device, split=judged))
+        if abs(again - trial["score"]) > 1e-4:
             log.warning(
-                "%s: the restored checkpoint scores %.4f on dev, the sweep recorded %.4f: data or code differ",
-                trial["label"],
-                dev["score"],
-                trial["score"],
+                "%s: the restored checkpoint scores %.4f on %s, the sweep recorded %.4f: data or code differ",
+                *(trial["label"], again, judged, trial["score"]),
             )
     else:
         source = "retrained"
-        model, dev = _retrain(train_config(trial, seed, data.train_settings, data.device), data.prepared)
+        selecting = next(iter(data.prepared.tasks.values())).selection is not None
+        config = train_config(trial, seed, data.train_settings, data.device, selecting)
+        model, dev = _retrain(config, data.prepared)
     test = evaluate(model, data.test_tasks, batch_size, data.torch_device)
     test["score"] = overall_score(test)
     seconds = time.perf_counter() - started
@@ -383,7 +393,8 @@ def _restore(client, trial: pd.Series, prepared, device):
 
 
 def _retrain(config, prepared):
-    """Train ``config``; return the model at its best dev epoch (via a temporary checkpoint) and its dev metrics."""
+    """Train ``config``; return the model at its best epoch on its first split (selection where there is one, as
+    the sweep; via a temporary checkpoint) and that epoch's dev metrics."""
 
     best: dict = {"score": -math.inf}
     with tempfile.TemporaryDirectory(prefix="peftune-eval-") as directory:
@@ -396,6 +407,8 @@ def _retrain(config, prepared):
 
         result = run_trial(config, prepared, report)
         load_trainable(result.model, directory)
+    if config.eval_splits[0] != DEV:  # judged on selection: dev's numbers are the dev_ ones
+        best = {k[len("dev_") :]: v for k, v in best.items() if k.startswith("dev_")}
     metrics = {k: best[k] for k in best if k == "score" or k.endswith(("_accuracy", "_pearson"))}
     return result.model, metrics
 

@@ -121,6 +121,36 @@ def test_peftune_decide_replays_a_predictions_file_and_refuses_a_bad_one(tmp_pat
     assert "bad.csv: line 2: trainable_pct 'lots'" in bad.stderr
 
 
+def test_the_picks_dev_score_from_fresh_seeds_is_not_lifted_by_the_choice():
+    bias = sm.pick_bias(sm.W1, 6, CPU, 2000, 60)
+    mean, se = bias["fresh_seeds"]
+    assert abs(mean) <= 0.005 + 3 * se, bias
+    lifted, lifted_se = bias["decision_seeds"]
+    assert lifted > mean  # the decision seeds carry the luck that chose the pick
+
+
+def test_report_runs_give_the_picks_dev_score_and_stay_out_of_its_seed_statistics():
+    from types import SimpleNamespace
+
+    from analysis import confirmed
+
+    def run(seed, score, reason=""):
+        return {"config_key": "k", "method": "lora", "label": "lora r=8", "size": "r=8", "default": False,
+                "status": "completed", "score": score, "seed": seed, "seed_reason": reason, "split": "dev",
+                "trainable_params_per_task": 10, "trainable_params_per_task_pct": 0.5}  # fmt: skip
+
+    runs = pd.DataFrame(
+        [run(1, 0.50), run(2, 0.52), run(3, 0.54), run(7, 0.40, "report: x"), run(8, 0.42, "report: x")]
+    )
+    sweep = SimpleNamespace(task_metrics=[], confirmations=runs, trials=runs.iloc[0:0].assign(config_key=[]))
+    configs = confirmed.configurations(sweep)
+    row = configs.iloc[0]
+    assert row["seeds"] == 3 and row["score_mean"] == pytest.approx(0.52)
+    assert row["report_seeds"] == 2 and row["report_mean"] == pytest.approx(0.41)
+    rec = confirmed.recommendations(configs, None, budgets_pct=(1.0,)).iloc[0]
+    assert rec["mean"] == pytest.approx(0.41) and rec["dev_source"] == "fresh seeds" and rec["seeds"] == 2
+
+
 # ----------------------------------------------------------------------------- the acceptance sizes (slow)
 
 
@@ -149,6 +179,13 @@ def test_a_truly_equal_cheaper_configuration_is_picked_and_a_worse_one_is_not():
     worse = sm.pick_rate(sm.W1, 2 * CPU.margin, CPU, 2000, 500)
     print(equal, worse, sep="\n")
     assert equal.rate >= 0.8 and worse.rate <= 0.05, f"{equal}; {worse}"
+
+
+@pytest.mark.slow
+def test_the_reported_picks_dev_score_is_unbiased_among_six_equal():
+    bias = sm.pick_bias(sm.W1, 6, CPU, 2000, 500)
+    print(bias)
+    assert abs(bias["fresh_seeds"][0]) <= 0.005, bias
 
 
 def test_wilson_interval_brackets_the_rate():

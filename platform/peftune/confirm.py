@@ -64,10 +64,12 @@ from peftune.record import (
     DEFAULT,
     EARLY_STOPPED,
     FAILED,
+    REPORT_REASON,
     ROLE,
     SEARCH,
     SEED,
     STATUS,
+    is_report_run,
     run_config_key,
     run_phase,
     trial_name,
@@ -188,6 +190,7 @@ def trial_config(candidate: Candidate, seed: int, why: str = "") -> dict:
             "default": candidate.default,  # a bool: the record tag is written from it
             "confirms": candidate.run_id,
             **({"seed_reason": why} if why else {}),
+            **({"report": True} if is_report_run(why) else {}),
         },
     }
 
@@ -376,6 +379,7 @@ class Confirmation:
     added: int = 0
     stopped_by: str = ""
     held_back: bool = False  # a round did not finish in the record: no seeds were added after it
+    reported: bool = False  # the report round (fresh seeds for each budget's pick) was handed out
     adding_since: float | None = None  # when the first round ended: confirm.max_seconds counts from there
 
     def run(self, first: Sequence[tuple[Candidate, int, str]]) -> ConfirmationResult:
@@ -451,11 +455,30 @@ class Confirmation:
             grow, self.stopped_by = [], "max_seconds"
         if not grow:
             log.info("confirmation: no more seeds (%s)", self.stopped_by)
-            return None
+            return self.report_round(outcome)
         log.info("confirmation: %d configuration(s) of open budgets get another seed", len(grow))
         self.wanted += grow
         self.added += len(grow)
         return self.todo(grow)
+
+    def report_round(self, outcome: decisions.Outcome) -> list[dict] | None:
+        """Once, after the decisions: each budget's pick re-trained with ``confirm.report_seeds`` fresh seeds
+        (numbered after ``max_seeds``: no decision ever reads them), evaluated on dev only. None when done."""
+        settings = self.definition.confirm
+        if self.reported or not settings.report_seeds:
+            return None
+        self.reported = True
+        picks = dict.fromkeys(a.pick for a in outcome.answers if a.pick in self.searched)
+        first = self.definition.seed + settings.max_seeds + 1
+        wanted = [
+            (self.searched[key], first + i, f"{REPORT_REASON}: the pick's dev score, from fresh seeds")
+            for key in picks
+            for i in range(settings.report_seeds)
+        ]
+        log.info("confirmation: %d pick(s) x %d fresh seed(s) for their reported dev score", len(picks),
+                 settings.report_seeds)  # fmt: skip
+        self.wanted += wanted
+        return self.todo(wanted)
 
     def read_ahead(self) -> None:
         """What the next decision reads, read now: the finished runs' predictions stay in this process

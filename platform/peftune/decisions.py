@@ -671,4 +671,7 @@ def operating_characteristics(plan: Plan, examples: int, sims: int) -> list[str]
         lines.append(str(sm.pick_rate(world, 0.0, one, examples, sims)))
         lines.append(str(sm.pick_rate(world, 2 * plan.margin, one, examples, sims)))
         lines.append(str(sm.better_rate(world, 0.03, one, examples, sims)))
+        bias = sm.pick_bias(world, 6, one, examples, sims)
+        lines += [f"{world.name} K=6 pick's dev score minus its truth, {how.replace('_', ' ')}: {m:+.4f} (se {se:.4f})"
+                  for how, (m, se) in bias.items()]  # fmt: skip
     return lines

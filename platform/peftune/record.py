@@ -42,6 +42,16 @@ PHASE, DEFAULT, CONFIG_KEY, SEED, CONFIRMS = (
 )
 SEARCH, CONFIRM = "search", "confirm"  # the phases
 SEED_REASON = "peftune.seed_reason"  # on a confirmation run of a seed added to an open decision: which one
+# the seed reason of a *report* run: a budget's pick re-trained with a fresh seed after every decision was made,
+# evaluated on dev only: its dev score is the one the report gives for the pick (the decision seeds' dev scores
+# carry the luck that chose the pick)
+REPORT_REASON = "report"
+
+
+def is_report_run(seed_reason) -> bool:
+    return isinstance(seed_reason, str) and seed_reason.startswith(REPORT_REASON)
+
+
 TRAIN_COMMAND = "peftune.train_command"  # the `peftune train` command line that re-runs the trial
 
 # the splits a trial's numbers come from (peftune.data.SPLITS): a search trial's plain metrics (score,

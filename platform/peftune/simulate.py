@@ -92,11 +92,12 @@ class Draw:
     """One simulated confirmation: the replayed outcome and each configuration's dev score at the seeds used."""
 
     outcome: decisions.Outcome
-    dev: dict[str, float]
+    dev: dict[str, float]  # on dev, the seeds the replay used (the decision seeds)
+    dev_fresh: dict[str, float]  # on dev, ``report_seeds`` further seeds the replay never saw (report runs)
 
 
 def simulate(world: World, shifts: Sequence[float], plan: Plan, examples: int, rng, *, costs=None,
-             dev_examples: int = 1000) -> Draw:  # fmt: skip
+             dev_examples: int = 1000, report_seeds: int = 3) -> Draw:  # fmt: skip
     """One draw: K configurations (logit ``shifts``; ``costs``: trainable %, default 0.01 * (1 .. K)) with every
     seed to ``plan.max_seeds`` on ``examples`` decision examples and ``dev_examples`` dev ones, replayed."""
     k = len(shifts)
@@ -104,17 +105,18 @@ def simulate(world: World, shifts: Sequence[float], plan: Plan, examples: int, r
     shifts = np.asarray(shifts, dtype=float)
     n_all = examples + dev_examples
     ease = rng.normal(world.ease_mean, world.ease_sd, n_all)
-    y = world.outcomes(rng, n_all, shifts, plan.max_seeds, ease=ease)  # (K, S, n): decision then dev
+    y = world.outcomes(rng, n_all, shifts, plan.max_seeds + report_seeds, ease=ease)  # (K, S, n): decision, dev
     names = [f"c{i}" for i in range(k)]
     seeds = tuple(range(1, plan.max_seeds + 1))
     values = {
-        n: Values(seeds, {"task": decisions.example_values(y[i, :, :examples], np.ones(examples), "binary")})
+        n: Values(seeds, {"task": decisions.example_values(y[i, : len(seeds), :examples], np.ones(examples), "binary")})
         for i, n in enumerate(names)
     }
     configurations = [Configuration(n, f"m{i}", costs[i]) for i, n in enumerate(names)]
     outcome = decisions.replay(values, configurations, plan)
     dev = {n: float(y[i, : outcome.seeds_used[n], examples:].mean()) for i, n in enumerate(names)}
-    return Draw(outcome, dev)
+    fresh = {n: float(y[i, len(seeds) :, examples:].mean()) if report_seeds else math.nan for i, n in enumerate(names)}
+    return Draw(outcome, dev, fresh)
 
 
 def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -188,18 +190,18 @@ def better_rate(world: World, gap: float, plan: Plan, examples: int, sims: int, 
     return Rate(f"{world.name} a true gap of {gap:.3f}: called better", hits, sims)
 
 
-def pick_bias(world: World, k: int, plan: Plan, examples: int, sims: int, seed: int = 0) -> tuple[float, float]:
-    """K equal configurations: the mean (and its standard error) of the pick's dev score minus its truth."""
+def pick_bias(world: World, k: int, plan: Plan, examples: int, sims: int, seed: int = 0) -> dict[str, tuple]:
+    """K equal configurations: the mean (and standard error) of the first budget's pick's dev score minus its
+    truth, from the decision seeds (``decision_seeds``) and from fresh report seeds (``fresh_seeds``)."""
     rng = np.random.default_rng([seed, k, examples, 17])
-    truth = None
-    errors = []
+    truth = expected_accuracy(world)
+    errors: dict[str, list[float]] = {"decision_seeds": [], "fresh_seeds": []}
     for _ in range(sims):
         draw = simulate(world, [0.0] * k, plan, examples, rng)
-        if truth is None:
-            truth = expected_accuracy(world)
-        errors.append(draw.dev[draw.outcome.answers[0].pick] - truth)
-    e = np.asarray(errors)
-    return float(e.mean()), float(e.std(ddof=1) / math.sqrt(len(e)))
+        pick = draw.outcome.answers[0].pick
+        errors["decision_seeds"].append(draw.dev[pick] - truth)
+        errors["fresh_seeds"].append(draw.dev_fresh[pick] - truth)
+    return {key: (float(np.mean(e)), float(np.std(e, ddof=1) / math.sqrt(len(e)))) for key, e in errors.items()}
 
 
 def expected_accuracy(world: World, n: int = 400_000) -> float:

@@ -280,6 +280,8 @@ class ConfirmSettings(Section):
     margin: Bound(0.0, 1.0, low_open=True, high_open=True).annotated(integer=False) = 0.01  # "equivalent" within
     max_seeds: Bound(1, _SEEDS.high, _SEEDS.why).annotated() = 10
     max_seconds: count(1) | None = None  # no new round of added seeds after this (null: no time cap)
+    # fresh seeds for each budget's pick once everything is decided: its reported dev score (dev only; 0: none)
+    report_seeds: Bound(0, _SEEDS.high, _SEEDS.why).annotated() = 0
 
     def __post_init__(self):
         if self.max_seeds < self.seeds:

@@ -43,12 +43,14 @@ class TrialSettings:
     phase: str = record.SEARCH  # a confirmation run also evaluates dev and keeps its predictions
     data: dict[str, Any] = field(default_factory=dict)  # what the sweep's `prepare` read (train.train_command)
     threads: int | None = None  # torch's threads in a trial: its CPUs (a trial re-runs exactly on as many)
+    reporting: bool = False  # a report run (``record.REPORT_REASON``): dev only, no decision split, no predictions
 
     def for_trial(self, config: dict) -> TrialSettings:
         """These settings with the trial's own seed and phase where its config carries them (a confirmation)."""
         marks = config.get("peftune") or {}
         seed = int(marks["seed"]) if marks.get("seed") is not None else self.seed
-        return dataclasses.replace(self, seed=seed, phase=marks.get("phase") or self.phase)
+        reporting = bool(marks.get("report"))
+        return dataclasses.replace(self, seed=seed, phase=marks.get("phase") or self.phase, reporting=reporting)
 
     @staticmethod
     def split(config: dict) -> tuple[str, dict[str, Any]]:
@@ -76,11 +78,12 @@ class TrialSettings:
         epoch to choose. No scheduler stops a confirmation run, so it evaluates at no rung, and with one epoch
         a selection pass would choose nothing: each would cost an evaluation for nothing."""
         if self.phase == record.CONFIRM:
-            decided = [record.DECISION] if self.data.get("decision_examples") else []
+            decided = [record.DECISION] if self.data.get("decision_examples") and not self.reporting else []
             # the first split is the one the run is judged on: selection picks the epoch; with one epoch there is
             # nothing to pick, and dev's numbers keep their plain names
             splits = [record.SELECTION, *decided, record.DEV] if self.epochs > 1 else [record.DEV, *decided]
-            return {"eval_splits": splits, "predictions_of": (*decided, record.DEV), "report_fractions": []}
+            kept = (*decided, record.DEV) if not self.reporting else ()  # a report run decides nothing
+            return {"eval_splits": splits, "predictions_of": kept, "report_fractions": []}
         return {"eval_splits": [record.SELECTION]}
 
     def command(self, method: str, sampled: dict[str, Any]) -> str | None:
