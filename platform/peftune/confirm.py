@@ -537,6 +537,26 @@ def log_dev_sizes(record, prepared, seed: int) -> None:
     _mlflow_client(record.tracking_uri).log_batch(record.parent_run_id, metrics=metrics)
 
 
+def reachable_margin_line(definition, prepared) -> str | None:
+    """What the sweep says at start: whether ``confirm.margin`` is reachable at its sizes, and the smallest margin
+    that is (``decisions.reachable_margin``: 80% power, a configuration per method under a budget)."""
+    settings = definition.confirm
+    sizes = [len(data.decision) for data in prepared.tasks.values() if data.decision is not None]
+    if settings.seeds == 0 or not sizes:
+        return None
+    examples = min(sizes) * len(sizes)  # the score averages the tasks: about as many examples in all
+    k = max(2, len(definition.methods))
+    smallest = decisions.reachable_margin(examples, k, plan_of(settings))
+    word = (
+        "reachable" if settings.margin >= smallest else "NOT reachable: a cheaper configuration will rarely be picked"
+    )
+    return (
+        f"decisions: margin {settings.margin} on {min(sizes)} decision examples per task, up to {k} configurations "
+        f"a budget, {settings.seeds} to {settings.max_seeds} seeds: {word} (the smallest reachable margin is about "
+        f"{smallest:.3f}, assuming 24% disagreement and a seed sd of 0.02; `peftune decide --simulate` measures it)"
+    )
+
+
 def search_run_ids(record) -> set[str]:
     """Run ids of the sweep's search trials (every child run that is not a confirmation trial)."""
     runs = child_runs(_mlflow_client(record.tracking_uri), record.experiment_id, record.parent_run_id)

@@ -226,12 +226,14 @@ def _stream(*parts) -> np.random.Generator:
     return np.random.default_rng(int.from_bytes(hashlib.sha256(text).digest()[:8], "little"))
 
 
-def critical_value(f: Fit, pairs: Sequence[tuple[int, int]], alpha: float, draws: int = DRAWS) -> float:
+def critical_value(
+    f: Fit, pairs: Sequence[tuple[int, int]], alpha: float, draws: int = DRAWS, stream: int = 0
+) -> float:
     """The (1 - alpha) quantile of max over ``pairs`` of |studentised difference| under the fitted law, the
     seed variances re-drawn from chi-square(df) / df (a pool with df 0 contributes no seed variance)."""
     if not pairs:
         return math.nan
-    rng = _stream("q", alpha, f.names, f.seeds.tolist(), np.round(f.example_cov, 12).tobytes(),
+    rng = _stream("q", stream, alpha, f.names, f.seeds.tolist(), np.round(f.example_cov, 12).tobytes(),
                   np.round(f.seed_var, 12).tobytes())  # fmt: skip
     from scipy import stats
 
@@ -278,9 +280,9 @@ class Intervals:
         return d, d - h, d + h
 
 
-def intervals(f: Fit, alpha: float) -> Intervals:
+def intervals(f: Fit, alpha: float, stream: int = 0) -> Intervals:
     decidable = bool((f.seed_df > 0).any()) or bool((f.seeds > 1).any())
-    q = critical_value(f, all_pairs(len(f.names)), alpha) if decidable and len(f.names) > 1 else math.inf
+    q = critical_value(f, all_pairs(len(f.names)), alpha, stream=stream) if decidable and len(f.names) > 1 else math.inf
     return Intervals(f, q, 1 - alpha)
 
 
@@ -424,6 +426,7 @@ class Plan:
     margin: float
     alpha: float = ALPHA
     budgets: tuple[float, ...] = (0.1, 1.0, 10.0)
+    stream: int = 0  # the random stream of the simulated critical values (fixed: the same data, the same answer)
 
     @property
     def looks(self) -> int:
@@ -499,7 +502,7 @@ def _all_family(data: Mapping[str, Values], known: Sequence[Configuration], plan
     if len(names) < 2:
         return []
     f = fit(data, names, {c.name: c.method for c in known})
-    return pair_rows(intervals(f, plan.alpha_look), plan.margin, "all")
+    return pair_rows(intervals(f, plan.alpha_look, plan.stream), plan.margin, "all")
 
 
 def _next_seed(seeds: Sequence[int]) -> int:
@@ -532,7 +535,7 @@ def _look(data: Mapping[str, Values], known: Sequence[Configuration], plan: Plan
             out.append(a)
             continue
         f = fit(data, members, methods)
-        iv = intervals(f, plan.alpha_look)
+        iv = intervals(f, plan.alpha_look, plan.stream)
         key = tuple(members)
         if key not in q_cache:  # the last look's q at max_seeds: what more seeds could reach
             q_cache[key] = _q_at_max(f, plan)
@@ -550,7 +553,7 @@ def _q_at_max(f: Fit, plan: Plan) -> float:
     full = np.maximum(f.seeds, plan.max_seeds).astype(float)
     df = np.maximum(f.seed_df, (plan.max_seeds - 1) * np.bincount(f.pool)[f.pool])
     g = Fit(f.names, f.means, full, f.example_cov, f.seed_var, df.astype(float), f.pool, f.seed_var_raw)
-    return critical_value(g, all_pairs(len(f.names)), plan.alpha_look, draws=4000)
+    return critical_value(g, all_pairs(len(f.names)), plan.alpha_look, draws=4000, stream=plan.stream)
 
 
 # ----------------------------------------------------------------------------- what the sweep can reach

@@ -94,6 +94,7 @@ class Draw:
     outcome: decisions.Outcome
     dev: dict[str, float]  # on dev, the seeds the replay used (the decision seeds)
     dev_fresh: dict[str, float]  # on dev, ``report_seeds`` further seeds the replay never saw (report runs)
+    values: dict[str, Values] | None = None  # the decision data, every seed to max_seeds
 
 
 def simulate(world: World, shifts: Sequence[float], plan: Plan, examples: int, rng, *, costs=None,
@@ -116,7 +117,7 @@ def simulate(world: World, shifts: Sequence[float], plan: Plan, examples: int, r
     outcome = decisions.replay(values, configurations, plan)
     dev = {n: float(y[i, : outcome.seeds_used[n], examples:].mean()) for i, n in enumerate(names)}
     fresh = {n: float(y[i, len(seeds) :, examples:].mean()) if report_seeds else math.nan for i, n in enumerate(names)}
-    return Draw(outcome, dev, fresh)
+    return Draw(outcome, dev, fresh, values)
 
 
 def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -202,6 +203,25 @@ def pick_bias(world: World, k: int, plan: Plan, examples: int, sims: int, seed: 
         errors["decision_seeds"].append(draw.dev[pick] - truth)
         errors["fresh_seeds"].append(draw.dev_fresh[pick] - truth)
     return {key: (float(np.mean(e)), float(np.std(e, ddof=1) / math.sqrt(len(e)))) for key, e in errors.items()}
+
+
+def stability(world: World, k: int, plan: Plan, examples: int, sims: int, streams: int = 10, seed: int = 0) -> Rate:
+    """The share of simulated confirmations whose answer (decision and pick) is the same under ``streams``
+    random streams of the critical values' simulation: how much the Monte-Carlo part moves a decision."""
+    import dataclasses
+
+    rng = np.random.default_rng([seed, k, examples, 19])
+    same = 0
+    for _ in range(sims):
+        base = simulate(world, [0.0] * (k - 1) + [shift_for_gap(world, 0.03)], plan, examples, rng)
+        values = base.values
+        configurations = [Configuration(n, f"m{i}", 0.01 * (i + 1)) for i, n in enumerate(sorted(values))]
+        answers = set()
+        for s in range(streams):
+            a = decisions.replay(values, configurations, dataclasses.replace(plan, stream=s)).answers[0]
+            answers.add((a.decision, a.pick))
+        same += len(answers) == 1
+    return Rate(f"{world.name} K={k}: the answer unchanged across {streams} random streams", same, sims)
 
 
 def expected_accuracy(world: World, n: int = 400_000) -> float:

@@ -487,6 +487,9 @@ def _open_record(definition: SweepDefinition, prepared, tracking_uri: str, exper
             datasets=tracking.data_inputs(prepared),
         )
     confirm.log_dev_sizes(record, prepared, definition.seed)  # split sizes and the selection seed
+    line = confirm.reachable_margin_line(definition, prepared)
+    if line:
+        log.info("%s", line)
     return record
 
 
