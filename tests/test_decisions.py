@@ -169,8 +169,10 @@ def test_the_global_null_holds_five_percent_through_the_real_loop(world, k):
 @pytest.mark.parametrize("world", [sm.W1, sm.W2], ids=lambda w: w.name)
 def test_nominal_95_percent_intervals_cover(world, seeds):
     rate = sm.coverage(world, seeds, 2000, 500)
+    low, high = sm.wilson(rate.hits, rate.n)
     print(rate)
-    assert 0.92 <= rate.rate <= 0.985, str(rate)
+    # consistent with the 93.5-96.5% the procedure promises (the Monte-Carlo interval meets that band)
+    assert low <= 0.965 and high >= 0.935, str(rate)
 
 
 @pytest.mark.slow
