@@ -49,6 +49,8 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
+from peftune.record import BUDGETS_PCT
+
 ALPHA = 0.05
 # a method's seeds form a pool of their own from this many degrees of freedom; below it they join the pool of all
 # methods (a pool of 2 df per method made the intervals far too wide: 3 seeds covered 98.5% for a nominal 95%)
@@ -432,7 +434,7 @@ class Plan:
     max_seeds: int
     margin: float
     alpha: float = ALPHA
-    budgets: tuple[float, ...] = (0.1, 1.0, 10.0)
+    budgets: tuple[float, ...] = BUDGETS_PCT
     stream: int = 0  # the random stream of the simulated critical values (fixed: the same data, the same answer)
 
     @property
