@@ -150,6 +150,7 @@ def train_config(row: pd.Series, seed: int, train_settings: dict, device: str, s
     return TrainConfig(
         # as the sweep's confirmation: selection keeps the epoch (with more than one), dev is reported
         eval_splits=[SELECTION, DEV] if epochs > 1 and selecting else [DEV],
+        method=row["method"],
         method_options=options_from_params(row["method"], method_params(row)),
         tasks=str(row["tasks"]).split(","),
         lr=float(row["lr"]),

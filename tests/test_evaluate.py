@@ -225,3 +225,15 @@ def test_missing_test_file_names_it(sweep_store, data_dirs, tmp_path, capsys):
     argv = ["evaluate", "--sweep", SWEEP, "--tracking-uri", uri, "--data-dir", str(data), "--test-dir", str(tmp_path)]
     assert main([*argv, "--seeds", "1"]) == 2
     assert "ids-sst-test.csv: file not found" in capsys.readouterr().err
+
+
+def test_a_retrained_trial_is_its_own_method_kept_on_the_selection_split_as_the_sweep():
+    from analysis.evaluate import train_config
+
+    row = pd.Series({"method": "bitfit", "tasks": "sst", "lr": 1e-3, "dropout": 0.1, "weight_decay": 0.0,
+                     "epochs": 2, "batch_size": 16})  # fmt: skip
+    config = train_config(row, seed=3, train_settings={"eval_splits": ["dev"]}, device="cpu")
+    assert config.method == "bitfit" and config.seed == 3
+    assert config.eval_splits == ["selection", "dev"]  # selection keeps the epoch; dev is reported
+    one = train_config(row.copy().replace({2: 1}), seed=3, train_settings={}, device="cpu")
+    assert one.eval_splits == ["dev"]  # one epoch: nothing to choose
