@@ -193,3 +193,17 @@ def test_the_reported_picks_dev_score_is_unbiased_among_six_equal():
 def test_wilson_interval_brackets_the_rate():
     low, high = sm.wilson(5, 100)
     assert low < 0.05 < high and math.isclose(sm.wilson(0, 10)[0], 0.0, abs_tol=1e-12)
+
+
+def test_p_best_agrees_with_the_intervals_no_certainty_where_an_interval_holds_zero():
+    """P(best) and the regret come from the same law as the intervals: a pick whose interval against a rival
+    holds 0 is not the best for sure (the point seed variance alone once gave P(best) 1.0 in the cpu job)."""
+    rng = np.random.default_rng(4)
+    checked = 0
+    for _ in range(20):
+        a = sm.simulate(sm.W2, [0.0, 0.1, 0.2], CPU, 1000, rng).outcome.answers[0]
+        for row in a.pairs:
+            if row["a"] == a.pick and row["ci_low"] < 0 < row["ci_high"]:
+                assert a.p_best[a.pick] < 0.99 and a.regret_high > 0, (a.p_best, row)
+                checked += 1
+    assert checked

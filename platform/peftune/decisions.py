@@ -250,6 +250,16 @@ def critical_value(
         return math.nan
     rng = _stream("q", stream, alpha, f.names, f.seeds.tolist(), np.round(f.example_cov, 12).tobytes(),
                   np.round(f.seed_var, 12).tobytes())  # fmt: skip
+    z = estimate_errors(f, rng, draws)
+    a, b = np.array([i for i, _ in pairs]), np.array([j for _, j in pairs])
+    se = np.array([f.pair_se(i, j) for i, j in pairs])  # (P,) the intervals' own standard errors
+    t = np.abs(z[:, a] - z[:, b]) / se
+    return float(np.quantile(t.max(axis=1), 1 - alpha))
+
+
+def estimate_errors(f: Fit, rng: np.random.Generator, draws: int) -> np.ndarray:
+    """(draws, K) draws of the estimates' errors under the fitted law: the example part (shared by every
+    configuration) and each pool's seed part, its variance drawn from its fiducial law (see ``critical_value``)."""
     k = len(f.names)
     ex = f.example_cov + 1e-15 * np.eye(k)
     z = rng.multivariate_normal(np.zeros(k), ex, size=draws, method="eigh")  # (draws, K) example part
@@ -264,10 +274,7 @@ def critical_value(
     component = np.maximum(f.seed_var_raw[None, :] * inflation - f.seed_noise[None, :], 0.0)  # (draws, K)
     component = np.where(f.seed_df[None, :] > 0, component, 0.0)
     z += rng.standard_normal((draws, k)) * np.sqrt(component / f.seeds)  # the seed part, independent per config
-    a, b = np.array([i for i, _ in pairs]), np.array([j for _, j in pairs])
-    se = np.array([f.pair_se(i, j) for i, j in pairs])  # (P,) the intervals' own standard errors
-    t = np.abs(z[:, a] - z[:, b]) / se
-    return float(np.quantile(t.max(axis=1), 1 - alpha))
+    return z
 
 
 def all_pairs(k: int) -> list[tuple[int, int]]:
@@ -384,10 +391,10 @@ def _closest(iv: Intervals, i: int) -> tuple[float, float, float]:
 
 
 def _posterior(f: Fit, pick: int, draws: int = 4000) -> tuple[dict[str, float], float, float]:
-    """P(best) of each configuration and the pick's expected regret (and its 95% bound), from the normal law
-    of the true scores around the estimates (flat prior)."""
+    """P(best) of each configuration and the pick's expected regret (and its 95% bound): the true scores drawn
+    around the estimates from the same law as the intervals' (``estimate_errors``; flat prior)."""
     rng = _stream("posterior", f.names, f.means.tobytes())
-    mu = rng.multivariate_normal(f.means, f.cov() + 1e-15 * np.eye(len(f.names)), size=draws, method="eigh")
+    mu = f.means[None, :] - estimate_errors(f, rng, draws)
     winner = mu.argmax(axis=1)
     p_best = {n: float(np.mean(winner == i)) for i, n in enumerate(f.names)}
     regret = mu.max(axis=1) - mu[:, pick]
