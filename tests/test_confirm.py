@@ -22,7 +22,7 @@ import ray
 from ray import tune
 from ray.tune.search import Searcher
 
-from peftune import confirm, record, spaces, sweep, tracking
+from peftune import confirm, decisions, record, spaces, sweep, tracking
 from tiny_sweep import write_definition
 
 FROZEN = """\
@@ -136,8 +136,7 @@ def test_confirmation_trains_seeds_of_each_methods_best(local_ray, workdir, tiny
         assert configs.loc[method, "score_std"] == pytest.approx(statistics.stdev(scores))
         assert configs.loc[method, "split"] == "dev"
     assert len(built.recommendation) == 3 and len(built.fairness) == 2
-    assert set(built.decisions["decision"]) <= {"better", "equivalent", "inconclusive"} and len(built.decisions)
-    assert not (built.decisions["note"] == "no per-example predictions on both sides").any()
+    assert built.decisions.outcome is not None and len(built.recommendation) == 3
 
     # each confirmation run keeps its dev predictions at that epoch: they give back its dev accuracy
     predictions = runs.load_predictions(runs.read_sweep_record("confirmed", uri))
@@ -231,27 +230,44 @@ def seeds_by_config(uri: str, parent_run_id: str) -> dict[str, list[int]]:
 
 
 class AlwaysOpen:
-    """An ``open_decisions`` that keeps one method's best configuration open, as an inconclusive decision would."""
+    """A decision procedure (patched over ``confirm.decide_round``) that keeps one method's best configuration open
+    until ``max_seeds``, as a budget that cannot be decided would: it tests the rounds, not the statistics."""
 
-    def __init__(self, method: str):
-        self.method = method
+    def __init__(self, method: str, uri: str, name: str):
+        self.method, self.uri, self.name = method, uri, name
 
-    def __call__(self, tracking_uri: str, name: str) -> dict[str, str]:
-        client = mlflow.MlflowClient(tracking_uri)
-        parent = tracking.find_parent_run(client, tracking.find_experiment_id(client, name), name)
-        search, _ = split(children(tracking_uri, parent.info.run_id))
+    def __call__(self, frame, tasks, candidates, settings) -> decisions.Outcome:
+        client = mlflow.MlflowClient(self.uri)
+        parent = tracking.find_parent_run(client, tracking.find_experiment_id(client, self.name), self.name)
+        search, confirmed = split(children(self.uri, parent.info.run_id))
         key = record.run_config_key(best_of_method(search)[self.method])
-        return {key: f"best_vs_cheaper: {self.method} vs another, inconclusive"}
+        seeds = sorted(
+            int(r.data.tags[record.SEED])
+            for r in confirmed
+            if record.run_config_key(r) == key and r.data.tags.get(record.STATUS) == record.COMPLETED
+        )
+        answer = decisions.Answer(10.0, [key], best=key, pick=key)
+        more = len(seeds) < settings.max_seeds
+        wanted = {key: max(seeds) + 1} if more else {}
+        return decisions.Outcome([answer], {key: len(seeds)}, {}, wanted, len(seeds), "" if more else "max_seeds")
+
+
+def no_predictions(tracking_uri: str, name: str):
+    import pandas as pd
+
+    return pd.DataFrame()
 
 
 @pytest.mark.slow
-def test_an_open_decision_gets_seeds_up_to_the_cap_and_resume_keeps_the_count(local_ray, workdir, tiny_data_dir):
+def test_an_open_decision_gets_seeds_up_to_the_cap_and_resume_keeps_the_count(
+    local_ray, workdir, tiny_data_dir, monkeypatch
+):
     uri = f"sqlite:///{workdir / 'mlflow.db'}"
     spec = definition(workdir / "defs", "adaptive", concurrency=2, confirm=", max_seeds: 4")
     storage = workdir / "ray_results"
-    open_decisions = AlwaysOpen("top_k")
+    monkeypatch.setattr(confirm, "decide_round", AlwaysOpen("top_k", uri, "adaptive"))
     interrupter = InterruptAfterConfirmation(added_only=True)
-    run = {"storage_path": storage, "verbose": 0, "open_decisions": open_decisions}
+    run = {"storage_path": storage, "verbose": 0, "read_predictions": no_predictions}
     first = sweep.run_sweep(spec, tiny_data_dir, uri, callbacks=[interrupter], **run)
     assert interrupter.fired and first.status == "interrupted"  # stopped inside a round of added seeds
     second = sweep.run_sweep(spec, tiny_data_dir, uri, **run)
@@ -264,7 +280,7 @@ def test_an_open_decision_gets_seeds_up_to_the_cap_and_resume_keeps_the_count(lo
     assert seeds[best["frozen"]] == [4, 5]  # decided (never open): its first seeds only
     added = [r for r in confirmed if r.data.tags.get("peftune.seed_reason")]
     assert sorted(int(r.data.tags[record.SEED]) for r in added) == [6, 7]
-    assert all("inconclusive" in r.data.tags["peftune.seed_reason"] for r in added)
+    assert all("still open" in r.data.tags["peftune.seed_reason"] for r in added)
     pairs = [(r.data.tags[record.CONFIG_KEY], r.data.tags[record.SEED]) for r in confirmed]
     assert len(pairs) == len(set(pairs)), "a (configuration, seed) pair has two child runs"
     # the second run's two rounds (seed 6 again, then 7) ran in one Tune experiment, as the first run's did
@@ -272,22 +288,21 @@ def test_an_open_decision_gets_seeds_up_to_the_cap_and_resume_keeps_the_count(lo
 
 
 @pytest.mark.slow
-def test_the_time_cap_counts_from_the_first_rounds_end(local_ray, workdir, tiny_data_dir):
+def test_the_time_cap_counts_from_the_first_rounds_end(local_ray, workdir, tiny_data_dir, monkeypatch):
     """``max_seconds: 1``: the first round (its workers start: seconds) does not count, so one round of added
     seeds starts; the decisions after it take 1.5 s, so no second one."""
     uri = f"sqlite:///{workdir / 'mlflow.db'}"
     spec = definition(workdir / "defs", "capped", concurrency=2, confirm=", max_seeds: 4, max_seconds: 1")
-    always_open, calls = AlwaysOpen("top_k"), []
+    always_open, calls = AlwaysOpen("top_k", uri, "capped"), []
 
-    def slow_after_the_first(tracking_uri, name):
-        if threading.current_thread() is not threading.main_thread():  # a read ahead of a round's end
-            return always_open(tracking_uri, name)
-        calls.append(name)
+    def slow_after_the_first(frame, tasks, candidates, settings):
+        calls.append(1)
         time.sleep(1.5 if len(calls) > 1 else 0.0)
-        return always_open(tracking_uri, name)
+        return always_open(frame, tasks, candidates, settings)
 
+    monkeypatch.setattr(confirm, "decide_round", slow_after_the_first)
     result = sweep.run_sweep(
-        spec, tiny_data_dir, uri, storage_path=workdir / "ray_results", verbose=0, open_decisions=slow_after_the_first
+        spec, tiny_data_dir, uri, storage_path=workdir / "ray_results", verbose=0, read_predictions=no_predictions
     )
     assert result.status == "completed" and result.confirmation["stopped_by"] == "max_seconds"
     search, _ = split(children(uri, result.parent_run_id))
@@ -296,30 +311,26 @@ def test_the_time_cap_counts_from_the_first_rounds_end(local_ray, workdir, tiny_
 
 
 @pytest.mark.slow
-def test_seeds_stop_as_soon_as_the_report_decides(local_ray, workdir, tiny_data_dir):
-    """With the report's own rule: every configuration left in an inconclusive decision has max_seeds."""
+def test_the_report_replays_the_seeds_the_confirmation_used(local_ray, workdir, tiny_data_dir):
+    """With the real procedure and a decision split: the report's replay (the same code) uses exactly the seeds
+    the confirmation trained, and says why each configuration stopped."""
     from analysis import report, runs
 
     uri = f"sqlite:///{workdir / 'mlflow.db'}"
     spec = definition(workdir / "defs", "adaptive_real", concurrency=2, confirm=", max_seeds: 3")
-    calls = []
-
-    def open_decisions(tracking_uri, name):
-        calls.append(report.open_decisions(tracking_uri, name))
-        return calls[-1]
-
+    spec = dataclasses.replace(spec, budget=dataclasses.replace(spec.budget, decision_examples=16))
     result = sweep.run_sweep(
-        spec, tiny_data_dir, uri, storage_path=workdir / "ray_results", verbose=0, open_decisions=open_decisions
-    )
-    assert result.status == "completed" and calls
+        spec, tiny_data_dir, uri, storage_path=workdir / "ray_results", verbose=0,
+        read_predictions=report.read_predictions,
+    )  # fmt: skip
+    assert result.status == "completed"
     built = report.build_report(runs.read_sweep_record("adaptive_real", uri), reference=False)
-    seeds = built.configs.set_index("config_key")["seeds"]
-    still_open = report.confirmed.open_configurations(built.decisions)
-    assert all(seeds[key] == 3 for key in still_open), "an open decision stopped before the cap"
-    if not still_open:
-        assert result.confirmation["stopped_by"] in ("decided", "")
-    else:
-        assert result.confirmation["stopped_by"] == "max_seeds"
+    outcome = built.decisions.outcome
+    trained = {key: len(seeds) for key, seeds in seeds_by_config(uri, result.parent_run_id).items()}
+    assert outcome.seeds_used == trained
+    assert set(outcome.stop_reason.values()) <= {"decided", "futile", "max_seeds", "in no budget"}
+    predictions = runs.load_predictions(runs.read_sweep_record("adaptive_real", uri))
+    assert set(predictions["split"]) == {"decision", "dev"}
 
 
 # ----------------------------------------------------------------------------- definition and selection (fast)
