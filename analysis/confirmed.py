@@ -143,7 +143,7 @@ def decide(configs: pd.DataFrame, frame: pd.DataFrame, kinds: Mapping[str, str],
         a=table["a"].map(labels), b=table["b"].map(labels),
         budget=[b if b == "all" else budget_label(b) for b in table["budget"]],
     )  # fmt: skip
-    return Decided(table, outcome, values_present=bool(values))
+    return Decided(table, outcome)
 
 
 @dataclass
@@ -152,7 +152,6 @@ class Decided:
 
     table: pd.DataFrame
     outcome: decisions.Outcome | None = None
-    values_present: bool = False
 
     def pairs(self, budget: str) -> dict[tuple[str, str], dict]:
         """(sorted config keys) -> the pair's row in the family of ``budget`` (a budget label, or "all")."""

@@ -342,15 +342,6 @@ def _why(key: str, look: int, open_answers) -> str:
     return f"look {look}: budget {', '.join(budgets) or '?'} still open"
 
 
-def completed_seeds(runs: list) -> dict[str, set[int]]:
-    """config key -> the seeds of its completed runs among the confirmation ``runs``."""
-    done: dict[str, set[int]] = {}
-    for run in runs:
-        if run.data.tags.get(STATUS) == COMPLETED and run.data.tags.get(SEED, "").isdigit():
-            done.setdefault(run_config_key(run), set()).add(int(run.data.tags[SEED]))
-    return done
-
-
 @dataclass
 class Confirmation:
     """The confirmation's trials in one Tune experiment, round by round (see :class:`Rounds`): the first round

@@ -531,7 +531,7 @@ def _reason(name: str, answers: Sequence[Answer], stopped: str) -> str:
         return "in no budget"
     if all(a.decided for a in mine):
         return "decided"
-    return {"max_seeds": "max_seeds", "futile": "futile"}.get(stopped, stopped)
+    return stopped
 
 
 def _look(data: Mapping[str, Values], known: Sequence[Configuration], plan: Plan, look: int,
