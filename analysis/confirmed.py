@@ -9,14 +9,16 @@ Definitions (the report quotes them):
   deviation (ddof 1) and a t-based 95% interval ``mean +- t(0.975, S-1) * std / sqrt(S)`` of each metric.
 - **Decisions** (``peftune.decisions``, the procedure the confirmation ran, replayed on its record): on the
   *decision* split (train rows no trial trained on; dev chooses nothing). Per budget (0.1%, 1%, 10% of the
-  backbone trained per task), simultaneous intervals for every pair of the configurations under it, from
+  backbone trained per task), each configuration under it against the best of the others (Hsu's multiple
+  comparisons with the best) and, for the pair table, every pair's own simultaneous interval, from
   per-example and per-seed variance components, at the level of the look that settled the budget (the
-  level is printed). Words: **better** (the interval lies above 0), **equivalent** (inside +-margin,
+  level is printed). Pair words: **better** (the interval lies above 0), **equivalent** (inside +-margin,
   ``confirm.margin``), **cannot tell** (otherwise).
-- **Recommendation per budget.** The cheapest configuration shown not worse than every other under the
-  budget by more than the margin ("not worse"); else the best, "better" when it is shown better than every
-  cheaper one, "cannot tell" otherwise, with what would decide it. P(best) and the expected regret come from
-  the normal law of the estimates. The dev score beside it is reported only.
+- **Recommendation per budget.** The cheapest configuration shown not worse than the best of the others
+  under the budget by more than the margin ("not worse"); else the best, "better" when it is shown better
+  than every other, "not worse" when it is shown within the margin of every other, "cannot tell" otherwise,
+  with what would decide it. P(best) and the expected regret come from the same law as the intervals. The
+  dev score beside it is reported only.
 - **Tuning gain and frontier neighbours**: from the family of all confirmed configurations at the last look.
 - **Fairness per method.** Search trials, trial-steps and compute seconds the method received (the parent
   run's ``budget_trials.<m>``, ``budget_steps.<m>``, ``budget_compute_s.<m>``; else counted from the trials),

@@ -660,17 +660,20 @@ def answer_notes(report: Report) -> dict[str, str]:
             "selected on (no std, no decision)."
         )
     words = "; ".join(f"**{word}**: {meaning}" for word, meaning in decisions.WORDS.items())
-    looks = f"{plan.looks} look(s), each at {1 - plan.alpha_look:.2%}" if plan else ""
+    looks = (f"{plan.looks} look(s): at {1 - plan.alpha_at(1):.2%}, the last at {1 - plan.alpha_at(plan.looks):.2%}"
+             if plan else "")  # fmt: skip
     return {
         "source": source,
         "noise": (
             f"Decisions are made on the decision split (train rows no trial trained on; dev chooses nothing): per "
-            f"budget, simultaneous intervals for every pair of the configurations under it, from per-example and "
-            f"per-seed variance components, the seeds added in planned looks ({looks}; the false-'better' rate "
-            f"over all looks is at most 5% per budget, measured by `peftune decide --simulate`), and a futility "
-            f"stop; {words} (margin {margin}). The pick is the cheapest configuration shown not worse than every "
-            f"other under the budget by more than the margin; else the best. `decisions.csv` has every pair with "
-            f"the level used; `seeds.csv` the seeds each configuration got and why it stopped. "
+            f"budget, each configuration under it against the best of the others (Hsu's multiple comparisons with "
+            f"the best), from per-example and per-seed variance components, the seeds added in planned looks "
+            f"({looks}; the false-'better' rate over all looks is at most 5% per budget, measured by "
+            f"`peftune decide --simulate`), and a futility stop; {words} (margin {margin}). The pick is the "
+            f"cheapest configuration shown not worse than the "
+            f"best of the others under the budget by more than the margin; else the best. `decisions.csv` has "
+            f"every pair's own simultaneous interval with the level used (it picks nothing); `seeds.csv` the seeds "
+            f"each configuration got and why it stopped. "
             f"Definitions: platform/peftune/decisions.py."
         ),
         "by_budget": "Each method's best confirmed configuration under the budget, against the budget's best "

@@ -21,26 +21,36 @@ decision is made:
   variance can be estimated, and nothing is decided (said as such). Seed effects are taken as independent
   between configurations: seeds are numbered alike everywhere, and a positive correlation through the shared
   numbers (the data order) could only make the intervals wider than needed.
-- **A family fixed before the data.** Per budget: every pair of the configurations that fit under it
-  (all of them, whichever turns out best, so choosing the best and the cheap pick from the same data is
-  covered). Simultaneous intervals ``diff +- q * se`` with ``q`` the (1 - alpha_look) quantile of the
-  largest studentised pair difference, simulated from the fitted components with each pool's seed variance
-  drawn from its fiducial law (Student's t where seeds dominate: calibrated for few seeds).
+- **A family fixed before the data.** Per budget, the configurations that fit under it, whichever turns out
+  best: each one against the best of the others, as Hsu's multiple comparisons with the best (MCB). The
+  interval of ``score_i - max_(j != i) score_j`` has its low end at ``min_j (diff_ij - q_best * se_ij)``
+  and its high end at ``max(0, min_j (diff_ij + q_best * se_ij))``; they hold for every i at once when the
+  K - 1 one-sided comparisons with the true best hold, so choosing the best and the cheap pick from the same
+  data is covered. ``q_best`` solves Bonferroni over those comparisons (the largest such sum over candidate
+  bests) with each comparison's exact law: the example part as measured and each pool's seed variance from
+  its fiducial law (Student's t where seeds dominate: calibrated for few seeds), integrated by quadrature, so
+  no random numbers enter a decision. Every pair also gets a two-sided simultaneous interval of its own
+  family (``decisions.csv``: what the report reads for tuning gains and frontier neighbours; it decides no
+  pick).
 - **Looks.** The first look has the first seeds; while a budget's question is open, each round adds one
   seed to the configurations that could still decide it, up to ``max_seeds``: at most
-  ``L = max_seeds - seeds + 1`` looks, each at ``alpha / L`` (Bonferroni over looks: a false claim at any
-  look has probability at most alpha in all). A claim, once made, stands.
+  ``L = max_seeds - seeds + 1`` looks: half of alpha at the last one, the other half shared by the earlier
+  ones (Bonferroni over looks: a false claim at any look has probability at most alpha in all). A claim,
+  once made, stands.
 - **Futility.** A configuration gets no further seed when, even with ``max_seeds`` seeds on both sides and
-  the current estimates, its comparison could not be decided: the example term alone keeps it open.
-- **The answer per budget.** The *pick* is the cheapest configuration shown not worse than every other one
-  under the budget by more than ``margin`` (delta): "not worse". Else, where the best (highest mean) is shown
-  better than every cheaper one, the best: "better". Else the best, and "cannot tell", with what would tell
-  (more decision examples or seeds). With it, each contender's P(best) and the pick's expected regret with a
-  95% upper bound, from the normal law of the estimates.
+  the current estimates, its comparison with the best could not be decided: the example term alone keeps
+  it open.
+- **The answer per budget.** The *pick* is the cheapest configuration whose interval against the best of
+  the others lies above ``-margin`` (delta): "not worse". Else, where the best's interval lies above 0, the
+  best: "better" (better than every other under the budget). Else, where the best itself is shown not worse
+  than any other by more than the margin, the best: "not worse", and the report says no cheaper one was.
+  Else the best, and "cannot tell", with what would tell (more decision examples or seeds). With it, each
+  contender's P(best) and the pick's expected regret with a 95% upper bound, from the same law.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from collections.abc import Mapping, Sequence
@@ -48,6 +58,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+from scipy import optimize, special
 
 from peftune.record import BUDGETS_PCT
 
@@ -55,7 +66,8 @@ ALPHA = 0.05
 # a method's seeds form a pool of their own from this many degrees of freedom; below it they join the pool of all
 # methods (a pool of 2 df per method made the intervals far too wide: 3 seeds covered 98.5% for a nominal 95%)
 MIN_POOL_DF = 4
-DRAWS = 20_000  # simulated draws of the max-statistic: its 99.9% quantile moves by ~1% between streams
+FINAL_SHARE = 0.5  # of alpha, spent at the last look (``Plan.alpha_at``)
+QUADRATURE = 48  # nodes per seed pool of the expectation over its fiducial law (``_inflation_nodes``)
 BETTER, NOT_WORSE, CANNOT_TELL, EQUIVALENT = "better", "not worse", "cannot tell", "equivalent"
 WORDS = {
     BETTER: "the interval of the difference lies above 0",
@@ -231,40 +243,91 @@ def fit(values: Mapping[str, Values], names: Sequence[str], methods: Mapping[str
 # ----------------------------------------------------------------------------- simultaneous intervals
 
 
-def _stream(*parts) -> np.random.Generator:
-    """A generator from the names and numbers it is for only: the same family gives the same quantile."""
-    text = "\0".join(map(str, parts)).encode()
-    return np.random.default_rng(int.from_bytes(hashlib.sha256(text).digest()[:8], "little"))
+@functools.lru_cache(maxsize=512)
+def _inflation_nodes(df: float) -> tuple[np.ndarray, np.ndarray]:
+    """Nodes and weights of E[g(df / X)] for X ~ chi-square(df): generalized Gauss-Laguerre in X / 2, whose
+    weight x^(df/2 - 1) e^-x is the chi-square's own density (exact for the smooth integrands used here to
+    about 1e-5 of the tail; a deterministic expectation, so the same data always give the same interval)."""
+    y, w = special.roots_genlaguerre(QUADRATURE, df / 2 - 1)
+    return df / (2 * y), w / w.sum()
 
 
-def critical_value(
-    f: Fit, pairs: Sequence[tuple[int, int]], alpha: float, draws: int = DRAWS, stream: int = 0
-) -> float:
-    """The (1 - alpha) quantile of max over ``pairs`` of |difference| / se (se: the intervals' own, from the
-    estimates) when the estimates vary as the fitted components say, the seed variance of each pool drawn from
-    its fiducial law ``estimate * df / chi-square(df)``. With the seed part alone this is Student's t with the
-    pool's df, exactly; with the example part beside it, the mixture in between. (A plug-in seed variance from
-    1 to 5 df covered 85% for a nominal 95% at 2 seeds.) A pool whose estimate is 0 is drawn at its raw seed-score
-    variance (example noise left in), so an estimate that fell to 0 by chance does not narrow the law."""
-    if not pairs:
+def _error_law(f: Fit, i: int, j: int) -> tuple[np.ndarray, np.ndarray]:
+    """(sd, weight) nodes of the law of the error of ``estimate_i - estimate_j``: normal given the seed
+    variances, their example part as measured and each pool's seed variance drawn from its fiducial law
+    ``raw * df / chi-square(df) - example noise`` (raw: the pool's variance of seed scores, example noise left
+    in; so an estimate that fell to 0 by chance does not narrow the law). With the seed part alone this is
+    Student's t with the pool's df, exactly; with the example part beside it, the mixture in between. (A
+    plug-in seed variance from 1 to 5 df covered 85% for a nominal 95% at 2 seeds.)"""
+    c = f.example_cov
+    var = np.array([max(c[i, i] + c[j, j] - 2 * c[i, j], 0.0)])  # the example part (thousands of df: known)
+    weight = np.ones(1)
+    for p in sorted({int(f.pool[m]) for m in (i, j) if f.seed_df[m] > 0}):  # one chi-square per pool
+        members = [m for m in (i, j) if f.pool[m] == p and f.seed_df[m] > 0]
+        inflation, w = _inflation_nodes(float(f.seed_df[members[0]]))
+        part = sum(np.maximum(f.seed_var_raw[m] * inflation - f.seed_noise[m], 0.0) / f.seeds[m] for m in members)
+        var = (var[:, None] + part[None, :]).ravel()  # a product grid over the pools of the pair
+        weight = (weight[:, None] * w[None, :]).ravel()
+    return np.sqrt(np.maximum(var, 1e-30)), weight
+
+
+def _tails(f: Fit, pairs: Sequence[tuple[int, int]]):
+    """q -> (P,) P(error_ij / se_ij > q) per pair (one-sided; the law is symmetric): se the intervals' own."""
+    laws = [_error_law(f, i, j) for i, j in pairs]
+    se = np.array([f.pair_se(i, j) for i, j in pairs])
+    sizes = [len(sd) for sd, _ in laws]
+    sd = np.concatenate([s for s, _ in laws])  # (N,) every pair's nodes, flat
+    w = np.concatenate([x for _, x in laws])
+    owner = np.repeat(np.arange(len(pairs)), sizes)
+    ratio = se[owner] / sd
+
+    def tails(q: float) -> np.ndarray:
+        return np.bincount(owner, weights=w * special.ndtr(-q * ratio), minlength=len(pairs))
+
+    return tails
+
+
+def critical_value(f: Fit, alpha: float, family: str) -> float:
+    """The critical value ``q`` of a family's simultaneous intervals ``diff +- q * se`` at level 1 - alpha, by
+    Bonferroni over the family's comparisons with each comparison's exact law (``_error_law``):
+
+    - ``"pairs"``: every pair, two-sided: sum over pairs of P(|t_ij| > q) = alpha.
+    - ``"best"``: multiple comparisons with the best (Hsu): one-sided comparisons of every other configuration
+      with the true best, whichever it is: max over i of sum over j != i of P(t_ji > q) = alpha. Intervals of
+      ``score_i - max_(j != i) score_j`` built with this q hold for every i at once (``Intervals.vs_best``).
+
+    No random numbers: the same fit gives the same q."""
+    k = len(f.names)
+    if k < 2:
         return math.nan
-    rng = _stream("q", stream, alpha, f.names, f.seeds.tolist(), np.round(f.example_cov, 12).tobytes(),
-                  np.round(f.seed_var, 12).tobytes())  # fmt: skip
-    z = estimate_errors(f, rng, draws)
-    a, b = np.array([i for i, _ in pairs]), np.array([j for _, j in pairs])
-    se = np.array([f.pair_se(i, j) for i, j in pairs])  # (P,) the intervals' own standard errors
-    t = np.abs(z[:, a] - z[:, b]) / se
-    return float(np.quantile(t.max(axis=1), 1 - alpha))
+    pairs = all_pairs(k)
+    tails = _tails(f, pairs)
+    owner_a, owner_b = np.array(pairs).T
+    if family == "pairs":
+
+        def error(q: float) -> float:
+            return 2 * float(tails(q).sum()) - alpha
+    else:
+
+        def error(q: float) -> float:
+            t = tails(q)
+            per = np.bincount(owner_a, weights=t, minlength=k) + np.bincount(owner_b, weights=t, minlength=k)
+            return float(per.max()) - alpha
+
+    if error(0.0) <= 0:
+        return 0.0
+    high = 8.0
+    while error(high) > 0 and high < 1e6:
+        high *= 4
+    return float(optimize.brentq(error, 0.0, high, xtol=1e-6))
 
 
 def estimate_errors(f: Fit, rng: np.random.Generator, draws: int) -> np.ndarray:
-    """(draws, K) draws of the estimates' errors under the fitted law: the example part (shared by every
-    configuration) and each pool's seed part, its variance drawn from its fiducial law (see ``critical_value``)."""
+    """(draws, K) draws of the estimates' errors under the same law as the intervals' (``_error_law``, jointly
+    for all K): for P(best) and the regret, which need the joint law."""
     k = len(f.names)
     ex = f.example_cov + 1e-15 * np.eye(k)
     z = rng.multivariate_normal(np.zeros(k), ex, size=draws, method="eigh")  # (draws, K) example part
-    # the true variance of a seed's score (raw: its example noise in) over the estimate, per pool and draw; the
-    # seed component is what is left once the example noise (known well: thousands of df) is taken off
     inflation = np.ones((draws, k))
     for p in np.unique(f.pool):
         mine = f.pool == p
@@ -283,23 +346,35 @@ def all_pairs(k: int) -> list[tuple[int, int]]:
 
 @dataclass(frozen=True)
 class Intervals:
-    """Simultaneous intervals of every pair of a family's configurations (``fit``), at ``level``."""
+    """A family's simultaneous intervals at ``level``: of every pair (``q``, two-sided) and of each
+    configuration against the best of the others (``q_best``, Hsu's comparisons with the best)."""
 
     fit: Fit
     q: float
+    q_best: float
     level: float
 
     def diff(self, i: int, j: int) -> tuple[float, float, float]:
-        """(estimate, low, high) of score(i) - score(j)."""
+        """(estimate, low, high) of score(i) - score(j), from the all-pairs family."""
         d = float(self.fit.means[i] - self.fit.means[j])
         h = self.q * self.fit.pair_se(i, j)
         return d, d - h, d + h
 
+    def vs_best(self, i: int) -> tuple[float, float, float]:
+        """(estimate, low, high) of score(i) - max over j != i of score(j): Hsu's constrained interval. The low
+        end above -margin says i is not worse than the best by more than margin; above 0, that i is the best."""
+        f = self.fit
+        others = [j for j in range(len(f.names)) if j != i]
+        h = np.array([self.q_best * f.pair_se(i, j) for j in others])
+        d = f.means[i] - f.means[others]
+        return float(d.min()), float((d - h).min()), float(max((d + h).min(), 0.0))
 
-def intervals(f: Fit, alpha: float, stream: int = 0) -> Intervals:
+
+def intervals(f: Fit, alpha: float) -> Intervals:
     decidable = bool((f.seed_df > 0).any()) or bool((f.seeds > 1).any())
-    q = critical_value(f, all_pairs(len(f.names)), alpha, stream=stream) if decidable and len(f.names) > 1 else math.inf
-    return Intervals(f, q, 1 - alpha)
+    if not decidable or len(f.names) < 2:
+        return Intervals(f, math.inf, math.inf, 1 - alpha)
+    return Intervals(f, critical_value(f, alpha, "pairs"), critical_value(f, alpha, "best"), 1 - alpha)
 
 
 def pair_word(low: float, high: float, margin: float) -> str:
@@ -357,55 +432,41 @@ def answer(budget: float, iv: Intervals, costs: Mapping[str, float], margin: flo
         out.pick, out.decision = names[best], "only one fits"
         return out
     out.p_best, out.regret, out.regret_high = _posterior(f, best)
-    others = {i: [j for j in range(len(names)) if j != i] for i in range(len(names))}
-    not_worse = [i for i in range(len(names)) if all(iv.diff(i, j)[1] >= -margin for j in others[i])]
     by_cost = sorted(range(len(names)), key=lambda i: (costs[names[i]], -f.means[i], names[i]))
-    cheaper = [j for j in by_cost if costs[names[j]] < costs[names[best]]]
-    chosen = min(not_worse, key=lambda i: (costs[names[i]], -f.means[i], names[i])) if not_worse else None
-    if chosen is not None and (chosen != best or not cheaper):
+    # Hsu's comparisons with the best: i's low end against the best of the others above -margin
+    not_worse = [i for i in by_cost if iv.vs_best(i)[1] >= -margin]
+    chosen = not_worse[0] if not_worse else None
+    if chosen is not None and chosen != best:
         out.pick, out.decision = names[chosen], NOT_WORSE
-        out.diff, out.ci_low, out.ci_high = iv.diff(chosen, best) if chosen != best else _closest(iv, best)
+        out.diff, out.ci_low, out.ci_high = iv.vs_best(chosen)
         out.p_best, out.regret, out.regret_high = _posterior(f, chosen)
-        out.why = "the cheapest configuration shown not worse than every other by more than the margin"
+        out.why = "the cheapest configuration shown not worse than the best of the others by more than the margin"
         return out
     out.pick = names[best]
-    if cheaper and all(iv.diff(best, j)[1] > 0 for j in cheaper):
-        strongest = max(cheaper, key=lambda j: f.means[j])
+    out.diff, out.ci_low, out.ci_high = iv.vs_best(best)
+    if out.ci_low > 0:
         out.decision = BETTER
-        out.diff, out.ci_low, out.ci_high = iv.diff(best, strongest)
-        out.why = "the best is shown better than every cheaper configuration"
+        out.why = "the best is shown better than every other configuration under the budget"
         return out
-    # open: the cheapest contender against the best, and whether more seeds could decide it
-    contender = next((j for j in by_cost if j != best), best)
-    out.diff, out.ci_low, out.ci_high = iv.diff(contender, best)
-    out.grow, out.needs = _what_would_tell(iv, best, cheaper or others[best], costs, margin, max_seeds, q_last)
-    out.why = "no cheaper configuration shown not worse, and the best not shown better than every cheaper one"
+    if chosen == best:
+        out.decision = NOT_WORSE
+        out.why = "no cheaper one shown not worse; the best is shown not worse than any other by more than the margin"
+        return out
+    # open: the cheapest contender against the best of the others, and whether more seeds could decide it
+    contender = next(j for j in by_cost if j != best)
+    out.diff, out.ci_low, out.ci_high = iv.vs_best(contender)
+    rivals = [j for j in by_cost if j != best]
+    out.grow, out.needs = _what_would_tell(iv, best, rivals, costs, margin, max_seeds, q_last)
+    out.why = "no configuration shown not worse than the best of the others, and none shown better than all"
     return out
-
-
-def _closest(iv: Intervals, i: int) -> tuple[float, float, float]:
-    """i against its nearest rival (the highest other mean): i - rival."""
-    f = iv.fit
-    rival = max((j for j in range(len(f.names)) if j != i), key=lambda j: f.means[j])
-    return iv.diff(i, rival)
-
-
-def _posterior(f: Fit, pick: int, draws: int = 4000) -> tuple[dict[str, float], float, float]:
-    """P(best) of each configuration and the pick's expected regret (and its 95% bound): the true scores drawn
-    around the estimates from the same law as the intervals' (``estimate_errors``; flat prior)."""
-    rng = _stream("posterior", f.names, f.means.tobytes())
-    mu = f.means[None, :] - estimate_errors(f, rng, draws)
-    winner = mu.argmax(axis=1)
-    p_best = {n: float(np.mean(winner == i)) for i, n in enumerate(f.names)}
-    regret = mu.max(axis=1) - mu[:, pick]
-    return p_best, float(regret.mean()), float(np.quantile(regret, 0.95))
 
 
 def _what_would_tell(iv: Intervals, best: int, rivals: Sequence[int], costs, margin: float, max_seeds: int,
                      q_last: float) -> tuple[list[str], str]:  # fmt: skip
     """(configurations worth a seed, what would decide the question). A rival is worth seeds when, at
-    ``max_seeds`` on both sides and the current estimates, it would be shown not worse, or the best better
-    than it, at the last look's ``q_last``; else the example term alone keeps it open (futile)."""
+    ``max_seeds`` on both sides and the current estimates, it would be shown not worse than the best, or the
+    best better than it, at the last look's ``q_last`` (comparisons with the best); else the example term
+    alone keeps it open (futile)."""
     f = iv.fit
     full = np.full(len(f.names), float(max_seeds))
     grow = []
@@ -430,6 +491,23 @@ def _what_would_tell(iv: Intervals, best: int, rivals: Sequence[int], costs, mar
     )
 
 
+def _stream(*parts) -> np.random.Generator:
+    """A generator from the names and numbers it is for only: the same estimates give the same P(best)."""
+    text = "\0".join(map(str, parts)).encode()
+    return np.random.default_rng(int.from_bytes(hashlib.sha256(text).digest()[:8], "little"))
+
+
+def _posterior(f: Fit, pick: int, draws: int = 4000) -> tuple[dict[str, float], float, float]:
+    """P(best) of each configuration and the pick's expected regret (and its 95% bound): the true scores drawn
+    around the estimates from the same law as the intervals' (``estimate_errors``; flat prior)."""
+    rng = _stream("posterior", f.names, f.means.tobytes())
+    mu = f.means[None, :] - estimate_errors(f, rng, draws)
+    winner = mu.argmax(axis=1)
+    p_best = {n: float(np.mean(winner == i)) for i, n in enumerate(f.names)}
+    regret = mu.max(axis=1) - mu[:, pick]
+    return p_best, float(regret.mean()), float(np.quantile(regret, 0.95))
+
+
 # ----------------------------------------------------------------------------- the sequential plan
 
 
@@ -442,15 +520,20 @@ class Plan:
     margin: float
     alpha: float = ALPHA
     budgets: tuple[float, ...] = BUDGETS_PCT
-    stream: int = 0  # the random stream of the simulated critical values (fixed: the same data, the same answer)
 
     @property
     def looks(self) -> int:
         return self.max_seeds - self.seeds + 1
 
-    @property
-    def alpha_look(self) -> float:
-        return self.alpha / self.looks
+    def alpha_at(self, look: int) -> float:
+        """The alpha spent at look ``look`` (1-based): half of it at the last look, the other half shared by the
+        earlier ones (Bonferroni over the looks: they sum to alpha). The last look, at ``max_seeds``, is where a
+        close question is decided: an even split (alpha / L each) cost it most of its power."""
+        if self.looks == 1:
+            return self.alpha
+        if look >= self.looks:
+            return self.alpha * FINAL_SHARE
+        return self.alpha * (1 - FINAL_SHARE) / (self.looks - 1)
 
 
 @dataclass(frozen=True)
@@ -503,7 +586,7 @@ def replay(values: Mapping[str, Values], configurations: Sequence[Configuration]
                 else ("max_seeds" if look >= plan.looks else "futile")  # fmt: skip
             for n in count:
                 reasons[n] = reasons[n] or _reason(n, answers, stopped)
-            everything = _all_family(data, known, plan)
+            everything = _all_family(data, known, plan, look)
             return Outcome(answers, dict(count), reasons, {}, look, stopped, data, plan, everything)
         wanted = {n: values[n].seeds[count[n]] if count[n] < len(values[n].seeds) else None for n in grow}
         missing = {n: _next_seed(values[n].seeds) for n, s in wanted.items() if s is None}
@@ -513,12 +596,12 @@ def replay(values: Mapping[str, Values], configurations: Sequence[Configuration]
             count[n] += 1
 
 
-def _all_family(data: Mapping[str, Values], known: Sequence[Configuration], plan: Plan) -> list[dict]:
+def _all_family(data: Mapping[str, Values], known: Sequence[Configuration], plan: Plan, look: int) -> list[dict]:
     names = [c.name for c in known]
     if len(names) < 2:
         return []
     f = fit(data, names, {c.name: c.method for c in known})
-    return pair_rows(intervals(f, plan.alpha_look, plan.stream), plan.margin, "all")
+    return pair_rows(intervals(f, plan.alpha_at(look)), plan.margin, "all")
 
 
 def _next_seed(seeds: Sequence[int]) -> int:
@@ -551,7 +634,7 @@ def _look(data: Mapping[str, Values], known: Sequence[Configuration], plan: Plan
             out.append(a)
             continue
         f = fit(data, members, methods)
-        iv = intervals(f, plan.alpha_look, plan.stream)
+        iv = intervals(f, plan.alpha_at(look))
         key = tuple(members)
         if key not in q_cache:  # the last look's q at max_seeds: what more seeds could reach
             q_cache[key] = _q_at_max(f, plan)
@@ -569,7 +652,7 @@ def _q_at_max(f: Fit, plan: Plan) -> float:
     full = np.maximum(f.seeds, plan.max_seeds).astype(float)
     df = np.maximum(f.seed_df, (plan.max_seeds - 1) * np.bincount(f.pool)[f.pool])
     g = Fit(f.names, f.means, full, f.example_cov, f.seed_var, df.astype(float), f.pool, f.seed_var_raw, f.seed_noise)
-    return critical_value(g, all_pairs(len(f.names)), plan.alpha_look, draws=4000, stream=plan.stream)
+    return critical_value(g, plan.alpha_at(plan.looks), "best")
 
 
 # ----------------------------------------------------------------------------- what the sweep can reach
@@ -585,8 +668,8 @@ def reachable_margin(examples: int, configurations: int, plan: Plan, *, disagree
 
     k = max(configurations, 2)
     se = math.sqrt(disagreement / examples + 2 * seed_sd**2 / plan.max_seeds)
-    # the max of k(k-1)/2 |t| at alpha/L, by Bonferroni's bound (slightly above the simulated max-statistic)
-    q = stats.norm.ppf(1 - plan.alpha_look / (k * (k - 1)))
+    # comparisons with the best: k - 1 one-sided ones at the last look's alpha, by Bonferroni (as ``critical_value``)
+    q = stats.norm.ppf(1 - plan.alpha_at(plan.looks) / (k - 1))
     return float((q + stats.norm.ppf(power)) * se)
 
 
@@ -682,7 +765,8 @@ def operating_characteristics(plan: Plan, examples: int, sims: int) -> list[str]
     from peftune import simulate as sm
 
     lines = [f"plan: seeds {plan.seeds} to {plan.max_seeds}, margin {plan.margin}, {plan.looks} look(s) at "
-             f"alpha {plan.alpha_look:.4f} each; {examples} decision examples; {sims} simulations each"]  # fmt: skip
+             f"alpha {plan.alpha_at(1):.4f} (the last {plan.alpha_at(plan.looks):.4f}); {examples} decision "
+             f"examples; {sims} simulations each"]  # fmt: skip
     one = Plan(plan.seeds, plan.max_seeds, plan.margin, plan.alpha, (100.0,))
     for world in (sm.W1, sm.W2):
         for k in (6, 12):

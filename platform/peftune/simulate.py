@@ -181,14 +181,38 @@ def pick_rate(world: World, below: float, plan: Plan, examples: int, sims: int, 
 
 
 def better_rate(world: World, gap: float, plan: Plan, examples: int, sims: int, seed: int = 0) -> Rate:
-    """The dearer of two configurations ``gap`` above the cheaper in truth: the share called "better"."""
+    """The dearer of two configurations ``gap`` above the cheaper in truth: the share called "better" within
+    ``plan.max_seeds``, asked at margin 0 (a user who wants the best: at a margin above the gap, "the cheaper is
+    not worse" is the right answer and no seed is spent on more)."""
+    import dataclasses
+
     rng = np.random.default_rng([seed, int(abs(gap) * 1e4), gap < 0, examples, 13])
     shift = shift_for_gap(world, gap)
+    best_only = dataclasses.replace(plan, margin=0.0)
     hits = 0
     for _ in range(sims):
-        a = simulate(world, [0.0, shift], plan, examples, rng).outcome.answers[0]
+        a = simulate(world, [0.0, shift], best_only, examples, rng).outcome.answers[0]
         hits += a.decision == decisions.BETTER and a.pick == "c1"
     return Rate(f"{world.name} a true gap of {gap:.3f}: called better", hits, sims)
+
+
+def oracle_power(world: World, gap: float, seeds: int, examples: int, sims: int, alpha: float = 0.05,
+                 seed: int = 0) -> Rate:  # fmt: skip
+    """The power no level-``alpha`` test of "the dearer is better" can beat at these sizes: one look at
+    ``seeds`` seeds each, one-sided, the difference's true standard deviation known (measured over the
+    simulations themselves, a normal law: Neyman-Pearson's best test). What the data can tell at best."""
+    from scipy import stats
+
+    rng = np.random.default_rng([seed, int(abs(gap) * 1e4), seeds, examples, 23])
+    shift = shift_for_gap(world, gap)
+    diffs = []
+    for _ in range(sims):
+        y = world.outcomes(rng, examples, np.array([0.0, shift]), seeds)  # (2, S, n)
+        diffs.append(float(y[1].mean() - y[0].mean()))
+    diffs = np.array(diffs)
+    sd = float(np.sqrt(np.mean((diffs - gap) ** 2)))  # around the truth: the test's known sd
+    hits = int(np.sum(diffs / sd > stats.norm.ppf(1 - alpha)))
+    return Rate(f"{world.name} a true gap of {gap:.3f}, {seeds} seeds: best possible level-{alpha} test", hits, sims)
 
 
 def pick_bias(world: World, k: int, plan: Plan, examples: int, sims: int, seed: int = 0) -> dict[str, tuple]:
@@ -203,25 +227,6 @@ def pick_bias(world: World, k: int, plan: Plan, examples: int, sims: int, seed: 
         errors["decision_seeds"].append(draw.dev[pick] - truth)
         errors["fresh_seeds"].append(draw.dev_fresh[pick] - truth)
     return {key: (float(np.mean(e)), float(np.std(e, ddof=1) / math.sqrt(len(e)))) for key, e in errors.items()}
-
-
-def stability(world: World, k: int, plan: Plan, examples: int, sims: int, streams: int = 10, seed: int = 0) -> Rate:
-    """The share of simulated confirmations whose answer (decision and pick) is the same under ``streams``
-    random streams of the critical values' simulation: how much the Monte-Carlo part moves a decision."""
-    import dataclasses
-
-    rng = np.random.default_rng([seed, k, examples, 19])
-    same = 0
-    for _ in range(sims):
-        base = simulate(world, [0.0] * (k - 1) + [shift_for_gap(world, 0.03)], plan, examples, rng)
-        values = base.values
-        configurations = [Configuration(n, f"m{i}", 0.01 * (i + 1)) for i, n in enumerate(sorted(values))]
-        answers = set()
-        for s in range(streams):
-            a = decisions.replay(values, configurations, dataclasses.replace(plan, stream=s)).answers[0]
-            answers.add((a.decision, a.pick))
-        same += len(answers) == 1
-    return Rate(f"{world.name} K={k}: the answer unchanged across {streams} random streams", same, sims)
 
 
 def expected_accuracy(world: World, n: int = 400_000) -> float:
