@@ -187,8 +187,9 @@ def seed_mean_frontier(configs: pd.DataFrame, decided: Decided | None = None) ->
 def recommendations(
     configs: pd.DataFrame, decided: Decided | None = None, budgets_pct: Sequence[float] = BUDGETS_PCT
 ) -> pd.DataFrame:
-    """Per budget: the pick of the decision procedure (the cheapest configuration shown not worse than every
-    other under the budget by more than the margin; else the best), its decision, P(best) and regret, all on
+    """Per budget: the pick of the decision procedure (the cheapest configuration shown not worse than the best
+    of the others under the budget by more than the margin; else the best), its decision (and the interval of
+    the pick minus the best of the others: Hsu's comparisons with the best), P(best) and regret, all on
     the decision split; beside it the pick's dev score (dev chose nothing) and what would decide an open one."""
     by_key = configs.set_index("config_key") if len(configs) else configs
     rows = []
@@ -392,7 +393,7 @@ def recommendation_display(table: pd.DataFrame) -> pd.DataFrame:
                 "Dev score (mean ± std, reported only)": mean_std(r.mean, r.std),
                 "Seeds (dev score's)": f"{r.seeds} ({r.dev_source})" if r.seeds else "",
                 "Best under the budget": "the pick" if same else f"{_text(r.best)}, {r.best_mean:.3f}",
-                "Difference" + level: interval_text(r.diff, r.ci_low, r.ci_high),
+                "Pick - best of the others" + level: interval_text(r.diff, r.ci_low, r.ci_high),
                 "P(best)": "" if pd.isna(r.p_best) else f"{r.p_best:.2f}",
                 "Expected regret (95% bound)": "" if pd.isna(r.regret) else f"{r.regret:.3f} ({r.regret_high:.3f})",
                 "What would decide it": _text(r.needs),

@@ -81,7 +81,7 @@ def sweep_dir(tmp_path) -> Path:
         ("seed: 0", "seed: 4294967296", "seed", "from 0 to 4,294,967,295"),
         ("warmup_ratio: 0.1", "device: tpu", "train.device", "'tpu'"),
         ("warmup_ratio: 0.1", "max_grad_norm: .nan", "train.max_grad_norm", "finite"),
-        ("warmup_ratio: 0.1", "log_every: -5", "train.log_every", ">= 0"),
+        ("warmup_ratio: 0.1", "log_every: -5", "train.log_every", "from 0 to"),
         ("warmup_ratio: 0.1", "temperature: .inf", "train.temperature", "finite"),
         ("resources: {cpus_per_trial: 1}", "resources: {cpus_per_trial: 1}\nsearch: false", "search", "mapping"),
         ("train: {warmup_ratio: 0.1}", "train: []", "train", "mapping"),
@@ -183,3 +183,52 @@ def test_a_directory_given_as_the_file_is_named_a_directory(tmp_path):
         spaces.load_sweep(folder)
     with pytest.raises(SpaceError, match="file not found"):
         spaces.load_sweep(tmp_path / "missing.yaml")
+
+
+@pytest.mark.parametrize(
+    "old, new, key",
+    [
+        ("cpus_per_trial: 1", "cpus_per_trial: 1.0e308", "resources.cpus_per_trial"),
+        ("cpus_per_trial: 1", "cpus_per_trial: 1, max_concurrent_trials: 1000000000000000000000000000000",
+         "resources.max_concurrent_trials"),
+        ("seed: 0", "seed: 0\nmax_failures: 1000000000000000000000000000000", "max_failures"),
+        ("seed: 0", "seed: 0\ncheckpoints_per_method: 100000000000", "checkpoints_per_method"),
+        ("seed: 0", "seed: 0\nsearch: {n_startup_trials: 100000000000}", "search.n_startup_trials"),
+        ("seed: 0", "seed: 0\nscheduler: {grace_period: 100000000000}", "scheduler.grace_period"),
+        ("seed: 0", "seed: 0\nscheduler: {reduction_factor: 100000000000}", "scheduler.reduction_factor"),
+        ("seed: 0", "seed: 0\nscheduler: {min_steps: 1000000000000000000000000000000}", "scheduler.min_steps"),
+        ("seed: 0", "seed: 0\nconfirm: {top_k: 100000000000}", "confirm.top_k"),
+        ("seed: 0", "seed: 0\nconfirm: {max_seconds: 100000000000}", "confirm.max_seconds"),
+        ("epochs: 1}", "epochs: 1, max_train_examples: 1000000000000000000000000000000}",
+         "budgets.small.max_train_examples"),
+        ("warmup_ratio: 0.1", "max_grad_norm: 1.0e308", "train.max_grad_norm"),
+        ("warmup_ratio: 0.1", "log_every: 1000000000000000000000000000000", "train.log_every"),
+    ],
+)  # fmt: skip
+def test_counts_have_an_upper_bound_named_in_the_message(sweep_dir, old, new, key):
+    """Issue 34 item 3: a count of 10**30 (or 1e308 CPUs per trial) is refused while loading, with its bound."""
+    assert old in SWEEP
+    with pytest.raises(SpaceError) as caught:
+        spaces.load_sweep(write(sweep_dir / "tiny.yaml", SWEEP.replace(old, new)))
+    assert caught.value.key == key and "out of range" in str(caught.value), str(caught.value)
+
+
+def test_a_search_space_the_backbone_cannot_hold_is_refused_before_ray(sweep_dir):
+    """Issue 34 item 2: top_k's k up to 12 on the 6-layer default model is refused naming the space file and key,
+    before Ray starts (``peftune train --k 7`` was refused; the sweep's space reached the trials)."""
+    from peftune import cli
+    from peftune.errors import UserError
+
+    write(sweep_dir / "methods" / "top_k.yaml", """\
+        method: top_k
+        lr: 1e-3
+        dropout: 0.1
+        weight_decay: 0.0
+        options:
+          k: {low: 1, high: 12}
+        """)  # fmt: skip
+    definition = spaces.load_sweep(write(sweep_dir / "tiny.yaml", SWEEP.replace("[lora]", "[top_k]")))
+    with pytest.raises(UserError, match=r"top_k\.yaml: options\.k: 12 does not fit the model .*6 layers"):
+        cli.check_spaces_against_model(definition)
+    write(sweep_dir / "methods" / "top_k.yaml", (sweep_dir / "methods" / "top_k.yaml").read_text().replace("12", "6"))
+    cli.check_spaces_against_model(spaces.load_sweep(sweep_dir / "tiny.yaml"))  # 6 layers: fits

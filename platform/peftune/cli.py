@@ -183,6 +183,22 @@ def check_model(config, model: str) -> None:
         raise UserError(f"--method {config.method} on --model {model}: {error}") from None
 
 
+def check_spaces_against_model(definition: spaces.SweepDefinition) -> None:
+    """Every value a method's search space can propose, against the model's shape (its config.json alone),
+    before Ray: a top_k ``k`` above the backbone's layers or a rank above its width is refused here, naming the
+    space's file and key, not by a trial after the cluster started."""
+    bert = read_config(resolve_model_dir(definition.model))
+    for space in definition.spaces.values():
+        for key, param in space.options.items():
+            for value in spaces.proposed_values(param):
+                try:
+                    methods.make_method_config(space.method, {key: value}).check_backbone(bert)
+                except UserError as error:
+                    raise UserError(
+                        f"{space.source}: options.{key}: {value!r} does not fit the model {definition.model} ({error})"
+                    ) from None
+
+
 def _parse_value(raw: str):
     # YAML scalars only (numbers, booleans, strings): never objects or code
     try:
@@ -816,6 +832,7 @@ def main_from_args(
 ) -> int:
     """Run the sweep the flags describe; ``on_finished`` and ``read_predictions``: ``run_sweep``'s report hooks."""
     definition = definition_from_args(args)  # validated before anything starts
+    check_spaces_against_model(definition)
     record.check_tracking_uri(record.resolve_tracking_uri(args.tracking_uri))
     test_dir = getattr(args, "test_dir", None)
     if test_dir is not None:

@@ -75,7 +75,7 @@ class IntRange(_Range):
     low: StrictInt
     high: StrictInt
     log: StrictBool = False
-    step: count(1) = 1
+    step: count(1, 1_000_000_000, "a sane bound on a step") = 1
 
     def __post_init__(self):
         super().__post_init__()
@@ -101,8 +101,9 @@ _KINDS = {kind: TypeAdapter(t) for kind, t in validation.SCALARS.items()}  # a v
 _LISTS = {kind: TypeAdapter(list[t]) for kind, t in validation.SCALARS.items()}
 
 
-def _values(param: Param) -> list:
-    """What a parameter can propose: every value must make a valid config."""
+def proposed_values(param: Param) -> list:
+    """What a parameter can propose at its extremes (a range's ends, every choice): every value must make a valid
+    config, and (``cli.check_spaces_against_model``) fit the model."""
     return [param.value] if isinstance(param, Fixed) else list(getattr(param, "choices", ()) or (param.low, param.high))
 
 
@@ -183,7 +184,7 @@ def load_method_space(path: str | Path) -> MethodSpace:
             fail(f"{show(space.method)} does not match the file name {path.name!r}", "method")
         spec = methods.get_method(space.method)
         params = {key: at((key,), _parse_param, getattr(space, key), float) for key in _COMMON}
-        for key, value in ((key, value) for key, param in params.items() for value in _values(param)):
+        for key, value in ((key, value) for key, param in params.items() for value in proposed_values(param)):
             at((key,), _COMMON[key].check, value)
         kinds = {f.name: type(f.default) if isinstance(f.default, (bool, int, float, str)) else None
                  for f in dataclasses.fields(spec.config_cls) if f.name != "dropout"}  # fmt: skip
@@ -193,7 +194,7 @@ def load_method_space(path: str | Path) -> MethodSpace:
             if key not in kinds:
                 fail(f"method {space.method!r} has no option {key!r}; valid: {', '.join(kinds)}", "options", key)
             params[key] = at(("options", key), _parse_param, raw, kinds[key])
-            for value in _values(params[key]):  # a space never proposes a configuration the method refuses
+            for value in proposed_values(params[key]):  # a space never proposes a configuration the method refuses
                 _config(space.method, {key: value}, "options", key, refused=f"{show(value)} is refused")
         if spec.size_field and spec.size_field not in params:
             size = f"the size of {space.method!r} ({spec.size_field})"
@@ -214,8 +215,8 @@ def _parse_default(space: _MethodFile, params: dict[str, Param]) -> tuple[dict[s
         if key not in params:
             fail(f"not a parameter of this space; expected {', '.join(params)}", "default", key)
         values[key] = value = at(("default", key), _KINDS[float if key in _COMMON else None].validate_python, value)
-        if isinstance(params[key], Fixed | Choice) and value not in _values(params[key]):
-            fail(f"{value!r} is not among {_values(params[key])}", "default", key)
+        if isinstance(params[key], Fixed | Choice) and value not in proposed_values(params[key]):
+            fail(f"{value!r} is not among {proposed_values(params[key])}", "default", key)
         if key in _COMMON:
             at(("default", key), _COMMON[key].check, value)
     _config(space.method, {k: v for k, v in values.items() if k not in _COMMON}, "default", refused="refused")
@@ -223,6 +224,9 @@ def _parse_default(space: _MethodFile, params: dict[str, Param]) -> tuple[dict[s
 
 
 # ----------------------------------------------------------------------------- sweep definitions
+
+
+SPLIT = "a sane bound on a split"
 
 
 @section()
@@ -233,19 +237,21 @@ class Budget(Section):
     epochs: count(1, 1_000, "a sane bound on a trial's epochs")
     batch_size: count(1, 8_192, "a sane bound on a batch") = 32
     max_length: count(8, BertConfig.max_position_embeddings, "BERT's position embeddings") = 128
-    max_train_examples: count(1) | None = None  # per task, a seeded subset; None = all
-    max_dev_examples: count(1) | None = None
-    selection_examples: count(1) | None = None  # per task, train rows that judge the trials (None: as dev)
+    max_train_examples: count(1, 100_000_000, SPLIT) | None = None  # per task, a seeded subset; None = all
+    max_dev_examples: count(1, 100_000_000, SPLIT) | None = None
+    selection_examples: count(1, 100_000_000, SPLIT) | None = (
+        None  # per task, train rows that judge the trials (None: as dev)
+    )
     # per task, further train rows the confirmation decides on (the best per budget, a cheaper one not worse,
     # which configurations get more seeds); dev only reports. 0: none (the confirmation then decides nothing)
-    decision_examples: count(0, 1_000_000, "a sane bound on a split") = 0
+    decision_examples: count(0, 1_000_000, SPLIT) = 0
 
 
 @section()
 class SearchSettings(Section):
     objective: one_of(("single", "multi")) = "single"  # multi: (max score, min trainable params per task)
     sampler: one_of(("tpe", "nsga2")) = "tpe"  # TPE (single or multi-objective) or NSGA-II (multi-objective)
-    n_startup_trials: count(1) = 10  # random trials before TPE models the space
+    n_startup_trials: count(1, 100_000, "at most a sweep's trials") = 10  # random trials before TPE models the space
     allocation: one_of(("per_method", "joint")) = "per_method"  # a TPE study per method (equal trials), or one
     asynchronous: StrictBool = False  # false: a method's trial waits for its earlier ones (reproducible)
     # per_method's equal share: num_samples trials, or num_samples full trials' worth of optimizer steps or of
@@ -256,30 +262,38 @@ class SearchSettings(Section):
 @section()
 class SchedulerSettings(Section):
     type: one_of(("asha", "none")) = "asha"  # "asha" stops weak trials early; "none" runs every trial to the end
-    grace_period: count(1) = 1  # epochs every trial gets before ASHA may stop it (at most the budget's epochs)
-    reduction_factor: count(2) = 2
-    min_steps: count(0) = 0  # no trial is judged (compared at a rung) before this many optimizer steps
+    grace_period: count(1, 1_000, "at most a trial's epochs") = (
+        1  # epochs every trial gets before ASHA may stop it (at most the budget's epochs)
+    )
+    reduction_factor: count(2, 1_000, "a sane bound on a rung's cut") = 2
+    min_steps: count(0, 1_000_000_000, "a sane bound on a trial's steps") = (
+        0  # no trial is judged (compared at a rung) before this many optimizer steps
+    )
     fidelity: one_of(("epochs", "data")) = "epochs"  # the rungs' unit; data: 1/rf^(rungs-1) ... 1/rf, 1 of it
     rungs: count(1, 6, "a sane bound on the rungs") = 3
 
 
 @section()
 class Resources(Section):
-    cpus_per_trial: Bound(0.0, low_open=True).annotated(integer=False) = 1.0
+    cpus_per_trial: Bound(0.0, 1024.0, "a sane bound on a node's CPUs", low_open=True).annotated(integer=False) = 1.0
     gpus_per_trial: Bound(0.0, 8.0, "a GPU fraction", low_open=True).annotated(integer=False) = 0.25
-    max_concurrent_trials: count(1) | None = None  # None: as many as resources allow
+    max_concurrent_trials: count(1, 100_000, "at most a sweep's trials") | None = (
+        None  # None: as many as resources allow
+    )
 
 
 @section()
 class ConfirmSettings(Section):
     """Each method's best ``top_k`` (and default) re-trained with ``seeds`` seeds; up to ``max_seeds`` if open."""
 
-    top_k: count(0) = 2
+    top_k: count(0, 1_000, "a sane bound on a method's confirmed configurations") = 2
     seeds: _SEEDS.annotated() = 3
     defaults: StrictBool = False
     margin: Bound(0.0, 1.0, low_open=True, high_open=True).annotated(integer=False) = 0.01  # "equivalent" within
     max_seeds: Bound(1, _SEEDS.high, _SEEDS.why).annotated() = 10
-    max_seconds: count(1) | None = None  # no new round of added seeds after this (null: no time cap)
+    max_seconds: count(1, 31_536_000, "a year") | None = (
+        None  # no new round of added seeds after this (null: no time cap)
+    )
     # fresh seeds for each budget's pick once everything is decided: its reported dev score (dev only; 0: none)
     report_seeds: Bound(0, _SEEDS.high, _SEEDS.why).annotated() = 0
 
@@ -305,8 +319,10 @@ class _Settings(Section):
     search: Annotated[SearchSettings, EMPTY] = dataclasses.field(default_factory=SearchSettings)
     scheduler: Annotated[SchedulerSettings, EMPTY] = dataclasses.field(default_factory=SchedulerSettings)
     resources: Annotated[Resources, EMPTY] = dataclasses.field(default_factory=Resources)
-    max_failures: count(0) = 1  # retries of a failed trial (from its last checkpoint)
-    checkpoints_per_method: count(0) = 1  # best trials per method whose checkpoint goes to MLflow
+    max_failures: count(0, 1_000, "a sane bound on retries") = 1  # retries of a failed trial (from its last checkpoint)
+    checkpoints_per_method: count(0, 1_000, "a sane bound on stored checkpoints") = (
+        1  # best trials per method whose checkpoint goes to MLflow
+    )
     train: Annotated[dict[StrictStr, Any], EMPTY] = dataclasses.field(default_factory=dict)
     invalid_rows: one_of(INVALID_ROW_POLICIES) = "raise"  # a malformed data row stops the sweep, or is dropped
 
