@@ -55,6 +55,21 @@ def test_train_writes_a_checkpoint_and_reports(capsys, tiny_data_dir, tmp_path):
     assert code == 2 and "already holds a checkpoint" in err
 
 
+def test_train_dora_with_lora_variants_exports_to_peft(capsys, tiny_data_dir, tmp_path):
+    """A DoRA run with LoRA's variants as --option values trains and exports in peft's format (use_dora true)."""
+    import json
+
+    code, out, _ = run(
+        capsys, "train", "--method", "dora", "--rank", "2", "--option", "use_rslora=true",
+        "--option", "loraplus_lr_ratio=16", "--option", "init=olora", "--tasks", "sst", "--data-dir",
+        str(tiny_data_dir), "--epochs", "1", "--max-train-examples", "32", "--max-dev-examples", "16",
+        "--output", str(tmp_path / "ckpt"), "--export-peft",
+    )  # fmt: skip
+    assert code == 0 and "peft dora adapter:" in out
+    exported = json.loads((tmp_path / "ckpt" / "peft" / "adapter_config.json").read_text())
+    assert exported["use_dora"] and exported["use_rslora"] and exported["init_lora_weights"] == "olora"
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

@@ -91,7 +91,7 @@ def check_the_job(output: str, ports: services.Ports, report: Path) -> None:
     confirmed = [r for r in children if r.data.tags[record.PHASE] == record.CONFIRM]
     searched = [r for r in children if r.data.tags[record.PHASE] == record.SEARCH]
     assert all(r.data.tags[record.STATUS] == "completed" for r in confirmed)
-    assert len(searched) == int(parent.data.params["num_samples"]) == 11
+    assert len(searched) == int(parent.data.params["num_samples"]) == 14
     # the smoke budget gives every method one trial: its published default
     methods = spaces.load_sweep(spaces.resolve_sweep_path("sst_tuning")).methods
     assert sorted(r.data.params["method"] for r in searched) == sorted(methods)

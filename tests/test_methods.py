@@ -51,6 +51,9 @@ def test_registry_lists_every_method_of_the_issue():
         "hyperformer",
         "prefix",
         "prompt",
+        "dora",
+        "ia3",
+        "vera",
     }
     assert expected <= set(ALL_METHODS)
 

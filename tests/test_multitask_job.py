@@ -72,7 +72,7 @@ def test_multitask_job_smoke_test_on_the_real_data(tmp_path):
     children = runs[runs["tags.mlflow.parentRunId"] == run_id]
     confirmed = children[children["tags.peftune.phase"] == "confirm"]  # smoke: the best of each method, 1 seed
     children = children[children["tags.peftune.phase"] != "confirm"]
-    assert len(children) == int(parent["params.num_samples"]) == 11  # one default trial per method
+    assert len(children) == int(parent["params.num_samples"]) == 14  # one default trial per method
     assert sorted(children["tags.peftune.method"]) == sorted(
         spaces.load_sweep(spaces.resolve_sweep_path("multitask_tuning")).methods
     )

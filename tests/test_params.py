@@ -62,6 +62,21 @@ def test_bert_base_backbone_count():
         # prefix: trains P' (l x d) and an MLP d -> 512 -> 2Ld per task; stores only the merged l x 2Ld prefix
         ("prefix", {"prefix_length": 10}, 10 * D + (D * 512 + 512) + (512 * 2 * L * D + 2 * L * D), 3 * 10 * 2 * L * D),
         ("prompt", {"prompt_length": 20}, 20 * D, 3 * 20 * D),
+        # DoRA: LoRA's r (d + d) plus a magnitude of d_out per matrix; on q, k, v at r=8: 442,368 + 27,648
+        ("dora", {"rank": 8}, 470_016, 470_016),
+        ("dora", {"rank": 4, "targets": ["intermediate.dense"]}, L * (4 * (D + FFN) + FFN), L * (4 * (D + FFN) + FFN)),
+        # (IA)^3: keys, values (d each) and the FFN activation (d_ff) per layer: 55,296 on bert-base
+        ("ia3", {}, 55_296, 55_296),
+        # VeRA: d_out + r per adapted matrix (the random A and B are frozen, re-drawn from the seed: not stored)
+        ("vera", {}, L * 2 * (D + 256), L * 2 * (D + 256)),
+        (
+            "vera",
+            {"rank": 1024, "targets": ["value", "intermediate.dense"]},
+            L * (D + FFN + 2 * 1024),
+            L * (D + FFN + 2 * 1024),
+        ),
+        # LoRA's variants change no count: rsLoRA a scale, LoRA+ a learning rate, PiSSA / OLoRA an init
+        ("lora", {"rank": 8, "use_rslora": True, "loraplus_lr_ratio": 16.0, "init": "pissa"}, 442_368, 442_368),
     ],
 )
 def test_closed_form_counts(method, options, trainable, stored):
@@ -74,3 +89,14 @@ def test_closed_form_counts(method, options, trainable, stored):
 def test_lora_percent_matches_the_report():
     counts = counts_for("lora", rank=8)
     assert round(counts.percent(counts.trainable_per_task), 2) == 0.40
+
+
+def test_closed_forms_of_the_new_methods_agree_with_the_models():
+    from peftune.methods.dora import dora_parameter_count
+    from peftune.methods.ia3 import ia3_parameter_count
+    from peftune.methods.vera import vera_parameter_count
+
+    assert ia3_parameter_count(BASE) == L * (2 * D + FFN) == 55_296  # the issue's figure
+    for method, closed_form in (("dora", dora_parameter_count), ("vera", vera_parameter_count)):
+        config = methods.make_method_config(method, {"targets": ["query", "output.dense"]})
+        assert counts_for(method, targets=["query", "output.dense"]).trainable_per_task == closed_form(config, BASE)

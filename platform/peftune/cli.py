@@ -37,6 +37,8 @@ log = logging.getLogger("peftune.cli")
 
 # method size/options settable by flag: flag dest -> config field name
 SIZE_FLAGS = {name: name for name in train.OPTION_FLAGS}
+# the methods whose adapters export to peft's LoRA format (DoRA is peft's LoraConfig(use_dora=True))
+PEFT_EXPORTS = ("lora", "dora")
 
 
 def finite_float(text: str) -> float:
@@ -105,7 +107,7 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
 def add_method_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--method", default="lora", help=f"one of: {', '.join(methods.method_names())}")
-    parser.add_argument("--rank", type=int, help="LoRA rank r (lora, lora_adapter)")
+    parser.add_argument("--rank", type=int, help="rank r (lora, lora_adapter, dora, vera)")
     parser.add_argument("--alpha", type=finite_float, help="LoRA alpha (scale alpha/r)")
     parser.add_argument("--bottleneck", type=int, help="adapter bottleneck size (adapter, lora_adapter, hyperformer)")
     parser.add_argument("--prefix-length", type=int, help="prefix length (prefix)")
@@ -246,7 +248,7 @@ def cmd_train(args) -> int:
     if args.export_peft:
         model = checkpoint.load_checkpoint(output, backbone=prepared.backbone.build())
         path = checkpoint.export_lora(model, output / "peft", base_model_name_or_path=args.model)
-        print(f"peft LoRA adapter: {path}")
+        print(f"peft {config.method} adapter: {path}")
     return 0
 
 
@@ -276,8 +278,8 @@ def check_train_args(args, config: train.TrainConfig, output: Path) -> None:
     check_output_dir("--output", output)
     if (output / checkpoint.META).exists() and not args.overwrite:
         raise UserError(f"{output} already holds a checkpoint; pass --overwrite or another --output")
-    if args.export_peft and config.method != "lora":
-        raise UserError(f"--export-peft needs --method lora (got --method {config.method})")
+    if args.export_peft and config.method not in PEFT_EXPORTS:
+        raise UserError(f"--export-peft needs --method {' or '.join(PEFT_EXPORTS)} (got --method {config.method})")
     check_device(config.device)
     check_model(config, args.model)
 
@@ -508,7 +510,7 @@ def add_train_parser(sub) -> None:
     )
     p.add_argument("--output", type=path_arg, help="checkpoint directory (default runs/<method>-<time>)")
     p.add_argument("--overwrite", action="store_true", help="replace a checkpoint already in --output")
-    p.add_argument("--export-peft", action="store_true", help="also export a LoRA adapter in peft's format")
+    p.add_argument("--export-peft", action="store_true", help="also export the adapter in peft's format (lora, dora)")
     p.set_defaults(func=cmd_train)
 
 

@@ -390,7 +390,8 @@ def build_model(config: TrainConfig, backbone: BertModel, native_pooling: str = 
 
 
 def build_optimizer(model: MultitaskModel, config: TrainConfig) -> torch.optim.Optimizer:
-    """AdamW over the trainable parameters: the heads at ``head_lr`` (when set), the rest at ``lr``."""
+    """AdamW over the trainable parameters: the heads at ``head_lr`` (when set), the rest at ``lr`` times the
+    method's factor for that parameter (1 but for LoRA+'s B)."""
     heads = {id(p) for p in model.heads.parameters()}
     head_lr = config.heads_lr
     groups = {}
@@ -399,7 +400,7 @@ def build_optimizer(model: MultitaskModel, config: TrainConfig) -> torch.optim.O
             continue
         # the usual BERT recipe: no weight decay on biases, LayerNorm gains and 1-D vectors
         decays = not (parameter.ndim < 2 or "LayerNorm" in name)
-        lr = head_lr if id(parameter) in heads else config.lr
+        lr = head_lr if id(parameter) in heads else config.lr * model.method_config.lr_scale(name, parameter)
         group = groups.setdefault((lr, decays), {"params": [], "lr": lr, "weight_decay": config.weight_decay * decays})
         group["params"].append(parameter)
     # the fused kernel (CPU and CUDA) steps 22M parameters ~6x faster than the default on 2 CPU cores

@@ -3,15 +3,18 @@
 from peftune.methods import (  # noqa: F401  (registration)
     adapter,
     bitfit,
+    dora,
     frozen,
     full,
     hyperformer,
+    ia3,
     layernorm,
     lora,
     lora_adapter,
     prefix,
     prompt,
     top_k,
+    vera,
 )
 from peftune.methods.base import (  # noqa: F401
     MethodConfig,

@@ -76,6 +76,11 @@ class MethodConfig:
         """Refuse sizes this backbone cannot hold (a LoRA rank above its hidden size, k above its layers...),
         before anything is allocated; each method with a size checks its own, then calls ``super()``."""
 
+    def lr_scale(self, name: str, parameter) -> float:
+        """The factor on the learning rate of the trainable backbone parameter ``name``: 1 for every method but one
+        that trains some of its parameters faster (LoRA+ trains B at ``loraplus_lr_ratio`` x lr)."""
+        return 1.0
+
 
 # widths of a method's own modules, in multiples of the backbone's hidden size: an adapter bottleneck wider
 # than the FFN (4 x hidden) is no bottleneck; a hypernetwork or reparameterisation MLP 16 x wider is absurd

@@ -1,6 +1,18 @@
 """LoRA (Hu et al. 2021), shared across all tasks, written here to save time; peft's format.
 
-W0 + (alpha / r) * B A with B zero-initialised, W0 frozen. Each adapted linear becomes a
+W0 + (alpha / r) * B A with B zero-initialised, W0 frozen.
+
+Its variants, as options a sweep searches (each as peft 0.21 computes it, tested against peft):
+
+- ``use_rslora``: rank-stabilised scaling alpha / sqrt(r) (Kalajdzievski 2023; peft ``use_rslora``), so the
+  update does not shrink as r grows (a fixed alpha with r = 64 scales it by alpha / 64);
+- ``loraplus_lr_ratio``: LoRA+ (Hayou et al. 2024; peft ``create_loraplus_optimizer``): B trains at this many
+  times the learning rate of A; 1 is plain LoRA;
+- ``init``: ``lora`` (A Kaiming-uniform, B zero: the paper's and peft's default), ``pissa`` (Meng et al. 2024:
+  A and B from the r principal singular directions of W0, and W0 replaced by the residual) or ``olora``
+  (Buyukakyuz 2024: A and B from W0's QR decomposition, W0 replaced by the residual). Both start from exactly the
+  backbone's function; both are deterministic in W0, so a fresh build on the same backbone re-creates the same
+  residual weights and a checkpoint of A and B is enough. Each adapted linear becomes a
 :class:`LoraLinear` with peft's parameter names (``<linear>.base_layer``,
 ``<linear>.lora_A.default``, ``<linear>.lora_B.default``), so checkpoints keep their keys and
 an adapter trained here exports to peft's format and loads onto ``transformers.BertModel``
@@ -19,6 +31,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 import torch.nn.functional as F
@@ -38,6 +51,10 @@ from peftune.methods.base import (
 
 # Linear layers of the backbone LoRA may adapt (leaf names, as in HF BERT)
 LORA_TARGETS = ("query", "key", "value", "attention.output.dense", "intermediate.dense", "output.dense")
+# initialisations of A and B (peft's init_lora_weights: True, "pissa", "olora")
+LORA_INITS = ("lora", "pissa", "olora")
+# a sane bound on LoRA+'s ratio: its paper's best ratios on encoders were 2 to 2**4 (peft's docs: 16)
+MAX_LORAPLUS_RATIO = 2**10
 
 
 @dataclass
@@ -46,11 +63,21 @@ class LoraConfig(MethodConfig):
     alpha: float = 16.0  # scale alpha / r = 2 at r = 8, peft's usual pairing
     # query, key and value as in the AdaptBert report (the LoRA paper prefers q + v at equal budget)
     targets: list[str] = field(default_factory=lambda: ["query", "key", "value"])
+    use_rslora: bool = False  # peft's default: the LoRA paper's alpha / r
+    loraplus_lr_ratio: float = 1.0  # 1: plain LoRA, A and B at one rate (LoRA+ off, as peft's LoraConfig)
+    init: str = "lora"  # the LoRA paper's init (peft's init_lora_weights=True)
+    # DoRA (peftune.methods.dora) sets True: a LoRA config that also learns a magnitude per output
+    use_dora: ClassVar[bool] = False
 
     def __post_init__(self):
         super().__post_init__()
         check_positive_int(self, "rank")
         check_range(self, "alpha", 0.0)
+        if not isinstance(self.use_rslora, bool):
+            raise UserError(f"{type(self).__name__}.use_rslora must be true or false, got {self.use_rslora!r}")
+        check_range(self, "loraplus_lr_ratio", 1.0, MAX_LORAPLUS_RATIO)
+        if self.init not in LORA_INITS:
+            raise UserError(f"{type(self).__name__}.init = {self.init!r}; expected one of {list(LORA_INITS)}")
         if isinstance(self.targets, str):
             self.targets = [t.strip() for t in self.targets.split(",") if t.strip()]
         bad = [t for t in self.targets if t not in LORA_TARGETS]
@@ -63,44 +90,83 @@ class LoraConfig(MethodConfig):
         check_at_most(self, "rank", limit, "the smallest side of the adapted linears")
         super().check_backbone(bert)
 
+    @property
+    def scaling(self) -> float:
+        """What B A is multiplied by: alpha / r (LoRA), alpha / sqrt(r) (rsLoRA)."""
+        return self.alpha / (math.sqrt(self.rank) if self.use_rslora else self.rank)
+
+    def lr_scale(self, name: str, parameter) -> float:
+        # LoRA+ as peft's create_loraplus_optimizer groups it: B, and the 1-D LoRA parameters (DoRA's magnitudes),
+        # at ratio x lr; A at lr. The adapters of lora_adapter are not LoRA's: they keep lr
+        if "lora_B" in name or ("lora_" in name and parameter.ndim == 1):
+            return self.loraplus_lr_ratio
+        return 1.0
+
+
+def target_regex(targets: list[str]) -> str:
+    """peft's ``target_modules`` for ``targets``: each pattern anchored right after "encoder.layer.N.", so
+    "output.dense" cannot also match "attention.output.dense"."""
+    return r".*encoder\.layer\.\d+\.(" + "|".join(_PATTERNS[t] for t in targets) + r")$"
+
+
+_PATTERNS = {
+    "query": r"attention\.self\.query",
+    "key": r"attention\.self\.key",
+    "value": r"attention\.self\.value",
+    "attention.output.dense": r"attention\.output\.dense",
+    "intermediate.dense": r"intermediate\.dense",
+    "output.dense": r"output\.dense",
+}
+
 
 def peft_lora_config(config: LoraConfig):
     import peft
 
-    # each pattern is anchored right after "encoder.layer.N.", so "output.dense" cannot
-    # also match "attention.output.dense"
-    patterns = {
-        "query": r"attention\.self\.query",
-        "key": r"attention\.self\.key",
-        "value": r"attention\.self\.value",
-        "attention.output.dense": r"attention\.output\.dense",
-        "intermediate.dense": r"intermediate\.dense",
-        "output.dense": r"output\.dense",
-    }
-    target_regex = r".*encoder\.layer\.\d+\.(" + "|".join(patterns[t] for t in config.targets) + r")$"
     return peft.LoraConfig(
         r=config.rank,
         lora_alpha=config.alpha,
         lora_dropout=config.dropout,
-        target_modules=target_regex,
+        target_modules=target_regex(config.targets),
         bias="none",
+        use_rslora=config.use_rslora,
+        use_dora=config.use_dora,
+        init_lora_weights=True if config.init == "lora" else config.init,
     )
 
 
 class LoraLinear(nn.Module):
     """``base_layer(x) + scaling * lora_B(lora_A(dropout(x)))``, names as peft's ``lora.Linear``."""
 
-    def __init__(self, base_layer: nn.Linear, rank: int, alpha: float, dropout: float):
+    def __init__(self, base_layer: nn.Linear, config: LoraConfig):
         super().__init__()
         self.base_layer = base_layer
-        device = base_layer.weight.device
+        device, rank = base_layer.weight.device, config.rank
         self.lora_A = nn.ModuleDict({"default": nn.Linear(base_layer.in_features, rank, bias=False, device=device)})
         self.lora_B = nn.ModuleDict({"default": nn.Linear(rank, base_layer.out_features, bias=False, device=device)})
-        self.scaling = alpha / rank
-        self.dropout = dropout
+        self.scaling = config.scaling
+        self.dropout = config.dropout
         # peft's initialisation: A Kaiming-uniform, B zero, so the adapted model starts as the backbone
         nn.init.kaiming_uniform_(self.lora_A["default"].weight, a=math.sqrt(5))
         nn.init.zeros_(self.lora_B["default"].weight)
+        if config.init != "lora" and device.type != "meta":  # meta: shapes only (parameter counts), no values
+            self.init_from_base(config.init)
+
+    @torch.no_grad()
+    def init_from_base(self, init: str) -> None:
+        """PiSSA / OLoRA: A and B from W0 (as peft's ``pissa_init`` / ``olora_init``), W0 <- W0 - scaling B A."""
+        weight = self.base_layer.weight
+        w = weight.float()  # (out, in); the decompositions in fp32, as peft's
+        r = self.lora_A["default"].out_features
+        if init == "pissa":  # W0 = U S V^T; A = sqrt(S_r / s) V_r^T, B = U_r sqrt(S_r / s)
+            u, s, vh = torch.linalg.svd(w, full_matrices=False)
+            root = torch.sqrt(s[:r] / self.scaling)
+            a, b = root[:, None] * vh[:r], u[:, :r] * root[None, :]  # (r, in), (out, r)
+        else:  # olora: W0 = Q R; A = R_r, B = Q_r (no division by the scaling: peft's olora_init)
+            q, rr = torch.linalg.qr(w)
+            a, b = rr[:r], q[:, :r]
+        self.lora_A["default"].weight.copy_(a)
+        self.lora_B["default"].weight.copy_(b)
+        weight.copy_((w - self.scaling * b @ a).to(weight.dtype))  # the model still computes W0 at init
 
     def forward(self, x):  # (B, T, in) -> (B, T, out)
         h = dropout(x, self.dropout, self.training)
@@ -123,14 +189,16 @@ def fused_qkv(attention, x):
     return out.split(first.base_layer.out_features, dim=-1)
 
 
-def apply_lora(backbone, config: LoraConfig, context) -> None:
+def apply_lora(backbone, config: LoraConfig, context, linear_cls: type[LoraLinear] = LoraLinear) -> None:
+    """Replace each target linear by ``linear_cls`` (LoRA's; DoRA passes its own, which the fused q/k/v cannot
+    compute, so it gets none)."""
     config.check_backbone(backbone.config)
     for layer in backbone.encoder.layer:
         for target in config.targets:
             parent_name, _, leaf = _TARGET_PATHS[target].rpartition(".")
             parent = layer.get_submodule(parent_name)
-            setattr(parent, leaf, LoraLinear(getattr(parent, leaf), config.rank, config.alpha, config.dropout))
-        if {"query", "key", "value"} <= set(config.targets):
+            setattr(parent, leaf, linear_cls(getattr(parent, leaf), config))
+        if linear_cls is LoraLinear and {"query", "key", "value"} <= set(config.targets):
             layer.attention.self.qkv_projection = fused_qkv
     # only the adapter's weights train; keep that explicit and exact
     for name, parameter in backbone.named_parameters():
