@@ -17,7 +17,9 @@ decision is made:
   values, per task, divided by the task's size. The seed part is the variance of a seed's score once the
   example-level noise in it is taken off (``var(seed scores) - residual mean square / n``), pooled over the
   configurations of one method (a method's sizes share how much their seeds move it) when that gives at
-  least ``MIN_POOL_DF`` degrees of freedom, else over all methods. Below 2 seeds in the whole family no seed
+  least ``MIN_POOL_DF`` degrees of freedom, else over all methods; the pools take every configuration the
+  confirmation trained, whichever budget is asked (a configuration's interval does not change with the
+  family it is compared in). Below 2 seeds in the whole family no seed
   variance can be estimated, and nothing is decided (said as such). Seed effects are taken as independent
   between configurations: seeds are numbered alike everywhere, and a positive correlation through the shared
   numbers (the data order) could only make the intervals wider than needed.
@@ -64,8 +66,10 @@ from peftune.record import BUDGETS_PCT
 
 ALPHA = 0.05
 # a method's seeds form a pool of their own from this many degrees of freedom; below it they join the pool of all
-# methods (a pool of 2 df per method made the intervals far too wide: 3 seeds covered 98.5% for a nominal 95%)
-MIN_POOL_DF = 4
+# methods. A pool of 2 df per method made the intervals far too wide (3 seeds covered 98.5% for a nominal 95%); at
+# 4 df Student's t at the levels used (1 - 0.05 / (2 x 3 looks x 11 comparisons)) is about 8 against 3.4 for the
+# pool of all: the SST cpu job's critical value was 7.1 with every method pooled alone at 3 seeds
+MIN_POOL_DF = 10
 FINAL_SHARE = 0.5  # of alpha, spent at the last look (``Plan.alpha_at``)
 QUADRATURE = 48  # nodes per seed pool of the expectation over its fiducial law (``_inflation_nodes``)
 BETTER, NOT_WORSE, CANNOT_TELL, EQUIVALENT = "better", "not worse", "cannot tell", "equivalent"
@@ -190,37 +194,27 @@ class Fit:
         return self.names.index(name)
 
 
-def fit(values: Mapping[str, Values], names: Sequence[str], methods: Mapping[str, str]) -> Fit:
+def fit(values: Mapping[str, Values], names: Sequence[str], methods: Mapping[str, str],
+        pooled: Sequence[str] | None = None) -> Fit:  # fmt: skip
     """The variance-component fit of configurations ``names`` (see the module docstring); ``methods``:
-    config -> its method (the seed pools)."""
+    config -> its method (the seed pools); ``pooled``: the configurations whose seeds estimate the seed variance
+    (default ``names``; the replay passes every configuration it knows, so a configuration's seed variance, and
+    so its interval, does not change with the budget it is compared under)."""
+    pooled = list(names) + [n for n in (pooled or ()) if n not in names]
     tasks = sorted(next(iter(values.values())).values)
     k = len(names)
     means = np.array([values[n].scores.mean() for n in names])
     seeds = np.array([len(values[n].seeds) for n in names], dtype=float)
     example_cov = np.zeros((k, k))
-    resid = np.zeros(k)  # per configuration: the example-level noise in one seed's score
     for task in tasks:
-        per_config = [values[n].values[task] for n in names]  # (S_c, n_t) each
-        n_t = per_config[0].shape[1]
-        cols = np.stack([v.mean(axis=0) for v in per_config])  # (K, n_t) seed-averaged values
-        example_cov += np.cov(cols).reshape(k, k) / n_t / len(tasks) ** 2
-        for c, v in enumerate(per_config):
-            s = v.shape[0]
-            if s > 1:
-                r = v - v.mean(axis=1, keepdims=True) - v.mean(axis=0, keepdims=True) + v.mean()
-                ms = float((r * r).sum() / ((s - 1) * (n_t - 1)))
-                resid[c] += ms / n_t / len(tasks) ** 2
-    # per configuration: sum of squares of its seed scores around their mean, minus the example-level part
-    ss, df = np.zeros(k), np.zeros(k)
-    for c, n in enumerate(names):
-        scores = values[n].scores
-        if len(scores) > 1:
-            ss[c] = float(((scores - scores.mean()) ** 2).sum()) - (len(scores) - 1) * resid[c]
-            df[c] = len(scores) - 1
-    groups = sorted({methods[n] for n in names})
-    pool = np.array([groups.index(methods[n]) for n in names])
+        cols = np.stack([values[n].values[task].mean(axis=0) for n in names])  # (K, n_t) seed-averaged values
+        example_cov += np.cov(cols).reshape(k, k) / cols.shape[1] / len(tasks) ** 2
+    resid, ss, df = _seed_sums(values, pooled, tasks)
+    groups = sorted({methods[n] for n in pooled})
+    pool = np.array([groups.index(methods[n]) for n in pooled])
     raw = ss + df * resid  # sums of squares of the seed scores themselves
-    seed_var, seed_df, seed_raw = np.zeros(k), np.zeros(k), np.zeros(k)
+    m = len(pooled)
+    seed_var, seed_df, seed_raw = np.zeros(m), np.zeros(m), np.zeros(m)
     all_df = df.sum()
     all_var, all_raw = (max(ss.sum(), 0.0) / all_df, raw.sum() / all_df) if all_df else (0.0, 0.0)
     for g in range(len(groups)):
@@ -232,12 +226,33 @@ def fit(values: Mapping[str, Values], names: Sequence[str], methods: Mapping[str
         else:  # too few seeds in this method: the pool of every method
             seed_var[mine], seed_df[mine], seed_raw[mine] = all_var, all_df, all_raw
             pool[mine] = len(groups)  # the shared pool: one draw for all that borrow it
-    noise = np.zeros(k)
+    noise = np.zeros(m)
     for p in np.unique(pool):
         mine = pool == p
-        members = mine if p < len(groups) else np.ones(k, dtype=bool)
+        members = mine if p < len(groups) else np.ones(m, dtype=bool)
         noise[mine] = (df[members] * resid[members]).sum() / max(df[members].sum(), 1.0)
-    return Fit(tuple(names), means, seeds, example_cov, seed_var, seed_df, pool, seed_raw, noise)
+    kept = slice(0, k)  # ``names`` come first in ``pooled``
+    return Fit(tuple(names), means, seeds, example_cov, seed_var[kept], seed_df[kept], pool[kept], seed_raw[kept],
+               noise[kept])  # fmt: skip
+
+
+def _seed_sums(values: Mapping[str, Values], names: Sequence[str], tasks: Sequence[str]):
+    """Per configuration: the example-level noise in one seed's score (the two-way layout's residual mean square
+    over n), and the sum of squares of its seed scores around their mean less that noise, with its df."""
+    k = len(names)
+    resid, ss, df = np.zeros(k), np.zeros(k), np.zeros(k)
+    for c, n in enumerate(names):
+        for task in tasks:
+            v = values[n].values[task]  # (S, n_t)
+            s, n_t = v.shape
+            if s > 1:
+                r = v - v.mean(axis=1, keepdims=True) - v.mean(axis=0, keepdims=True) + v.mean()
+                resid[c] += float((r * r).sum() / ((s - 1) * (n_t - 1))) / n_t / len(tasks) ** 2
+        scores = values[n].scores
+        if len(scores) > 1:
+            ss[c] = float(((scores - scores.mean()) ** 2).sum()) - (len(scores) - 1) * resid[c]
+            df[c] = len(scores) - 1
+    return resid, ss, df
 
 
 # ----------------------------------------------------------------------------- simultaneous intervals
@@ -633,7 +648,7 @@ def _look(data: Mapping[str, Values], known: Sequence[Configuration], plan: Plan
             a.decision = "only one fits" if members else "none fits"
             out.append(a)
             continue
-        f = fit(data, members, methods)
+        f = fit(data, members, methods, pooled=list(data))
         iv = intervals(f, plan.alpha_at(look))
         key = tuple(members)
         if key not in q_cache:  # the last look's q at max_seeds: what more seeds could reach
