@@ -224,3 +224,16 @@ def test_the_critical_values_tails_are_the_laws_own_and_need_no_random_numbers()
         exact = d._tails(f, [(0, 1)])(q)[0]
         mc = float(np.mean((z[:, 0] - z[:, 1]) / se > q))
         assert exact == pytest.approx(mc, abs=4 * math.sqrt(mc / 400_000) + 1e-5)
+
+
+def test_a_configurations_seed_variance_does_not_change_with_the_budget_it_is_compared_under():
+    """The pools take every configuration the confirmation trained: the SST cpu job once called lora r=8 "not
+    worse" under 10% and not under 1%, because its method pooled alone in one family and with all in the other."""
+    plan = d.Plan(3, 3, 0.07, budgets=(100.0,))
+    draw = sm.simulate(sm.W2, [0.0] * 5, plan, 500, np.random.default_rng(8))
+    names = sorted(draw.values)
+    methods = {"c0": "a", "c1": "a", "c2": "b", "c3": "b", "c4": "c"}  # a and b: 4 df each, c: 2
+    small = d.fit(draw.values, names[:3], methods, pooled=names)
+    large = d.fit(draw.values, names, methods, pooled=names)
+    assert np.allclose(small.seed_var, large.seed_var[:3]) and np.allclose(small.seed_df, large.seed_df[:3])
+    assert (large.seed_df == 10).all()  # below MIN_POOL_DF every method joins the pool of all (4 + 4 + 2 df)
