@@ -192,7 +192,7 @@ def test_sweep_definition_resolves_budget_and_spaces(sweep_dir):
         ("type: asha", "type: hyperband", "scheduler.type", "expected one of"),
         ("reduction_factor: 2", "reduction_factor: two", "scheduler.reduction_factor", "expected an int"),
         ("cpus_per_trial: 1", "cpus_per_trial: 0", "resources.cpus_per_trial", "in (0, 1024]"),
-        ("max_concurrent_trials: 2", "max_concurrent_trials: 0", "resources.max_concurrent_trials", "from 1 to 100,000"),
+        ("max_concurrent_trials: 2", "max_concurrent_trials: 0", "resources.max_concurrent_trials", "1 to 100,000"),
         ("warmup_ratio: 0.1", "lr: 0.1", "train.lr", "set by the search space"),
         ("warmup_ratio: 0.1", "warmup: 0.1", "train.warmup", "unknown training setting"),
         ("warmup_ratio: 0.1", "sampling: shuffled", "train.sampling", "sampling"),
@@ -208,7 +208,7 @@ def test_sweep_definition_resolves_budget_and_spaces(sweep_dir):
         ),
         ("name: tiny", "name: tiny sweep", "name", "letters, digits"),
         ("scheduler: {type: asha", "search: {allocation: fair}\nscheduler: {type: asha", "search.allocation", "fair"),
-        ("reduction_factor: 2}", "reduction_factor: 2, min_steps: -1}", "scheduler.min_steps", "from 0 to 1,000,000,000"),
+        ("reduction_factor: 2}", "reduction_factor: 2, min_steps: -1}", "scheduler.min_steps", "0 to 1,000,000,000"),
     ],
 )
 def test_sweep_errors_name_file_and_key(sweep_dir, old, new, key, message):
