@@ -26,7 +26,7 @@ import torch
 import yaml
 from pydantic import TypeAdapter
 
-from peftune import bench, checkpoint, methods, record, services, spaces, sweep, train
+from peftune import bench, checkpoint, console, methods, record, services, spaces, sweep, train
 from peftune.backbone import DEFAULT_MODEL, BertConfig, BertModel, check_tokenizer_files, read_config, resolve_model_dir
 from peftune.errors import UserError, one_line, user_errors
 from peftune.model import MultitaskModel
@@ -810,6 +810,14 @@ def _add_after_the_sweep(parser) -> None:
         action="store_true",
         help="exit 0 when some (not all) trials failed; without it such a sweep exits 4",
     )
+    parser.add_argument(  # SUPPRESS: under `peftune -v sweep` the subcommand must not reset the top-level flag
+        "-v",
+        "--verbose",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="also Ray Tune's per-trial status tables and a line per trial epoch (default: a line per finished "
+        "trial with the phase's progress)",
+    )
 
 
 def definition_from_args(args) -> spaces.SweepDefinition:
@@ -840,6 +848,7 @@ def main_from_args(
     if test_dir is not None:
         check_test_dir(test_dir, definition, args.test_seeds)
     _warn_relative_paths_in_job(args)
+    verbose = getattr(args, "verbose", False)
     result = sweep.run_sweep(
         definition,
         args.data_dir,
@@ -852,6 +861,7 @@ def main_from_args(
         on_finished=on_finished,
         optuna_storage=getattr(args, "optuna_storage", None),
         read_predictions=read_predictions,
+        verbose=console.TUNE_TABLES if verbose else console.TUNE_QUIET,
     )
     if test_dir is not None and result.status in (sweep.COMPLETED, sweep.COMPLETED_WITH_FAILURES):
         final_evaluation(result, args, definition.invalid_rows, on_finished)
@@ -923,6 +933,8 @@ def job_main(
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", datefmt="%H:%M:%S"
     )
+    if getattr(args, "verbose", False):
+        logging.getLogger("peftune").setLevel(logging.DEBUG)
     return run_command(parser.prog, lambda: main_from_args(args, on_finished, read_predictions))
 
 

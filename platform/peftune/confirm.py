@@ -55,7 +55,7 @@ from mlflow.entities import Metric
 from ray import tune
 from ray.tune.search import Searcher
 
-from peftune import decisions
+from peftune import console, decisions
 from peftune.methods.options import options_from_params
 from peftune.record import (
     BUDGETS_PCT,
@@ -502,7 +502,11 @@ class Confirmation:
             run_config=tune.RunConfig(
                 name=f"{definition.name}-confirm-{time.strftime('%Y%m%d-%H%M%S')}",  # a fresh experiment per run
                 storage_path=self.storage,
-                callbacks=[self.trial_logger, *self.callbacks],
+                callbacks=[
+                    self.trial_logger,
+                    console.Progress("confirmation", lambda: self.ran, definition.budget.epochs),
+                    *self.callbacks,
+                ],
                 failure_config=tune.FailureConfig(max_failures=definition.max_failures),
                 checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                 verbose=self.verbose,

@@ -52,7 +52,7 @@ import pyarrow.fs
 import ray
 from ray import tune
 
-from peftune import confirm, lease, search, spaces, tracking, tracking_buffer, worker
+from peftune import confirm, console, lease, search, spaces, tracking, tracking_buffer, worker
 from peftune import record as record_names
 from peftune.errors import UserError, one_line
 from peftune.resume import RunCallbacks, installed
@@ -333,7 +333,7 @@ def run_sweep(
     callbacks: Sequence = (),
     on_finished: Callable[[SweepResult], None] | None = None,
     reports_dir: str | Path = record_names.REPORTS_DIR,
-    verbose: int = 1,
+    verbose: int = console.TUNE_QUIET,
     optuna_storage: str | None = None,
     tracking_wait_s: float = TRACKING_WAIT_S,
     read_predictions: Callable[[str, str], Any] | None = None,
@@ -376,7 +376,9 @@ def run_sweep(
         del prepared  # the object store holds it now
         tuner = _tuner(definition, runnable, storage, exists, optuna_url, tracking.RecordedResults(record),
                        budgets, verbose)  # fmt: skip
-        with installed([trial_logger, links, *callbacks]), every_slot_pending(definition.resources):
+        total = budgets.trials_bound() if search.per_method(definition) else definition.budget.num_samples
+        progress = console.Progress("search", total, definition.budget.epochs)
+        with installed([trial_logger, links, progress, *callbacks]), every_slot_pending(definition.resources):
             grid = tuner.fit()
         if not trial_logger.flush(tracking_wait_s):
             return _unrecorded(definition, record, *where, trial_logger, len(grid))
@@ -431,6 +433,7 @@ def _set_environment() -> None:
     # buffer (peftune.tracking_buffer) retries instead, so a write fails fast into it. A user's setting wins.
     for key, value in MLFLOW_FAIL_FAST.items():
         os.environ.setdefault(key, value)
+    console.quiet_libraries()
 
 
 def _check_resume(definition: SweepDefinition, resume: bool | None, tracking_uri: str, experiment_path: str) -> bool:

@@ -830,7 +830,7 @@ class TrialLogger(tune.Callback):
         if "predictions" in result:
             self._log_predictions(trial, result)
         shown = " ".join(f"{k} {result[k]:.4f}" for k in self.task_metrics if k in result)
-        log.info(
+        log.debug(  # the console's line per finished trial is ``console.Progress``'s; this one with --verbose
             "trial %s (%s) epoch %d/%d: %s score %.4f, %.0fs",
             trial.trial_id,
             trial.config.get("method"),

@@ -23,7 +23,7 @@ import ray
 import torch
 from ray import tune
 
-from peftune import methods, record
+from peftune import console, methods, record
 from peftune.train import TrainConfig, TrainingDiverged, run_trial, select_device, train_command
 
 log = logging.getLogger("peftune.worker")
@@ -136,6 +136,7 @@ def trainable(config: dict, prepared, settings: TrialSettings) -> None:
 
     ``prepared``: the sweep's ``PreparedData``, or a ``SharedData`` reference to it (see :func:`worker_prepared`).
     """
+    console.quiet_trial_logs()
     prepared = worker_prepared(prepared)
     settings = settings.for_trial(config)
     granted = granted_resources()

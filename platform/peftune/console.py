@@ -1,0 +1,105 @@
+"""What a sweep prints: the lines a person follows, not the libraries' own chatter.
+
+By default a sweep prints, per phase, one line per finished trial with the phase's done / total, the elapsed
+time, an estimate of what is left and the best score per method so far; the confirmation's rounds and
+decisions (``peftune.confirm``), warnings, and at the end where to look. Ray Tune's per-trial status tables
+(thousands of lines for the cpu job) come back with ``--verbose``; MLflow's per-run links and download bars
+are off unless the user sets them (``quiet_libraries``).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+
+import optuna
+from ray import tune
+
+log = logging.getLogger(__name__)
+
+# MLflow prints a run's and its experiment's links each time a run ends, and a progress bar per artifact read:
+# 142 and 241 lines of the SST cpu job. A user's own setting wins.
+QUIET_MLFLOW = {"MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
+TUNE_QUIET, TUNE_TABLES = 0, 1  # Ray Tune's ``verbose``: nothing, or its status tables
+BEST_SHOWN = 3  # methods listed in the "best so far" part of a progress line
+
+
+def quiet_libraries() -> None:
+    for key, value in QUIET_MLFLOW.items():
+        os.environ.setdefault(key, value)
+    # Optuna says "A new study created" once per method: the progress lines name the methods already
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+
+
+def quiet_trial_logs() -> None:
+    """In a trial's process: Ray Train's "Checkpoint successfully created" line per checkpoint (107 lines of the
+    SST cpu job) is kept at debug level; its warnings still show."""
+    logging.getLogger("ray.train").setLevel(logging.WARNING)
+
+
+def duration(seconds: float) -> str:
+    """``42s``, ``7m05s``, ``1h02m``."""
+    if not math.isfinite(seconds):
+        return "?"
+    seconds = int(round(seconds))
+    if seconds < 60:
+        return f"{seconds}s"
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+class Progress(tune.Callback):
+    """One line per finished trial of a phase: ``search 23/70 (8 stopped early) 12m05s elapsed, ~25m left:
+    lora 0.4109; best so far: full 0.4527, top_k 0.4436, lora_adapter 0.4109``. ``total`` is a number or a
+    callable (the confirmation learns its size as its rounds go); the estimate is the mean time per finished
+    trial so far times the trials left (trials run side by side, so it is a wall-clock rate)."""
+
+    def __init__(self, phase: str, total: int | Callable[[], int | None] | None, epochs: int, metric: str = "score"):
+        self.phase, self.total, self.epochs, self.metric = phase, total, epochs, metric
+        self.started = time.monotonic()
+        self.done = self.stopped_early = self.failed = 0
+        self.best: dict[str, float] = {}
+
+    def _total(self) -> int | None:
+        return self.total() if callable(self.total) else self.total
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        result = trial.last_result or {}
+        method = (trial.config or {}).get("method", "?")
+        score = result.get(self.metric)
+        self.done += 1
+        if int(result.get("epoch", 0)) < self.epochs:  # ASHA stopped it at a rung
+            self.stopped_early += 1
+        if isinstance(score, (int, float)) and math.isfinite(score):
+            self.best[method] = max(score, self.best.get(method, -math.inf))
+        self._line(f"{method} {score:.4f}" if isinstance(score, (int, float)) else f"{method} (no score)")
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self.done += 1
+        self.failed += 1
+        self._line(f"{(trial.config or {}).get('method', '?')} failed")
+
+    def _line(self, what: str) -> None:
+        elapsed = time.monotonic() - self.started
+        total = self._total()
+        count = f"{self.done}/{total}" if total else f"{self.done}"
+        notes = [f"{n} {w}" for n, w in ((self.stopped_early, "stopped early"), (self.failed, "failed")) if n]
+        left = ""
+        if total and total > self.done:
+            left = f", ~{duration(elapsed / self.done * (total - self.done))} left"
+        best = sorted(self.best.items(), key=lambda kv: -kv[1])[:BEST_SHOWN]
+        shown = ", ".join(f"{m} {s:.4f}" for m, s in best)
+        log.info(
+            "%s %s%s %s elapsed%s: %s%s",
+            self.phase,
+            count,
+            f" ({', '.join(notes)})" if notes else "",
+            duration(elapsed),
+            left,
+            what,
+            f"; best so far: {shown}" if shown else "",
+        )

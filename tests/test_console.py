@@ -1,0 +1,50 @@
+"""The console (issue 31 item 6): a line per finished trial with the phase's progress, and the libraries quiet."""
+
+from __future__ import annotations
+
+import logging
+import os
+from types import SimpleNamespace
+
+from peftune import console
+
+
+def trial(method: str, score: float | None, epoch: int = 1):
+    result = {"epoch": epoch} if score is None else {"epoch": epoch, "score": score}
+    return SimpleNamespace(config={"method": method}, last_result=result)
+
+
+def test_a_progress_line_counts_estimates_what_is_left_and_names_the_best_per_method(caplog, monkeypatch):
+    clock = iter([0.0, 60.0, 120.0, 180.0])
+    monkeypatch.setattr(console.time, "monotonic", lambda: next(clock))
+    progress = console.Progress("search", 6, epochs=2)
+    with caplog.at_level(logging.INFO, logger="peftune.console"):
+        progress.on_trial_complete(0, [], trial("lora", 0.41, epoch=2))
+        progress.on_trial_complete(0, [], trial("frozen", 0.39, epoch=1))  # ASHA stopped it after epoch 1
+        progress.on_trial_error(0, [], trial("prompt", None))
+    first, second, third = (r.getMessage() for r in caplog.records)
+    assert first == "search 1/6 1m00s elapsed, ~5m00s left: lora 0.4100; best so far: lora 0.4100"
+    assert second.startswith("search 2/6 (1 stopped early) 2m00s elapsed, ~4m00s left: frozen 0.3900")
+    assert second.endswith("best so far: lora 0.4100, frozen 0.3900")
+    assert third.startswith("search 3/6 (1 stopped early, 1 failed) 3m00s elapsed, ~3m00s left: prompt failed")
+
+
+def test_a_phase_of_unknown_size_counts_without_an_estimate(caplog):
+    planned = []
+    progress = console.Progress("confirmation", lambda: len(planned) or None, epochs=1)
+    with caplog.at_level(logging.INFO, logger="peftune.console"):
+        progress.on_trial_complete(0, [], trial("lora", 0.4))
+    line = caplog.records[-1].getMessage()
+    assert line.startswith("confirmation 1 ") and "left" not in line
+
+
+def test_mlflow_links_and_download_bars_are_off_unless_the_user_set_them(monkeypatch):
+    monkeypatch.delenv("MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT", raising=False)
+    monkeypatch.setenv("MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR", "true")  # the user's own choice wins
+    console.quiet_libraries()
+    assert os.environ["MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT"] == "true"
+    assert os.environ["MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR"] == "true"
+
+
+def test_durations_read_as_a_person_writes_them():
+    assert [console.duration(s) for s in (5, 125, 3720, float("nan"))] == ["5s", "2m05s", "1h02m", "?"]
