@@ -62,14 +62,25 @@ def test_below_two_seeds_nothing_is_decided_and_it_says_so():
     assert a.decision == d.CANNOT_TELL and "below 2 seeds" in a.needs
 
 
-def test_futility_adds_at_most_one_seed_where_the_example_term_alone_keeps_it_open():
-    # 60 decision examples: the example term alone is wider than the margin and than the gap's estimates
+def test_futility_adds_no_seed_where_the_example_term_alone_keeps_it_open():
+    """Where the example term alone (infinite seeds) at the last look's q is wider than the margin and than the
+    difference one example standard error beyond its estimate, no seed is added; elsewhere seeds go on."""
     rng = np.random.default_rng(11)
-    for _ in range(10):
-        outcome = sm.simulate(sm.W2, [0.0, sm.shift_for_gap(sm.W2, 0.035)], CPU, 60, rng).outcome
-        assert max(outcome.seeds_used.values()) <= CPU.seeds + 1
-        if outcome.stopped == "futile":
-            assert "decision examples" in outcome.answers[0].needs
+    futile = grown = 0
+    for _ in range(20):
+        draw = sm.simulate(sm.W2, [0.0, sm.shift_for_gap(sm.W2, 0.035)], CPU, 60, rng)
+        first = {n: v.first(CPU.seeds) for n, v in draw.values.items()}
+        f = d.fit(first, ["c0", "c1"], {"c0": "m0", "c1": "m1"})
+        q_last = d._q_at_max(f, CPU)
+        ex_se = f.pair_se(0, 1, np.full(2, 1e12))
+        if q_last * ex_se >= max(CPU.margin, abs(f.means[0] - f.means[1]) + ex_se):
+            futile += 1
+            assert max(draw.outcome.seeds_used.values()) == CPU.seeds and draw.outcome.stopped in ("futile", "decided")
+            if draw.outcome.stopped == "futile":
+                assert "decision examples" in draw.outcome.answers[0].needs
+        else:
+            grown += max(draw.outcome.seeds_used.values()) > CPU.seeds or draw.outcome.stopped == "decided"
+    assert futile >= 5 and grown >= 1, (futile, grown)
 
 
 @pytest.mark.parametrize("world", [sm.W1, sm.W2], ids=lambda w: w.name)

@@ -478,17 +478,19 @@ def answer(budget: float, iv: Intervals, costs: Mapping[str, float], margin: flo
 
 def _what_would_tell(iv: Intervals, best: int, rivals: Sequence[int], costs, margin: float, max_seeds: int,
                      q_last: float) -> tuple[list[str], str]:  # fmt: skip
-    """(configurations worth a seed, what would decide the question). A rival is worth seeds when, at
-    ``max_seeds`` on both sides and the current estimates, it would be shown not worse than the best, or the
-    best better than it, at the last look's ``q_last`` (comparisons with the best); else the example term
-    alone keeps it open (futile)."""
+    """(configurations worth a seed, what would decide the question). A rival gets seeds (up to ``max_seeds``)
+    unless its comparison with the best is futile: the example term alone (infinite seeds) at the last look's
+    ``q_last`` is wider than the margin and than the difference one (example) standard error beyond its
+    estimate, so no number of seeds could decide it. (A rule on the estimate alone, "would it be decided at max_seeds if the
+    estimate were the truth", stopped true gaps early: a 0.03 gap was called better 0.61 of the time against
+    0.96 for a test knowing the variance.)"""
     f = iv.fit
-    full = np.full(len(f.names), float(max_seeds))
+    infinite = np.full(len(f.names), 1e12)
     grow = []
     for j in rivals:
-        d = float(f.means[best] - f.means[j])
-        h = q_last * f.pair_se(best, j, np.maximum(f.seeds, full))
-        if (-d - h >= -margin or d - h > 0) and (f.seeds[j] < max_seeds or f.seeds[best] < max_seeds):
+        d, ex_se = abs(float(f.means[best] - f.means[j])), f.pair_se(best, j, np.maximum(f.seeds, infinite))
+        wide = q_last * ex_se >= max(margin, d + ex_se)
+        if not wide and (f.seeds[j] < max_seeds or f.seeds[best] < max_seeds):
             grow.append(f.names[j])
     if grow:
         grow.append(f.names[best])
