@@ -52,7 +52,7 @@ LR = Bound(0.0, 10.0, "beyond it a trial only diverges", low_open=True)
 WEIGHT_DECAY = Bound(0.0, 10.0, "beyond it a trial only forgets")
 RATES = {"lr": LR, "head_lr": LR, "dropout": DROPOUT, "weight_decay": WEIGHT_DECAY,
          "warmup_ratio": Bound(0.0, 1.0, high_open=True),
-         "max_grad_norm": Bound(0.0, 1e6, "a sane bound on a clip", low_open=True),
+         "max_grad_norm": Bound(0.0, 1e12, "a sane bound on a clip", low_open=True),
          "temperature": Bound(0.0, 1e3, "a sane bound on a sampling temperature", low_open=True)}  # fmt: skip
 SEED = Bound(0, MAX_SEED, "numpy's and torch's range")
 COUNTS = {"epochs": Bound(1, 1_000, "a sane bound on a trial's epochs"), "seed": SEED,
