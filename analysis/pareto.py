@@ -33,10 +33,11 @@ import numpy as np
 import pandas as pd
 
 from peftune.errors import UserError
+from peftune.record import COMPLETED
 
 COST = "trainable_params_per_task"
 COST_PCT = "trainable_params_per_task_pct"
-FRONTIER_STATUSES = ("completed",)
+FRONTIER_STATUSES = (COMPLETED,)
 REFERENCE_SCORE = 0.0
 REFERENCE_COST_FRACTION = 1.0  # 100% of the backbone: what full fine-tuning trains
 LOG_FLOOR = 1e-5  # the hypervolume's log-cost axis starts at 0.001% of the backbone

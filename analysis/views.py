@@ -43,11 +43,11 @@ from optuna.importance import PedAnovaImportanceEvaluator
 
 from analysis import pareto
 from analysis.plots import TASK_NAMES, method_color, zero_floor
+from peftune.record import COMPLETED, EARLY_STOPPED, HYPERPARAMETERS, metric_task
 
 log = logging.getLogger("analysis.views")
 
 MIN_TRIALS = 4
-COMMON_PARAMS = ("lr", "dropout", "weight_decay")
 LOG_PARAMS = ("lr",)
 
 
@@ -61,7 +61,7 @@ def expected_max_table(trials: pd.DataFrame) -> pd.DataFrame:
     a method without a recorded default starts from its searched trials alone.
     """
     rows = []
-    scored = trials[trials["status"].isin(("completed", "early_stopped")) & trials["score"].notna()]
+    scored = trials[trials["status"].isin((COMPLETED, EARLY_STOPPED)) & trials["score"].notna()]
     for method in pareto.ordered_methods(scored["method"]) if len(scored) else []:
         mine = scored[scored["method"] == method]
         default = mine[mine["default"]]["score"] if "default" in mine else mine.iloc[0:0]["score"]
@@ -108,7 +108,7 @@ def _search_params(trials: pd.DataFrame) -> dict[str, dict]:
     out = {}
     for index, row in trials.iterrows():
         params = {"method": row["method"]}
-        for key in COMMON_PARAMS:
+        for key in HYPERPARAMETERS:
             if key in row and pd.notna(row[key]):
                 params[key] = row[key]
         for key in row.index:
@@ -255,7 +255,7 @@ def importance_target_label(target: str) -> str:
         return "score"
     if target == "pareto":
         return "reaching the frontier (score up, params down)"
-    task, _, metric = target.partition("_")
+    task, metric = metric_task(target)
     return f"{TASK_NAMES.get(task, task)} {metric}"
 
 
@@ -289,7 +289,7 @@ def _axes(trials: pd.DataFrame, task_metrics: Sequence[str]) -> list[dict]:
             "ticktext": methods,
         }
     ]
-    for key in COMMON_PARAMS:
+    for key in HYPERPARAMETERS:
         if key in trials and trials[key].notna().any():
             values = pd.to_numeric(trials[key], errors="coerce").astype(float)
             if key in LOG_PARAMS and (values > 0).all():
