@@ -39,7 +39,7 @@ import pandas as pd
 from analysis import pareto
 from peftune import decisions
 from peftune.decisions import CANNOT_TELL, Configuration, Plan
-from peftune.record import BUDGETS_PCT, DECISION, is_report_run
+from peftune.record import BUDGETS_PCT, COMPLETED, DECISION, is_report_run
 
 ALPHA = 0.05
 
@@ -80,7 +80,7 @@ def configurations(sweep) -> pd.DataFrame:
     confirmations = getattr(sweep, "confirmations", None)
     runs, source = (confirmations, "confirmed") if confirmations is not None and len(confirmations) else (None, None)
     if runs is not None:
-        runs = runs[runs["status"] == "completed"]
+        runs = runs[runs["status"] == COMPLETED]
     if runs is None or not len(runs):
         runs, source = pareto.eligible(sweep.trials), "search"
     runs = runs[runs["score"].notna()] if len(runs) else runs

@@ -51,11 +51,11 @@ from ray.tune.search.optuna import OptunaSearch
 
 from peftune import spaces
 from peftune.errors import UserError
-from peftune.record import SEARCH, config_key, sqlite_path
+from peftune.record import DEFAULT, SCORE, SEARCH, config_key, sqlite_path
 from peftune.spaces import MethodSpace
 
-METRIC, MODE = "score", "max"
-DEFAULT_ATTR = "peftune.default"  # user attribute of an enqueued default trial in its Optuna study
+METRIC, MODE = SCORE, "max"
+DEFAULT_ATTR = DEFAULT  # user attribute of an enqueued default trial in its Optuna study: the record's tag's name
 # user attributes linking an Optuna trial to its Ray trial and MLflow run (optuna-dashboard shows them); the
 # MLflow run carries the way back as tags: peftune.optuna_study, peftune.optuna_trial (the trial's number)
 RAY_TRIAL_ATTR, MLFLOW_RUN_ATTR = "ray_trial_id", "mlflow_run_id"
