@@ -74,7 +74,9 @@ from peftune.train import TrainConfig, evaluate, prepare, run_trial, select_devi
 
 log = logging.getLogger("analysis.evaluate")
 
-SPLITS = ("selection (sweep)", "dev", "test")  # the trial's figure on the split it selected on; re-trained dev; test
+# the summary's rows per configuration, in order (not peftune.data.SPLITS): the trial's figure on the split it
+# selected on, re-trained dev, test
+SUMMARY_SPLITS = ("selection (sweep)", "dev", "test")
 
 
 @dataclass
@@ -148,7 +150,7 @@ def method_params(row: pd.Series) -> dict[str, str]:
     }
 
 
-def train_config(row: pd.Series, seed: int, train_settings: dict, device: str, selecting: bool = True):
+def rerun_config(row: pd.Series, seed: int, train_settings: dict, device: str, selecting: bool = True):
     """The ``TrainConfig`` the trial trained, with another seed: its params, the sweep's fixed settings, the device."""
 
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -297,7 +299,7 @@ class _EvaluationData:
     """What every re-training of a sweep's configurations shares: its data, the test split, the device."""
 
     client: object  # mlflow.MlflowClient of the sweep's store
-    prepared: object  # peftune.train.Prepared: the sweep's training and dev data, its backbone
+    prepared: object  # peftune.train.PreparedData: the sweep's training and dev data, its backbone
     test_tasks: dict  # task -> TaskData whose ``dev`` is the test split
     train_settings: dict  # the sweep definition's ``train`` section
     device: str  # as asked (a TrainConfig's device)
@@ -357,7 +359,7 @@ def _evaluate_seed(data: _EvaluationData, trial: pd.Series, seed: int, restore: 
     else:
         source = "retrained"
         selecting = next(iter(data.prepared.tasks.values())).selection is not None
-        config = train_config(trial, seed, data.train_settings, data.device, selecting)
+        config = rerun_config(trial, seed, data.train_settings, data.device, selecting)
         model, dev = _retrain(config, data.prepared)
     test = evaluate(model, data.test_tasks, batch_size, data.torch_device)
     test[SCORE] = overall_score(test)
@@ -434,7 +436,7 @@ def summarize(runs: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
     for metric in metrics:
         out[f"{metric}_ci_low"] = out[f"{metric}_mean"] - half * out[f"{metric}_std"]
         out[f"{metric}_ci_high"] = out[f"{metric}_mean"] + half * out[f"{metric}_std"]
-    out["split"] = pd.Categorical(out["split"], categories=list(SPLITS), ordered=True)
+    out["split"] = pd.Categorical(out["split"], categories=list(SUMMARY_SPLITS), ordered=True)
     out = out.sort_values([pareto.COST, "label", "split"], kind="stable").reset_index(drop=True)
     out["split"] = out["split"].astype(str)
     return out

@@ -433,7 +433,7 @@ def _expected_max(values: np.ndarray, draws: np.ndarray) -> np.ndarray:
     return mass @ v
 
 
-def _finite(scores: Sequence[float], what: str) -> np.ndarray:
+def _finite_scores(scores: Sequence[float], what: str) -> np.ndarray:
     values = np.asarray(scores, dtype=float)
     if values.ndim != 1 or not len(values) or not np.isfinite(values).all():
         raise ValueError(f"{what}: need a non-empty list of finite scores")
@@ -446,7 +446,7 @@ def expected_max_curve(scores: Sequence[float], max_n: int | None = None) -> np.
     Dodge et al. 2019: n i.i.d. draws from the empirical distribution of the N observed trial scores
     (with replacement), ``E[max of n] = sum_i v_(i) ((i/N)^n - ((i-1)/N)^n)`` over the sorted scores v_(1) <=
     ... <= v_(N). n = 1 gives the mean; the curve rises to the maximum as n grows."""
-    values = _finite(scores, "expected_max_curve")
+    values = _finite_scores(scores, "expected_max_curve")
     return _expected_max(values, np.arange(1, (max_n or len(values)) + 1))
 
 
@@ -457,7 +457,7 @@ def expected_max_with_default(
     search trials (default max_n = N + 1): n = 1 is ``default_score``; n >= 2 is
     ``E[max(default, max of n-1 draws)] = sum_i max(default, v_(i)) ((i/N)^(n-1) - ((i-1)/N)^(n-1))``
     (the draws as in ``expected_max_curve``)."""
-    values = _finite(searched_scores, "expected_max_with_default")
+    values = _finite_scores(searched_scores, "expected_max_with_default")
     max_n = max_n or len(values) + 1
     curve = np.full(max_n, float(default_score))
     curve[1:] = _expected_max(np.maximum(values, default_score), np.arange(1, max_n))

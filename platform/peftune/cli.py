@@ -211,7 +211,7 @@ def _parse_value(raw: str):
 
 
 def cmd_train(args) -> int:
-    config = train_config(args)
+    config = config_from_args(args)
     output = Path(args.output or f"runs/{config.method}-{time.strftime('%Y%m%d-%H%M%S')}")
     check_train_args(args, config, output)  # all a user can get wrong, before the data is read
     if args.threads is not None:
@@ -252,7 +252,7 @@ def cmd_train(args) -> int:
     return 0
 
 
-def train_config(args) -> train.TrainConfig:
+def config_from_args(args) -> train.TrainConfig:
     """The TrainConfig of ``peftune train``'s flags (the inverse of ``train.train_command``)."""
     selection = _selection_examples(args.selection_examples)
     return train.TrainConfig(
@@ -839,7 +839,7 @@ def main_from_args(
     record.check_tracking_uri(record.resolve_tracking_uri(args.tracking_uri))
     test_dir = getattr(args, "test_dir", None)
     if test_dir is not None:
-        check_test_dir(test_dir, definition, args.test_seeds)
+        check_test_args(test_dir, definition, args.test_seeds)
     _warn_relative_paths_in_job(args)
     result = sweep.run_sweep(
         definition,
@@ -861,13 +861,14 @@ def main_from_args(
     return exit_code(result.status, allow_failures=getattr(args, "allow_failures", False))
 
 
-def check_test_dir(test_dir, definition: spaces.SweepDefinition, seeds: int) -> None:
-    """Each task's test file, read and validated before the sweep starts (its rows are not used until the end)."""
-    from analysis.evaluate import check_test_dir as check_files  # deferred: pandas and plotting load slowly
+def check_test_args(test_dir, definition: spaces.SweepDefinition, seeds: int) -> None:
+    """``--test-seeds`` and ``--test-dir``: each task's test file, read and validated before the sweep starts (its
+    rows are not used until the end)."""
+    from analysis.evaluate import check_test_dir  # deferred: pandas and plotting load slowly
 
     if seeds < 1:
         raise UserError(f"--test-seeds must be >= 1, got {seeds}")
-    check_files(test_dir, definition.tasks, definition.invalid_rows)
+    check_test_dir(test_dir, definition.tasks, definition.invalid_rows)
 
 
 def final_evaluation(result: sweep.SweepResult, args, invalid_rows: str, on_finished) -> None:

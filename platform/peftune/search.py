@@ -27,7 +27,7 @@ trial id and, once the record has it, its MLflow run id as user attributes (``Ru
 State across a resume, through public means only: Tune saves and restores the searcher
 (``save``/``restore``); the studies themselves live in the Optuna storage. The scheduler's rungs
 are not part of Tune's saved state, so the scheduler refills them from the MLflow record of the
-sweep (``tracking.result_history``) the first time it sees a trial after it was (un)pickled.
+sweep (``tracking.RecordedResults``) the first time it sees a trial after it was (un)pickled.
 """
 
 from __future__ import annotations

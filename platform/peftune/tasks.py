@@ -135,10 +135,6 @@ def parse_tasks(names: str | Sequence[str]) -> list[TaskSpec]:
     return [get_task(n) for n in names]
 
 
-# The score of the AdaptBert report: mean of sst accuracy, para accuracy, sts Pearson r
-SCORE_TASKS = ("sst", "para", "sts")
-
-
 def overall_score(metrics: dict[str, float]) -> float:
     """Mean of the per-task dev metrics; the AdaptBert average when all of sst/para/sts ran."""
     if not metrics:
