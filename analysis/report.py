@@ -58,6 +58,7 @@ from peftune import decisions
 from peftune.decisions import Plan
 from peftune.errors import UserError
 from peftune.record import (
+    BACKBONE_PARAMS,
     BEST_EPOCH,
     CODE_VERSION,
     COMPLETED,
@@ -65,6 +66,7 @@ from peftune.record import (
     HYPERPARAMETERS,
     NOTE_TAG,
     REPORTS_DIR,
+    STORED_PARAMS_PCT,
     artifact_route,
     compare_address,
     compare_route,
@@ -96,7 +98,7 @@ def load_reference() -> pd.DataFrame:
             "sst_acc": "sst_accuracy",
             "para_acc": "para_accuracy",
             "params_updated_per_task_pct": pareto.COST_PCT,
-            "additional_params_stored_pct": "stored_params_pct",
+            "additional_params_stored_pct": STORED_PARAMS_PCT,
         }
     ).assign(size=lambda t: t["size"].fillna("").astype(str))
 
@@ -118,7 +120,7 @@ def adaptbert_table(
         {
             "score": "Average",
             pareto.COST_PCT: "Params updated per task %",
-            "stored_params_pct": "Additional params stored %",
+            STORED_PARAMS_PCT: "Additional params stored %",
             "trials_in_group": "Trials",
             BEST_EPOCH: "Best epoch",
             "run_id": "Run id",
@@ -468,7 +470,7 @@ def headline_frontier(report: Report) -> dict[str, float]:
     (their frontier, the hypervolume on the log-cost axis); without confirmation, the completed search trials."""
     configs = report.configs
     if len(configs) and configs["source"].iloc[0] == "confirmed":
-        fraction = configs[pareto.COST] / configs["backbone_params"]
+        fraction = configs[pareto.COST] / configs[BACKBONE_PARAMS]
         return {
             "sweep_frontier_size": float(len(report.confirmed_front)),
             "sweep_hypervolume": pareto.hypervolume(configs["score_mean"], fraction),

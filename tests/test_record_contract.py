@@ -28,6 +28,7 @@ def record_names() -> dict[str, str]:
     statuses += ("COMPLETED_WITH_FAILURES", "INTERRUPTED")
     names.update({getattr(record, key): key for key in statuses})
     names.update({record.BEST_SCORE: "BEST_SCORE", record.BEST_EPOCH: "BEST_EPOCH"})
+    names.update({name: "COUNT_METRICS" for name in record.COUNT_METRICS})
     names.update({name: "split_metric_names" for name in record.split_metric_names([])})
     return names
 
@@ -101,7 +102,7 @@ def test_the_scan_finds_a_spelled_out_name(tmp_path):
 
 def test_record_names_are_spelled_only_in_record():
     names = record_names()
-    assert {"peftune.method", "diverged", "partial", "best_epoch", "dev_score"} <= set(names)
+    assert {"peftune.method", "diverged", "partial", "best_epoch", "dev_score", "stored_params_pct"} <= set(names)
     found = [line for path in sources() for line in spelled_out(path, names) + hyperparameters_spelled_out(path)]
     assert not found, "use the names of peftune.record instead:\n" + "\n".join(found)
 

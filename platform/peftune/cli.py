@@ -240,9 +240,9 @@ def cmd_train(args) -> int:
     counts = train.run_trial(config, prepared, report).history[-1]
     print(
         f"best {config.eval_splits[0]} score {best[record.SCORE]:.4f} at epoch {best[record.EPOCH]}; "
-        f"trainable per task {counts['trainable_params_per_task']:,} "
-        f"({counts['trainable_params_per_task_pct']:.2f}% of the backbone), "
-        f"stored {counts['stored_params']:,} ({counts['stored_params_pct']:.2f}%)"
+        f"trainable per task {counts[record.TRAINABLE_PER_TASK]:,} "
+        f"({counts[record.TRAINABLE_PER_TASK_PCT]:.2f}% of the backbone), "
+        f"stored {counts[record.STORED_PARAMS]:,} ({counts[record.STORED_PARAMS_PCT]:.2f}%)"
     )
     print(f"checkpoint (best epoch): {output}")
     if args.export_peft:

@@ -74,6 +74,7 @@ from peftune.record import (
     SEARCH,
     SEED,
     STATUS,
+    TRAINABLE_PER_TASK_PCT,
     TRIAL_ROLE,
     is_report_run,
     run_config_key,
@@ -150,7 +151,7 @@ def _candidate(run) -> Candidate | None:
         status,
         tags.get(DEFAULT, "false") == "true",
         dict(run.data.params),
-        metrics.get("trainable_params_per_task_pct", math.inf),
+        metrics.get(TRAINABLE_PER_TASK_PCT, math.inf),
         _seconds_per_run(metrics),
     )
 

@@ -167,15 +167,21 @@ def metric_task(name: str) -> tuple[str, str]:
     return task, metric
 
 
-# parameter counts, logged once per trial (peftune.params.ParameterCounts.summary)
+# parameter counts, logged once per trial (peftune.params.ParameterCounts.summary): the backbone's, the trainable
+# parameters per task (shared + that task's; the frontier's cost) and those stored for all tasks, each also as % of
+# the backbone, those a checkpoint holds, and the task heads'
+BACKBONE_PARAMS = "backbone_params"
+TRAINABLE_PER_TASK, TRAINABLE_PER_TASK_PCT = "trainable_params_per_task", "trainable_params_per_task_pct"
+STORED_PARAMS, STORED_PARAMS_PCT = "stored_params", "stored_params_pct"
+CHECKPOINT_PARAMS, HEAD_PARAMS = "checkpoint_params", "head_params"
 COUNT_METRICS = (
-    "backbone_params",
-    "trainable_params_per_task",
-    "trainable_params_per_task_pct",
-    "stored_params",
-    "stored_params_pct",
-    "checkpoint_params",
-    "head_params",
+    BACKBONE_PARAMS,
+    TRAINABLE_PER_TASK,
+    TRAINABLE_PER_TASK_PCT,
+    STORED_PARAMS,
+    STORED_PARAMS_PCT,
+    CHECKPOINT_PARAMS,
+    HEAD_PARAMS,
 )
 
 
@@ -215,8 +221,8 @@ TRIALS_COLUMNS = (
     "params.`method`",
     f"tags.`{SIZE_TAG}`",
     f"metrics.`{BEST_SCORE}`",  # a search trial's best selection score (a confirmation run's too)
-    "metrics.`dev_score`",  # a confirmation run's dev score (the report's numbers)
-    "metrics.`trainable_params_per_task_pct`",
+    f"metrics.`{split_metric(DEV, SCORE)}`",  # a confirmation run's dev score (the report's numbers)
+    f"metrics.`{TRAINABLE_PER_TASK_PCT}`",
     f"tags.`{STATUS}`",
     "attributes.`Dataset`",
 )
@@ -235,7 +241,7 @@ def trials_view() -> dict:
         "orderByAsc": False,
         "selectedColumns": list(TRIALS_COLUMNS),
         "columnOrder": list(TRIALS_COLUMNS),
-        "columnWidths": {"metrics.`trainable_params_per_task_pct`": 230},
+        "columnWidths": {f"metrics.`{TRAINABLE_PER_TASK_PCT}`": 230},
         "runsHiddenMode": "SHOW_ALL",  # the charts plot every run, not the first 10
         "compareRunSections": [{"uuid": CHARTS_SECTION, "name": "Trials: score against size and hyperparameters",
                                 "display": True, "isReordered": False, "deleted": False, "isGenerated": False}],
@@ -254,10 +260,10 @@ def trial_charts() -> list[dict]:
     def axis(key: str, kind: str = "METRIC") -> dict:
         return {"key": key, "type": kind}
 
-    score = axis(BEST_SCORE)
+    score, size = axis(BEST_SCORE), axis(TRAINABLE_PER_TASK_PCT)
     return [
-        card("peftune-size", "SCATTER", xaxis=axis("trainable_params_per_task_pct"), yaxis=score),
-        card("peftune-dev", "SCATTER", xaxis=axis("trainable_params_per_task_pct"), yaxis=axis("dev_score")),
+        card("peftune-size", "SCATTER", xaxis=size, yaxis=score),
+        card("peftune-dev", "SCATTER", xaxis=size, yaxis=axis(split_metric(DEV, SCORE))),
         card(
             "peftune-parallel",
             "PARALLEL",

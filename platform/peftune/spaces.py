@@ -24,7 +24,7 @@ from peftune import methods, validation
 from peftune.backbone import DEFAULT_MODEL, BertConfig
 from peftune.data import INVALID_ROW_POLICIES
 from peftune.errors import PeftuneError
-from peftune.record import HYPERPARAMETERS, SCORE
+from peftune.record import HYPERPARAMETERS, SCORE, TRAINABLE_PER_TASK
 from peftune.tasks import task_names
 from peftune.train import RATES, SEED, TrainConfig
 from peftune.validation import EMPTY, Bound, Section, SpaceError, at, count, fail, named, one_of, rule, section, show
@@ -32,7 +32,7 @@ from peftune.validation import EMPTY, Bound, Section, SpaceError, at, count, fai
 # package data, installed as files (a directory); in a source tree, a link to the top-level search_spaces/
 SEARCH_SPACES_DIR = Path(str(importlib.resources.files("peftune") / "search_spaces")).resolve()
 METHODS_SUBDIR = "methods"
-MULTI_OBJECTIVE = ((SCORE, "max"), ("trainable_params_per_task", "min"))  # what a multi-objective search optimises
+MULTI_OBJECTIVE = ((SCORE, "max"), (TRAINABLE_PER_TASK, "min"))  # what a multi-objective search optimises
 # TrainConfig fields a sweep sets elsewhere (searched, budget, top level), as it does those without a plain default
 _SET_ELSEWHERE = {"method", *HYPERPARAMETERS, "epochs", "batch_size", "seed"}
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"  # anchored: JSON Schema searches

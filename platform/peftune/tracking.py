@@ -129,6 +129,7 @@ from peftune.record import (
     SWEEP,
     SWEEP_ROLE,
     TRAIN_COMMAND,
+    TRAINABLE_PER_TASK,
     TRIAL_ID,
     TRIALS_VIEW_KEY,
     UNFINISHED,
@@ -714,7 +715,7 @@ class TrialLogger(tune.Callback):
             searched = run_phase(run.data.tags) == SEARCH  # confirmation has its own resume
             if searched and not run.data.tags.get(STATUS) and run.data.tags.get(CONFIG_KEY):
                 self._unfinished[run.data.tags[CONFIG_KEY]] = (trial_id, run.info.run_id)
-            if "trainable_params_per_task" in run.data.metrics:
+            if TRAINABLE_PER_TASK in run.data.metrics:
                 self._counted.add(trial_id)
             if SCORE in run.data.metrics:
                 history = self.client.get_metric_history(run.info.run_id, SCORE)

@@ -204,4 +204,4 @@ def release_freed_memory() -> None:
 
 def diverged_result(reason: str) -> dict[str, Any]:
     """The final result of a diverged trial: NaN for the searcher's metrics (Tune requires them), and the reason."""
-    return {record.SCORE: math.nan, "trainable_params_per_task": math.nan, record.DIVERGED: True, "divergence": reason}
+    return {record.SCORE: math.nan, record.TRAINABLE_PER_TASK: math.nan, record.DIVERGED: True, "divergence": reason}
