@@ -81,7 +81,8 @@ PREDICTION_COLUMNS = ("task", "example_id", "seed", "prediction", "label")
 
 
 def split_metric(split: str, name: str) -> str:
-    """A metric on a split other than the one a trial is judged on: ``dev_score``, ``dev_sst_accuracy``."""
+    """A metric under its split's name: ``selection_score``, ``dev_score``, ``dev_sst_accuracy`` (a trial's plain
+    metrics are those of the split it is judged on)."""
     return f"{split}_{name}"
 
 
