@@ -39,7 +39,7 @@ import pandas as pd
 from analysis import pareto
 from peftune import decisions
 from peftune.decisions import CANNOT_TELL, Configuration, Plan
-from peftune.record import BUDGETS_PCT, DECISION, is_report_run
+from peftune.record import BACKBONE_PARAMS, BUDGETS_PCT, COMPLETED, DECISION, STORED_PARAMS_PCT, is_report_run
 
 ALPHA = 0.05
 
@@ -80,7 +80,7 @@ def configurations(sweep) -> pd.DataFrame:
     confirmations = getattr(sweep, "confirmations", None)
     runs, source = (confirmations, "confirmed") if confirmations is not None and len(confirmations) else (None, None)
     if runs is not None:
-        runs = runs[runs["status"] == "completed"]
+        runs = runs[runs["status"] == COMPLETED]
     if runs is None or not len(runs):
         runs, source = pareto.eligible(sweep.trials), "search"
     runs = runs[runs["score"].notna()] if len(runs) else runs
@@ -111,8 +111,8 @@ def configurations(sweep) -> pd.DataFrame:
             "split": first["split"] if "split" in group else "dev",
             pareto.COST: first[pareto.COST],
             pareto.COST_PCT: first[pareto.COST_PCT],
-            "stored_params_pct": first.get("stored_params_pct", math.nan),
-            "backbone_params": first.get("backbone_params", math.nan),
+            STORED_PARAMS_PCT: first.get(STORED_PARAMS_PCT, math.nan),
+            BACKBONE_PARAMS: first.get(BACKBONE_PARAMS, math.nan),
         }
         row["search_score"] = same["score"].max() if len(same) else math.nan
         for metric in metrics:
@@ -455,7 +455,7 @@ def configurations_display(front: pd.DataFrame, configs: pd.DataFrame, task_metr
         row = {
             "Configuration": r["label"],
             "Trainable/task (%)": _pct(r[pareto.COST_PCT]),
-            "Stored (%)": _pct(r.get("stored_params_pct")),
+            "Stored (%)": _pct(r.get(STORED_PARAMS_PCT)),
             "Score (mean ± std)": mean_std(r["score_mean"], r["score_std"]),
             "95% interval": ""
             if pd.isna(r["score_ci_low"])

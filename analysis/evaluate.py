@@ -58,13 +58,25 @@ from peftune.checkpoint import CheckpointError, load_checkpoint, load_trainable
 from peftune.data import DataError, TaskData, encode_split, read_task_file
 from peftune.errors import UserError
 from peftune.methods.options import options_from_params
-from peftune.record import DEV, REPORTS_DIR, SELECTION
+from peftune.record import (
+    COMPLETED,
+    DEV,
+    EARLY_STOPPED,
+    HYPERPARAMETERS,
+    REPORTS_DIR,
+    SCORE,
+    SELECTION,
+    improves,
+    metric_task,
+)
 from peftune.tasks import get_task, overall_score
 from peftune.train import TrainConfig, evaluate, prepare, run_trial, select_device
 
 log = logging.getLogger("analysis.evaluate")
 
-SPLITS = ("selection (sweep)", "dev", "test")  # the trial's figure on the split it selected on; re-trained dev; test
+# the summary's rows per configuration, in order (not peftune.data.SPLITS): the trial's figure on the split it
+# selected on, re-trained dev, test
+SUMMARY_SPLITS = ("selection (sweep)", "dev", "test")
 
 
 @dataclass
@@ -88,7 +100,7 @@ def select_configurations(sweep: SweepRuns, top: int | None = None) -> pd.DataFr
     """
     front = _confirmed_frontier(sweep)
     if front is None:
-        front = pareto.frontier(sweep.trials, "score")
+        front = pareto.frontier(sweep.trials, SCORE)
     if front.empty:
         raise UserError(
             f"sweep {sweep.name!r} has no completed trial with a dev score and parameter counts "
@@ -97,9 +109,9 @@ def select_configurations(sweep: SweepRuns, top: int | None = None) -> pd.DataFr
     if top is not None:
         if top < 1:
             raise UserError(f"--top must be >= 1, got {top}")
-        by = "seed_mean" if "seed_mean" in front else "score"  # confirmed: the best seed means
+        by = "seed_mean" if "seed_mean" in front else SCORE  # confirmed: the best seed means
         front = front.sort_values(by, ascending=False, kind="stable").head(top)
-        front = front.sort_values([pareto.COST, "score"], ascending=[True, False], kind="stable")
+        front = front.sort_values([pareto.COST, SCORE], ascending=[True, False], kind="stable")
     return front
 
 
@@ -109,10 +121,10 @@ def _confirmed_frontier(sweep: SweepRuns) -> pd.DataFrame | None:
     if not len(configs) or configs["source"].iloc[0] != "confirmed":
         return None
     means = confirmed.seed_mean_frontier(configs).set_index("config_key")["score_mean"]
-    search = pareto.eligible(sweep.trials, ("completed", "early_stopped"))
-    search = search[search["config_key"].isin(means.index)].sort_values("score", ascending=False, kind="stable")
+    search = pareto.eligible(sweep.trials, (COMPLETED, EARLY_STOPPED))
+    search = search[search["config_key"].isin(means.index)].sort_values(SCORE, ascending=False, kind="stable")
     front = search.drop_duplicates("config_key").assign(seed_mean=lambda t: t["config_key"].map(means))
-    return front.sort_values([pareto.COST, "score"], ascending=[True, False], kind="stable")
+    return front.sort_values([pareto.COST, SCORE], ascending=[True, False], kind="stable")
 
 
 def evaluation_seeds(sweep: SweepRuns, trial: pd.Series, seeds: int) -> list[int]:
@@ -120,7 +132,7 @@ def evaluation_seeds(sweep: SweepRuns, trial: pd.Series, seeds: int) -> list[int
     are means over the same runs the report's seed means are; without confirmation runs, the trial's seed + 0, 1, ..."""
     runs = sweep.confirmations if sweep.confirmations is not None else pd.DataFrame()
     if len(runs):
-        mine = runs[(runs["config_key"] == trial["config_key"]) & (runs["status"] == "completed")]
+        mine = runs[(runs["config_key"] == trial["config_key"]) & (runs["status"] == COMPLETED)]
         confirmed_seeds = sorted(int(s) for s in mine["seed"].dropna())
         if confirmed_seeds:
             return confirmed_seeds[:seeds]
@@ -138,7 +150,7 @@ def method_params(row: pd.Series) -> dict[str, str]:
     }
 
 
-def train_config(row: pd.Series, seed: int, train_settings: dict, device: str, selecting: bool = True):
+def rerun_config(row: pd.Series, seed: int, train_settings: dict, device: str, selecting: bool = True):
     """The ``TrainConfig`` the trial trained, with another seed: its params, the sweep's fixed settings, the device."""
 
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
@@ -153,9 +165,7 @@ def train_config(row: pd.Series, seed: int, train_settings: dict, device: str, s
         method=row["method"],
         method_options=options_from_params(row["method"], method_params(row)),
         tasks=str(row["tasks"]).split(","),
-        lr=float(row["lr"]),
-        dropout=float(row["dropout"]),
-        weight_decay=float(row["weight_decay"]),
+        **{key: float(row[key]) for key in HYPERPARAMETERS},
         epochs=epochs,
         batch_size=int(row["batch_size"]),
         seed=seed,
@@ -268,14 +278,14 @@ def evaluate_sweep(
     data = _evaluation_data(sweep, client, data_dir, test_dir, invalid_rows, device)
     rows = []
     for _, trial in configurations.iterrows():
-        recorded_dev = {m: trial[m] for m in ["score", *sweep.task_metrics]}
+        recorded_dev = {m: trial[m] for m in [SCORE, *sweep.task_metrics]}
         rows.append(_row(trial, None, "selection (sweep)", "sweep record", recorded_dev))
         base_seed = int(trial["seed"]) if pd.notna(trial["seed"]) else 0
         for i, seed in enumerate(evaluation_seeds(sweep, trial, seeds)):
             restore = i == 0 and seed == base_seed and restore_checkpoints and bool(trial.get("has_checkpoint"))
             rows += _evaluate_seed(data, trial, seed, restore)
     runs = pd.DataFrame(rows)
-    summary = summarize(runs, ["score", *sweep.task_metrics])
+    summary = summarize(runs, [SCORE, *sweep.task_metrics])
     directory = Path(output or Path(REPORTS_DIR) / name) / "evaluation"
     evaluation = Evaluation(sweep, configurations, runs, summary, directory, [])
     write_evaluation(evaluation, test_dir=test_dir, seeds=seeds)
@@ -289,7 +299,7 @@ class _EvaluationData:
     """What every re-training of a sweep's configurations shares: its data, the test split, the device."""
 
     client: object  # mlflow.MlflowClient of the sweep's store
-    prepared: object  # peftune.train.Prepared: the sweep's training and dev data, its backbone
+    prepared: object  # peftune.train.PreparedData: the sweep's training and dev data, its backbone
     test_tasks: dict  # task -> TaskData whose ``dev`` is the test split
     train_settings: dict  # the sweep definition's ``train`` section
     device: str  # as asked (a TrainConfig's device)
@@ -337,26 +347,26 @@ def _evaluate_seed(data: _EvaluationData, trial: pd.Series, seed: int, restore: 
     if model is not None:
         source = "checkpoint"
         dev = evaluate(model, data.prepared.tasks, batch_size, data.torch_device)
-        dev["score"] = overall_score(dev)
+        dev[SCORE] = overall_score(dev)
         # the sweep recorded the trial's score on the split it was judged on: selection where there is one
         judged = SELECTION if next(iter(data.prepared.tasks.values())).selection is not None else DEV
         again = overall_score(evaluate(model, data.prepared.tasks, batch_size, data.torch_device, split=judged))
-        if abs(again - trial["score"]) > 1e-4:
+        if abs(again - trial[SCORE]) > 1e-4:
             log.warning(
                 "%s: the restored checkpoint scores %.4f on %s, the sweep recorded %.4f: data or code differ",
-                *(trial["label"], again, judged, trial["score"]),
+                *(trial["label"], again, judged, trial[SCORE]),
             )
     else:
         source = "retrained"
         selecting = next(iter(data.prepared.tasks.values())).selection is not None
-        config = train_config(trial, seed, data.train_settings, data.device, selecting)
+        config = rerun_config(trial, seed, data.train_settings, data.device, selecting)
         model, dev = _retrain(config, data.prepared)
     test = evaluate(model, data.test_tasks, batch_size, data.torch_device)
-    test["score"] = overall_score(test)
+    test[SCORE] = overall_score(test)
     seconds = time.perf_counter() - started
     log.info(
         "%s seed %d (%s, %.0fs): dev score %.4f, test score %.4f",
-        *(trial["label"], seed, source, seconds, dev["score"], test["score"]),
+        *(trial["label"], seed, source, seconds, dev[SCORE], test[SCORE]),
     )
     return [_row(trial, seed, "dev", source, dev), _row(trial, seed, "test", source, test)]
 
@@ -397,11 +407,11 @@ def _retrain(config, prepared):
     """Train ``config``; return the model at its best epoch on its first split (selection where there is one, as
     the sweep; via a temporary checkpoint) and that epoch's dev metrics."""
 
-    best: dict = {"score": -math.inf}
+    best: dict = {SCORE: -math.inf}
     with tempfile.TemporaryDirectory(prefix="peftune-eval-") as directory:
 
         def report(metrics, save):
-            if metrics["score"] > best["score"]:  # the earliest epoch on a tie, as the sweep
+            if improves(metrics[SCORE], best[SCORE]):  # the sweep's rule
                 best.clear()
                 best.update(metrics)
                 save(Path(directory))
@@ -410,7 +420,7 @@ def _retrain(config, prepared):
         load_trainable(result.model, directory)
     if config.eval_splits[0] != DEV:  # judged on selection: dev's numbers are the dev_ ones
         best = {k[len("dev_") :]: v for k, v in best.items() if k.startswith("dev_")}
-    metrics = {k: best[k] for k in best if k == "score" or k.endswith(("_accuracy", "_pearson"))}
+    metrics = {k: best[k] for k in best if k == SCORE or k.endswith(("_accuracy", "_pearson"))}
     return result.model, metrics
 
 
@@ -426,7 +436,7 @@ def summarize(runs: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
     for metric in metrics:
         out[f"{metric}_ci_low"] = out[f"{metric}_mean"] - half * out[f"{metric}_std"]
         out[f"{metric}_ci_high"] = out[f"{metric}_mean"] + half * out[f"{metric}_std"]
-    out["split"] = pd.Categorical(out["split"], categories=list(SPLITS), ordered=True)
+    out["split"] = pd.Categorical(out["split"], categories=list(SUMMARY_SPLITS), ordered=True)
     out = out.sort_values([pareto.COST, "label", "split"], kind="stable").reset_index(drop=True)
     out["split"] = out["split"].astype(str)
     return out
@@ -442,7 +452,7 @@ def mean_std_table(summary: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFram
         }
     )
     for metric in metrics:
-        name = "Score" if metric == "score" else plots.TASK_NAMES.get(metric.split("_")[0], metric)
+        name = "Score" if metric == SCORE else plots.TASK_NAMES.get(metric_task(metric)[0], metric)
         table[name] = [
             f"{m:.3f}" if pd.isna(s) else f"{m:.3f} ± {s:.3f}"
             for m, s in zip(summary[f"{metric}_mean"], summary[f"{metric}_std"], strict=True)
@@ -456,7 +466,7 @@ def write_evaluation(evaluation: Evaluation, *, test_dir, seeds: int) -> None:
     sweep = evaluation.sweep
     directory = evaluation.directory
     directory.mkdir(parents=True, exist_ok=True)
-    metrics = ["score", *sweep.task_metrics]
+    metrics = [SCORE, *sweep.task_metrics]
     files = [
         directory / "evaluation_runs.csv",
         directory / "evaluation.csv",
@@ -554,6 +564,6 @@ def _evaluation_panel(ax, summary: pd.DataFrame, metric: str) -> None:
     ax.set_xticks(range(len(configs)), ticks, fontsize=8, rotation=30, ha="right")
     ax.set_xlim(-0.6, len(configs) - 0.4)
     ax.set_xlabel("frontier configuration, trainable params per task (% of backbone)", fontsize=8.5)
-    ax.set_ylabel(plots.metric_label(metric).replace("dev ", "") if metric != "score" else "score (mean of tasks)")
-    ax.set_title("score" if metric == "score" else plots.metric_label(metric).removeprefix("dev "), fontsize=10)
+    ax.set_ylabel(plots.metric_label(metric).replace("dev ", "") if metric != SCORE else "score (mean of tasks)")
+    ax.set_title("score" if metric == SCORE else plots.metric_label(metric).removeprefix("dev "), fontsize=10)
     ax.grid(True, axis="y", alpha=0.3)

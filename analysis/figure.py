@@ -1,6 +1,6 @@
 """A plot described once (:class:`FigureSpec`), drawn by matplotlib (the PNG) or plotly (the interactive HTML).
 
-The description says *what* is drawn: series of points in data coordinates, each of one :data:`KINDS`
+The description says *what* is drawn: series of points in data coordinates, each of one :data:`SERIES_KINDS`
 (completed trials, stopped ones, a frontier, seed means with error bars...), their colours, legend
 entries, hover texts and labels, and the axes (label, log scale, ticks, limits). The two renderers
 below only say *how* a kind looks in their library (the style tables ``_MPL`` and ``_PLOTLY``), so the
@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 
 # what a series' marks mean; each renderer maps a kind to its look
-KINDS = (
+SERIES_KINDS = (
     "trials",  # completed search trials: filled circles
     "stopped",  # trials stopped early: small crosses
     "method_frontier",  # one method's own frontier: a faint staircase
@@ -30,7 +30,7 @@ KINDS = (
     "means",  # seed means: filled circles with thick error bars (the std)
     "means_frontier",  # the frontier of the seed means: a black staircase
 )
-KEY_KINDS = (*KINDS, "std", "text")  # a legend key can also explain a bar's thickness, or be a line of text
+KEY_KINDS = (*SERIES_KINDS, "std", "text")  # a legend key can also explain a bar's thickness, or be a line of text
 
 
 @dataclass(frozen=True)
@@ -48,8 +48,8 @@ class Series:
     error: tuple[np.ndarray, np.ndarray] | None = None  # (below, above): error bar lengths per point
 
     def __post_init__(self):
-        if self.kind not in KINDS:
-            raise ValueError(f"unknown series kind {self.kind!r}; expected one of {KINDS}")
+        if self.kind not in SERIES_KINDS:
+            raise ValueError(f"unknown series kind {self.kind!r}; expected one of {SERIES_KINDS}")
         for name in ("hover", "labels"):
             if getattr(self, name) and len(getattr(self, name)) != len(self.x):
                 raise ValueError(f"{name}: {len(getattr(self, name))} texts for {len(self.x)} points")

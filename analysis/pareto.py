@@ -33,10 +33,10 @@ import numpy as np
 import pandas as pd
 
 from peftune.errors import UserError
+from peftune.record import BACKBONE_PARAMS, COMPLETED, TRAINABLE_PER_TASK, TRAINABLE_PER_TASK_PCT
 
-COST = "trainable_params_per_task"
-COST_PCT = "trainable_params_per_task_pct"
-FRONTIER_STATUSES = ("completed",)
+COST, COST_PCT = TRAINABLE_PER_TASK, TRAINABLE_PER_TASK_PCT  # the frontier's cost: the record's count
+FRONTIER_STATUSES = (COMPLETED,)
 REFERENCE_SCORE = 0.0
 REFERENCE_COST_FRACTION = 1.0  # 100% of the backbone: what full fine-tuning trains
 LOG_FLOOR = 1e-5  # the hypervolume's log-cost axis starts at 0.001% of the backbone
@@ -87,8 +87,8 @@ def pareto_mask(scores: Sequence[float], costs: Sequence[float]) -> np.ndarray:
 
 def cost_fraction(trials: pd.DataFrame) -> pd.Series:
     """Trainable parameters per task as a fraction of the backbone (from the counts, else from the logged %)."""
-    if "backbone_params" in trials and COST in trials:
-        fraction = trials[COST] / trials["backbone_params"]
+    if BACKBONE_PARAMS in trials and COST in trials:
+        fraction = trials[COST] / trials[BACKBONE_PARAMS]
     else:
         fraction = pd.Series(np.nan, index=trials.index)
     if COST_PCT in trials:

@@ -32,6 +32,7 @@ import pandas as pd
 from analysis import pareto
 from analysis.figure import Axis, FigureSpec, Key, Series, to_plotly, to_png
 from analysis.runs import EARLY_STOPPED, task_metric_names
+from peftune.record import BACKBONE_PARAMS, BEST_EPOCH, HYPERPARAMETERS, STORED_PARAMS, STORED_PARAMS_PCT, metric_task
 
 TASK_NAMES = {"sst": "SST", "para": "Quora", "sts": "STS", "cfimdb": "CFIMDB"}
 METHOD_COLORS = {
@@ -71,7 +72,7 @@ def metric_label(objective: str, tasks: Sequence[str] = (), split: str = "dev") 
         if len(parts) == 1:
             return f"{split} score (= {parts[0]})"
         return f"{split} score" + (f" (mean of {', '.join(parts)})" if parts else "")
-    task, _, metric = objective.partition("_")
+    task, metric = metric_task(objective)
     return f"{split} {TASK_NAMES.get(task, task)} {'Pearson r' if metric == 'pearson' else metric}"
 
 
@@ -250,7 +251,7 @@ def size_axis(floor: float, sizes: Sequence[float], backbone_params: float | Non
 
 
 def _backbone_params(frame: pd.DataFrame) -> float | None:
-    known = frame["backbone_params"].dropna() if "backbone_params" in frame else ()
+    known = frame[BACKBONE_PARAMS].dropna() if BACKBONE_PARAMS in frame else ()
     return float(known.iloc[0]) if len(known) else None
 
 
@@ -284,9 +285,9 @@ def hover_text(row: pd.Series, objective_columns: Sequence[str]) -> str:
             lines.append(f"{key}: {row[key]:.4f}")
     if pd.notna(row.get(pareto.COST)):
         lines.append(f"trainable/task: {row[pareto.COST]:,.0f} ({row[PCT]:.3g}%)")
-    if pd.notna(row.get("stored_params")):
-        lines.append(f"stored: {row['stored_params']:,.0f} ({row['stored_params_pct']:.3g}%)")
-    for key in ("lr", "dropout", "weight_decay", "batch_size", "epochs"):
+    if pd.notna(row.get(STORED_PARAMS)):
+        lines.append(f"stored: {row[STORED_PARAMS]:,.0f} ({row[STORED_PARAMS_PCT]:.3g}%)")
+    for key in (*HYPERPARAMETERS, "batch_size", "epochs"):
         value = row.get(key)
         if value is not None and not (isinstance(value, float) and math.isnan(value)):
             lines.append(f"{key}: {value:.3g}" if isinstance(value, float) else f"{key}: {value}")
@@ -297,8 +298,8 @@ def hover_text(row: pd.Series, objective_columns: Sequence[str]) -> str:
             and not (isinstance(row[key], float) and math.isnan(row[key]))
         ):
             lines.append(f"{key}: {row[key]}")
-    if pd.notna(row.get("best_epoch")):
-        lines.append(f"best epoch {int(row['best_epoch'])} of {int(row['epochs_run'])} run")
+    if pd.notna(row.get(BEST_EPOCH)):
+        lines.append(f"best epoch {int(row[BEST_EPOCH])} of {int(row['epochs_run'])} run")
     lines.append(f"trial {row['trial_id']}<br>run {row['run_id']}")
     return "<br>".join(lines)
 

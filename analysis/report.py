@@ -58,13 +58,19 @@ from peftune import decisions
 from peftune.decisions import Plan
 from peftune.errors import UserError
 from peftune.record import (
+    BACKBONE_PARAMS,
+    BEST_EPOCH,
+    CODE_VERSION,
     COMPLETED,
     DECISION,
+    HYPERPARAMETERS,
     NOTE_TAG,
     REPORTS_DIR,
+    STORED_PARAMS_PCT,
     artifact_route,
     compare_address,
     compare_route,
+    metric_task,
 )
 from peftune.tasks import get_task
 
@@ -92,7 +98,7 @@ def load_reference() -> pd.DataFrame:
             "sst_acc": "sst_accuracy",
             "para_acc": "para_accuracy",
             "params_updated_per_task_pct": pareto.COST_PCT,
-            "additional_params_stored_pct": "stored_params_pct",
+            "additional_params_stored_pct": STORED_PARAMS_PCT,
         }
     ).assign(size=lambda t: t["size"].fillna("").astype(str))
 
@@ -109,14 +115,14 @@ def adaptbert_table(
     """
     columns = {"method": "Method", "size": "Size"}
     for metric in task_metrics:
-        columns[metric] = plots.TASK_NAMES.get(metric.split("_")[0], metric)
+        columns[metric] = plots.TASK_NAMES.get(metric_task(metric)[0], metric)
     columns.update(
         {
             "score": "Average",
             pareto.COST_PCT: "Params updated per task %",
-            "stored_params_pct": "Additional params stored %",
+            STORED_PARAMS_PCT: "Additional params stored %",
             "trials_in_group": "Trials",
-            "best_epoch": "Best epoch",
+            BEST_EPOCH: "Best epoch",
             "run_id": "Run id",
         }
     )
@@ -142,7 +148,7 @@ INTEGER_COLUMNS = (
     "Best epoch",
     "trials",
     "frontier_size",
-    "best_epoch",
+    BEST_EPOCH,
     "epochs_run",
     "epochs",
     "batch_size",
@@ -198,7 +204,7 @@ def hypervolume_table(summary: pd.DataFrame, objectives: Sequence[str]) -> pd.Da
     )
     for objective in objectives:
         values = summary[summary["objective"] == objective].set_index("scope").loc[scopes, "hypervolume"]
-        name = "score" if objective == "score" else plots.TASK_NAMES.get(objective.split("_")[0], objective)
+        name = "score" if objective == "score" else plots.TASK_NAMES.get(metric_task(objective)[0], objective)
         table[f"HV {name}"] = values.to_numpy()
     return table
 
@@ -424,7 +430,7 @@ def _write_plots(report: Report, out: Callable[[str], Path]) -> None:
     if len(trials):
         common = plot_context(report)
         for objective in report.objectives:
-            task = objective.split("_")[0]
+            task = metric_task(objective)[0]
             name = "score_vs_params.png" if objective == "score" else f"score_vs_params_{task}.png"
             plots.score_vs_params_png(trials, out(name), objective=objective, **common)
         views.parallel_coordinates_png(
@@ -464,7 +470,7 @@ def headline_frontier(report: Report) -> dict[str, float]:
     (their frontier, the hypervolume on the log-cost axis); without confirmation, the completed search trials."""
     configs = report.configs
     if len(configs) and configs["source"].iloc[0] == "confirmed":
-        fraction = configs[pareto.COST] / configs["backbone_params"]
+        fraction = configs[pareto.COST] / configs[BACKBONE_PARAMS]
         return {
             "sweep_frontier_size": float(len(report.confirmed_front)),
             "sweep_hypervolume": pareto.hypervolume(configs["score_mean"], fraction),
@@ -550,7 +556,7 @@ def frontier_run_ids(report: Report) -> list[str]:
         return []
     confirmations = report.sweep.confirmations
     confirmed_runs = report.configs["source"].iloc[0] == "confirmed" and confirmations is not None
-    runs = confirmations[confirmations["status"] == "completed"] if confirmed_runs else report.sweep.trials
+    runs = confirmations[confirmations["status"] == COMPLETED] if confirmed_runs else report.sweep.trials
     return runs.loc[runs["config_key"].isin(set(report.confirmed_front["config_key"])), "run_id"].tolist()
 
 
@@ -605,7 +611,7 @@ def _header_lines(sweep: SweepRuns) -> list[str]:
         f"objective {p.get('objective', '?')}; {_search_mode(p)}; {_budget_unit(p)}",
         *_skipped_rows_line(p),
         f"- MLflow: `{sweep.tracking_uri}`, experiment {sweep.experiment_id}, parent run `{sweep.parent_run_id}`",
-        f"- code version: `{sweep.parent_tags.get('peftune.code_version', 'unknown')}`",
+        f"- code version: `{sweep.parent_tags.get(CODE_VERSION, 'unknown')}`",
     ]
 
 
@@ -800,9 +806,7 @@ def _frontier_lines(report: Report) -> list[str]:
     sweep, frontier_rows, lines = report.sweep, report.frontier, []
     front = frontier_rows[frontier_rows["objective"] == "score"] if len(frontier_rows) else frontier_rows
     if len(front):
-        shown = front[
-            ["label", "score", *sweep.task_metrics, pareto.COST_PCT, "lr", "dropout", "weight_decay", "run_id"]
-        ]
+        shown = front[["label", "score", *sweep.task_metrics, pareto.COST_PCT, *HYPERPARAMETERS, "run_id"]]
         lines.append(to_markdown(display_table(shown.rename(columns={pareto.COST_PCT: "trainable/task %"}))))
     else:
         lines.append("No completed trial yet.\n")
@@ -812,7 +816,7 @@ def _frontier_lines(report: Report) -> list[str]:
     for metric in report.objectives[1:]:
         on = frontier_rows[frontier_rows["objective"] == metric] if len(frontier_rows) else frontier_rows
         labels = ", ".join(f"{r.label} ({getattr(r, metric):.3f})" for r in on.itertuples()) or "none"
-        task = metric.split("_")[0]
+        task = metric_task(metric)[0]
         lines.append(
             f"- **{plots.TASK_NAMES.get(task, task)}** ({metric}): {labels} (plot: score_vs_params_{task}.png)"
         )
@@ -834,7 +838,7 @@ def _search_lines(report: Report) -> list[str]:
     ]
     if len(report.summary):
         lines.append(to_markdown(display_table(hypervolume_table(report.summary, report.objectives))))
-    unfinished = trials[trials["status"] != "completed"] if len(trials) else trials
+    unfinished = trials[trials["status"] != COMPLETED] if len(trials) else trials
     lines += ["## Trials not completed", ""]
     if len(unfinished):
         columns = ["trial_id", "label", "status", "epochs_run", "score", "error", "run_id"]

@@ -43,6 +43,9 @@ import pandas as pd
 
 from peftune.errors import UserError
 from peftune.record import (  # the record's names, shared with the writer (no Ray import)
+    BACKBONE,
+    BEST_EPOCH,
+    BEST_SCORE,
     CHECKPOINT_TAG,
     COMPLETED,
     CONFIRM,
@@ -54,28 +57,39 @@ from peftune.record import (  # the record's names, shared with the writer (no R
     EARLY_STOPPED,
     ERROR,
     FAILED,
+    HYPERPARAMETERS,
+    INTERRUPTED,
+    METHOD,
     PARENT_TAG,
     PREDICTION_COLUMNS,
     ROLE,
+    RUNNING,
+    SCORE,
     SEED_REASON,
     SELECTION,
     STATUS,
     SWEEP,
+    SWEEP_ROLE,
     TRIAL_ID,
+    TRIAL_ROLE,
+    best_epoch,
+    best_metric,
     predictions_artifact,
     resolve_tracking_uri,
     run_config_key,
     run_phase,
+    split_metric,
     store_errors,
 )
 
 log = logging.getLogger("analysis.runs")
 
 # the writer's three final statuses, then what an unfinished run is: still running, or interrupted (KILLED)
-STATUSES = (COMPLETED, EARLY_STOPPED, DIVERGED, FAILED, "running", "interrupted", "unknown")
+STATUSES = (COMPLETED, EARLY_STOPPED, DIVERGED, FAILED, RUNNING, INTERRUPTED, "unknown")
 
 COUNT_COLUMNS = COUNT_METRICS
-HYPERPARAMETERS = ("lr", "dropout", "weight_decay", "epochs", "batch_size", "seed", "warmup_ratio", "sampling")
+# the trial's settings a row keeps: the hyperparameters every method has, then the sweep's
+SETTINGS = (*HYPERPARAMETERS, "epochs", "batch_size", "seed", "warmup_ratio", "sampling")
 
 
 @dataclass
@@ -135,17 +149,17 @@ def _read_sweep_record(name: str, uri: str, client) -> SweepRuns:
         )
     experiment_id = experiment.experiment_id
     parents = client.search_runs(
-        [experiment_id], filter_string=f"tags.`{ROLE}` = 'sweep' and tags.`{SWEEP}` = '{name}'", max_results=2
+        [experiment_id], filter_string=f"tags.`{ROLE}` = '{SWEEP_ROLE}' and tags.`{SWEEP}` = '{name}'", max_results=2
     )
     if not parents:
-        raise UserError(f"experiment {name!r} in {uri} has no sweep parent run (tag {ROLE}=sweep)")
+        raise UserError(f"experiment {name!r} in {uri} has no sweep parent run (tag {ROLE}={SWEEP_ROLE})")
     if len(parents) > 1:
         raise UserError(f"experiment {name!r} in {uri} holds more than one sweep parent run; expected one")
     parent = parents[0]
     children = [
         run
         for run in _search_all(client, experiment_id, f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'")
-        if run.data.tags.get(ROLE, "trial") == "trial"
+        if run.data.tags.get(ROLE, TRIAL_ROLE) == TRIAL_ROLE
     ]
     params = {k: param_from_mlflow(v) for k, v in parent.data.params.items()}
     tasks = _split_list(parent.data.params.get("tasks", ""))
@@ -163,7 +177,7 @@ def _read_sweep_record(name: str, uri: str, client) -> SweepRuns:
         experiment_id=experiment_id,
         parent_run_id=parent.info.run_id,
         parent_status=parent.data.tags.get(STATUS) or parent.info.status.lower(),
-        backbone=parent.data.tags.get("peftune.backbone") or str(params.get("model", "")),
+        backbone=parent.data.tags.get(BACKBONE) or str(params.get("model", "")),
         tasks=tasks,
         parent_params=params,
         parent_tags=dict(parent.data.tags),
@@ -235,12 +249,12 @@ def _histories(client, run, metrics: Sequence[str]) -> dict[str, dict[int, float
     ``score``'s history gives ``epochs_run`` for every trial; the task histories are only needed for a trial
     the writer has not closed (running or interrupted), which has no ``best_*`` metrics yet.
     """
-    closed = "best_score" in run.data.metrics
+    closed = BEST_SCORE in run.data.metrics
     final = closed and run.info.status == "FINISHED"  # its histories never change again
     key = (client.tracking_uri, run.info.run_id)
     if final and key in _HISTORIES:
         return _HISTORIES[key]
-    names = ["score"] if closed else ["score", *metrics]
+    names = [SCORE] if closed else [SCORE, *metrics]
     histories = {
         name: {int(m.step): m.value for m in client.get_metric_history(run.info.run_id, name)}
         for name in names
@@ -259,7 +273,7 @@ def task_metric_names(tasks: Iterable[str]) -> list[str]:
     for task in tasks:
         try:
             spec = get_task(task)
-            names.append(f"{spec.name}_{spec.metric}")
+            names.append(spec.metric_name)
         except KeyError:
             log.warning("task %r is not registered in this peftune; its metric is not read", task)
     return names
@@ -284,7 +298,7 @@ def trial_row(run, task_metrics: Sequence[str], history: dict[str, dict[int, flo
     """One child run -> one row. Best-epoch metrics come from ``best_*``, else from the run's history."""
     tags, metrics = run.data.tags, run.data.metrics
     params = {k: param_from_mlflow(v) for k, v in run.data.params.items()}
-    method = str(params.get("method") or tags.get("peftune.method") or "")
+    method = str(params.get("method") or tags.get(METHOD) or "")
     size = size_label(method, params)
     error = tags.get(ERROR)
     row: dict[str, Any] = {
@@ -298,28 +312,28 @@ def trial_row(run, task_metrics: Sequence[str], history: dict[str, dict[int, flo
         "status": trial_status(tags.get(STATUS), run.info.status),
         "error": error.strip().splitlines()[0] if error and error.strip() else None,
         "mlflow_status": run.info.status,
-        "epochs_run": max(history.get("score", {}), default=0),
+        "epochs_run": max(history.get(SCORE, {}), default=0),
         "phase": run_phase(tags),
         "default": tags.get(DEFAULT) == "true",
         "config_key": run_config_key(run),
         "seed_reason": tags.get(SEED_REASON, ""),
     }
-    if "best_score" in metrics:
-        row["best_epoch"] = _int_or_none(metrics.get("best_epoch"))
-        row["score"] = metrics["best_score"]
+    if BEST_SCORE in metrics:
+        row[BEST_EPOCH] = _int_or_none(metrics.get(BEST_EPOCH))
+        row[SCORE] = metrics[BEST_SCORE]
         for key in task_metrics:
-            row[key] = metrics.get(f"best_{key}", math.nan)
-    else:  # not closed by the writer: the best epoch so far, by the writer's rule (highest score, earliest on a tie)
-        scores = history.get("score", {})
-        best = max(sorted(scores), key=lambda epoch: scores[epoch]) if scores else None
-        row["best_epoch"] = best
-        row["score"] = scores[best] if best is not None else math.nan
+            row[key] = metrics.get(best_metric(key), math.nan)
+    else:  # not closed by the writer: the best epoch so far, by the writer's rule
+        scores = history.get(SCORE, {})
+        best = best_epoch(scores)
+        row[BEST_EPOCH] = best
+        row[SCORE] = scores[best] if best is not None else math.nan
         for key in task_metrics:
             row[key] = history.get(key, {}).get(best, math.nan) if best is not None else math.nan
     row.update(split_numbers(metrics, row, task_metrics))
     for key in COUNT_COLUMNS:
         row[key] = metrics.get(key, math.nan)
-    for key in HYPERPARAMETERS:
+    for key in SETTINGS:
         row[key] = params.get(key)
     row["tasks"] = run.data.params.get("tasks")
     row.update({k: v for k, v in sorted(params.items()) if k.startswith("method.")})
@@ -350,19 +364,20 @@ def split_numbers(metrics: dict[str, float], row: dict[str, Any], task_metrics: 
     had no epoch to choose and did not evaluate selection). A search trial's numbers are the selection
     split's. A record written before the selection split existed selected on dev.
     """
-    if f"best_{DEV}_score" in metrics:
-        dev = {key: metrics.get(f"best_{DEV}_{key}", math.nan) for key in ["score", *task_metrics]}
-        return {**dev, "selection_score": metrics.get(f"best_{SELECTION}_score", math.nan), "split": DEV}
-    if f"best_{SELECTION}_score" in metrics or f"{SELECTION}_score" in metrics:
-        return {"selection_score": row.get("score", math.nan), "split": SELECTION}
-    return {"selection_score": math.nan, "split": DEV}
+    selection_score = split_metric(SELECTION, SCORE)
+    if best_metric(split_metric(DEV, SCORE)) in metrics:
+        dev = {key: metrics.get(best_metric(split_metric(DEV, key)), math.nan) for key in [SCORE, *task_metrics]}
+        return {**dev, selection_score: metrics.get(best_metric(selection_score), math.nan), "split": DEV}
+    if best_metric(selection_score) in metrics or selection_score in metrics:
+        return {selection_score: row.get(SCORE, math.nan), "split": SELECTION}
+    return {selection_score: math.nan, "split": DEV}
 
 
 def trial_status(tag: str | None, mlflow_status: str) -> str:
     """The writer's ``peftune.status``; without one, what MLflow says: running, interrupted (KILLED), failed."""
     if tag in (COMPLETED, EARLY_STOPPED, FAILED, DIVERGED):
         return tag
-    return {"RUNNING": "running", "SCHEDULED": "running", "KILLED": "interrupted", "FAILED": FAILED}.get(
+    return {"RUNNING": RUNNING, "SCHEDULED": RUNNING, "KILLED": INTERRUPTED, "FAILED": FAILED}.get(
         mlflow_status, "unknown"
     )
 
@@ -384,13 +399,13 @@ def _column_order(rows: list[dict], task_metrics: Sequence[str]) -> list[str]:
         "default",
         "config_key",
         "seed_reason",
-        "best_epoch",
-        "score",
+        BEST_EPOCH,
+        SCORE,
         *task_metrics,
         "split",
-        "selection_score",
+        split_metric(SELECTION, SCORE),
         *COUNT_COLUMNS,
-        *HYPERPARAMETERS,
+        *SETTINGS,
         "tasks",
     ]
     options = sorted({k for row in rows for k in row if k.startswith("method.")})

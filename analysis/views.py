@@ -43,11 +43,11 @@ from optuna.importance import PedAnovaImportanceEvaluator
 
 from analysis import pareto
 from analysis.plots import TASK_NAMES, method_color, zero_floor
+from peftune.record import COMPLETED, EARLY_STOPPED, HYPERPARAMETERS, metric_task
 
 log = logging.getLogger("analysis.views")
 
 MIN_TRIALS = 4
-COMMON_PARAMS = ("lr", "dropout", "weight_decay")
 LOG_PARAMS = ("lr",)
 
 
@@ -61,7 +61,7 @@ def expected_max_table(trials: pd.DataFrame) -> pd.DataFrame:
     a method without a recorded default starts from its searched trials alone.
     """
     rows = []
-    scored = trials[trials["status"].isin(("completed", "early_stopped")) & trials["score"].notna()]
+    scored = trials[trials["status"].isin((COMPLETED, EARLY_STOPPED)) & trials["score"].notna()]
     for method in pareto.ordered_methods(scored["method"]) if len(scored) else []:
         mine = scored[scored["method"] == method]
         default = mine[mine["default"]]["score"] if "default" in mine else mine.iloc[0:0]["score"]
@@ -108,7 +108,7 @@ def _search_params(trials: pd.DataFrame) -> dict[str, dict]:
     out = {}
     for index, row in trials.iterrows():
         params = {"method": row["method"]}
-        for key in COMMON_PARAMS:
+        for key in HYPERPARAMETERS:
             if key in row and pd.notna(row[key]):
                 params[key] = row[key]
         for key in row.index:
@@ -255,7 +255,7 @@ def importance_target_label(target: str) -> str:
         return "score"
     if target == "pareto":
         return "reaching the frontier (score up, params down)"
-    task, _, metric = target.partition("_")
+    task, metric = metric_task(target)
     return f"{TASK_NAMES.get(task, task)} {metric}"
 
 
@@ -289,7 +289,7 @@ def _axes(trials: pd.DataFrame, task_metrics: Sequence[str]) -> list[dict]:
             "ticktext": methods,
         }
     ]
-    for key in COMMON_PARAMS:
+    for key in HYPERPARAMETERS:
         if key in trials and trials[key].notna().any():
             values = pd.to_numeric(trials[key], errors="coerce").astype(float)
             if key in LOG_PARAMS and (values > 0).all():
@@ -433,7 +433,7 @@ def _expected_max(values: np.ndarray, draws: np.ndarray) -> np.ndarray:
     return mass @ v
 
 
-def _finite(scores: Sequence[float], what: str) -> np.ndarray:
+def _finite_scores(scores: Sequence[float], what: str) -> np.ndarray:
     values = np.asarray(scores, dtype=float)
     if values.ndim != 1 or not len(values) or not np.isfinite(values).all():
         raise ValueError(f"{what}: need a non-empty list of finite scores")
@@ -446,7 +446,7 @@ def expected_max_curve(scores: Sequence[float], max_n: int | None = None) -> np.
     Dodge et al. 2019: n i.i.d. draws from the empirical distribution of the N observed trial scores
     (with replacement), ``E[max of n] = sum_i v_(i) ((i/N)^n - ((i-1)/N)^n)`` over the sorted scores v_(1) <=
     ... <= v_(N). n = 1 gives the mean; the curve rises to the maximum as n grows."""
-    values = _finite(scores, "expected_max_curve")
+    values = _finite_scores(scores, "expected_max_curve")
     return _expected_max(values, np.arange(1, (max_n or len(values)) + 1))
 
 
@@ -457,7 +457,7 @@ def expected_max_with_default(
     search trials (default max_n = N + 1): n = 1 is ``default_score``; n >= 2 is
     ``E[max(default, max of n-1 draws)] = sum_i max(default, v_(i)) ((i/N)^(n-1) - ((i-1)/N)^(n-1))``
     (the draws as in ``expected_max_curve``)."""
-    values = _finite(searched_scores, "expected_max_with_default")
+    values = _finite_scores(searched_scores, "expected_max_with_default")
     max_n = max_n or len(values) + 1
     curve = np.full(max_n, float(default_score))
     curve[1:] = _expected_max(np.maximum(values, default_score), np.arange(1, max_n))

@@ -228,12 +228,12 @@ def test_missing_test_file_names_it(sweep_store, data_dirs, tmp_path, capsys):
 
 
 def test_a_retrained_trial_is_its_own_method_kept_on_the_selection_split_as_the_sweep():
-    from analysis.evaluate import train_config
+    from analysis.evaluate import rerun_config
 
     row = pd.Series({"method": "bitfit", "tasks": "sst", "lr": 1e-3, "dropout": 0.1, "weight_decay": 0.0,
                      "epochs": 2, "batch_size": 16})  # fmt: skip
-    config = train_config(row, seed=3, train_settings={"eval_splits": ["dev"]}, device="cpu")
+    config = rerun_config(row, seed=3, train_settings={"eval_splits": ["dev"]}, device="cpu")
     assert config.method == "bitfit" and config.seed == 3
     assert config.eval_splits == ["selection", "dev"]  # selection keeps the epoch; dev is reported
-    one = train_config(row.copy().replace({2: 1}), seed=3, train_settings={}, device="cpu")
+    one = rerun_config(row.copy().replace({2: 1}), seed=3, train_settings={}, device="cpu")
     assert one.eval_splits == ["dev"]  # one epoch: nothing to choose

@@ -459,7 +459,3 @@ def load_tokenizer(model_dir: Path):
             f"{vocab_size:,}; expected the model's own tokenizer (as many tokens as vocab_size)"
         )
     return tokenizer
-
-
-def count_parameters(module: nn.Module) -> int:
-    return sum(p.numel() for p in module.parameters())

@@ -211,7 +211,7 @@ def _parse_value(raw: str):
 
 
 def cmd_train(args) -> int:
-    config = train_config(args)
+    config = config_from_args(args)
     output = Path(args.output or f"runs/{config.method}-{time.strftime('%Y%m%d-%H%M%S')}")
     check_train_args(args, config, output)  # all a user can get wrong, before the data is read
     if args.threads is not None:
@@ -229,20 +229,20 @@ def cmd_train(args) -> int:
         selection_examples=_selection_examples(args.selection_examples),
         decision_examples=args.decision_examples,
     )
-    best = {"score": float("-inf")}
+    best = {record.SCORE: float("-inf")}
 
     def report(metrics, save):
         print(format_metrics(metrics), flush=True)
-        if metrics["score"] > best["score"]:
+        if record.improves(metrics[record.SCORE], best[record.SCORE]):
             best.update(metrics)
             save(output)
 
     counts = train.run_trial(config, prepared, report).history[-1]
     print(
-        f"best {config.eval_splits[0]} score {best['score']:.4f} at epoch {best['epoch']}; "
-        f"trainable per task {counts['trainable_params_per_task']:,} "
-        f"({counts['trainable_params_per_task_pct']:.2f}% of the backbone), "
-        f"stored {counts['stored_params']:,} ({counts['stored_params_pct']:.2f}%)"
+        f"best {config.eval_splits[0]} score {best[record.SCORE]:.4f} at epoch {best[record.EPOCH]}; "
+        f"trainable per task {counts[record.TRAINABLE_PER_TASK]:,} "
+        f"({counts[record.TRAINABLE_PER_TASK_PCT]:.2f}% of the backbone), "
+        f"stored {counts[record.STORED_PARAMS]:,} ({counts[record.STORED_PARAMS_PCT]:.2f}%)"
     )
     print(f"checkpoint (best epoch): {output}")
     if args.export_peft:
@@ -252,7 +252,7 @@ def cmd_train(args) -> int:
     return 0
 
 
-def train_config(args) -> train.TrainConfig:
+def config_from_args(args) -> train.TrainConfig:
     """The TrainConfig of ``peftune train``'s flags (the inverse of ``train.train_command``)."""
     selection = _selection_examples(args.selection_examples)
     return train.TrainConfig(
@@ -300,10 +300,11 @@ def _selection_examples(text: str | None):
 
 
 def format_metrics(metrics: dict) -> str:
-    shown = [k for k in metrics if k.endswith(("_accuracy", "_pearson"))] + ["score", "train_loss"]
-    shown += [k for k in ("dev_score",) if k in metrics]  # judged on a selection split: dev beside it
+    shown = [k for k in metrics if k.endswith(("_accuracy", "_pearson"))] + [record.SCORE, "train_loss"]
+    dev_score = record.split_metric(record.DEV, record.SCORE)
+    shown += [dev_score] if dev_score in metrics else []  # judged on a selection split: dev beside it
     return (
-        f"epoch {metrics['epoch']}: "
+        f"epoch {metrics[record.EPOCH]}: "
         + "  ".join(f"{k} {metrics[k]:.4f}" for k in shown)
         + f"  ({metrics['epoch_time_s']:.0f}s, {metrics['tokens_per_s']:.0f} tokens/s)"
     )
@@ -430,7 +431,7 @@ def cmd_evaluate(args) -> int:
         restore_checkpoints=args.restore_checkpoints,
         invalid_rows=args.invalid_rows,
     )
-    metrics = ["score", *evaluation.sweep.task_metrics]
+    metrics = [record.SCORE, *evaluation.sweep.task_metrics]
     print(mean_std_table(evaluation.summary, metrics).to_string(index=False))
     print(f"evaluation: {evaluation.directory}/evaluation.md (logged under report/evaluation/ in the parent run)")
     return 0
@@ -846,7 +847,7 @@ def main_from_args(
     record.check_tracking_uri(record.resolve_tracking_uri(args.tracking_uri))
     test_dir = getattr(args, "test_dir", None)
     if test_dir is not None:
-        check_test_dir(test_dir, definition, args.test_seeds)
+        check_test_args(test_dir, definition, args.test_seeds)
     _warn_relative_paths_in_job(args)
     verbose = getattr(args, "verbose", False)
     result = sweep.run_sweep(
@@ -863,20 +864,21 @@ def main_from_args(
         read_predictions=read_predictions,
         verbose=console.TUNE_TABLES if verbose else console.TUNE_QUIET,
     )
-    if test_dir is not None and result.status in (sweep.COMPLETED, sweep.COMPLETED_WITH_FAILURES):
+    if test_dir is not None and result.status in (record.COMPLETED, record.COMPLETED_WITH_FAILURES):
         final_evaluation(result, args, definition.invalid_rows, on_finished)
     ignore_further_interrupts()  # the records are closed: a late Ctrl-C must not turn the exit status into a lie
     print("\n" + result.summary(), flush=True)
     return exit_code(result.status, allow_failures=getattr(args, "allow_failures", False))
 
 
-def check_test_dir(test_dir, definition: spaces.SweepDefinition, seeds: int) -> None:
-    """Each task's test file, read and validated before the sweep starts (its rows are not used until the end)."""
-    from analysis.evaluate import check_test_dir as check_files  # deferred: pandas and plotting load slowly
+def check_test_args(test_dir, definition: spaces.SweepDefinition, seeds: int) -> None:
+    """``--test-seeds`` and ``--test-dir``: each task's test file, read and validated before the sweep starts (its
+    rows are not used until the end)."""
+    from analysis.evaluate import check_test_dir  # deferred: pandas and plotting load slowly
 
     if seeds < 1:
         raise UserError(f"--test-seeds must be >= 1, got {seeds}")
-    check_files(test_dir, definition.tasks, definition.invalid_rows)
+    check_test_dir(test_dir, definition.tasks, definition.invalid_rows)
 
 
 def final_evaluation(result: sweep.SweepResult, args, invalid_rows: str, on_finished) -> None:
@@ -908,9 +910,9 @@ def ignore_further_interrupts() -> None:
 
 def exit_code(status: str, allow_failures: bool = False) -> int:
     """See :data:`EXIT_CODES_HELP`; ``allow_failures`` forgives some failed trials, never all."""
-    if status == sweep.COMPLETED or (status == sweep.COMPLETED_WITH_FAILURES and allow_failures):
+    if status == record.COMPLETED or (status == record.COMPLETED_WITH_FAILURES and allow_failures):
         return EXIT_OK
-    return EXIT_INTERRUPTED if status == sweep.INTERRUPTED else EXIT_FAILURES
+    return EXIT_INTERRUPTED if status == record.INTERRUPTED else EXIT_FAILURES
 
 
 def job_main(

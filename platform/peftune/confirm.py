@@ -58,17 +58,24 @@ from ray.tune.search import Searcher
 from peftune import console, decisions
 from peftune.methods.options import options_from_params
 from peftune.record import (
+    BEST_SCORE,
     BUDGETS_PCT,
     COMPLETED,
     CONFIRM,
     DEFAULT,
     EARLY_STOPPED,
     FAILED,
+    HYPERPARAMETERS,
+    INTERRUPTED,
+    METHOD,
     REPORT_REASON,
     ROLE,
+    SCORE,
     SEARCH,
     SEED,
     STATUS,
+    TRAINABLE_PER_TASK_PCT,
+    TRIAL_ROLE,
     is_report_run,
     run_config_key,
     run_phase,
@@ -78,8 +85,6 @@ from peftune.tasks import get_task
 from peftune.tracking import child_runs
 
 log = logging.getLogger("peftune.confirm")
-
-COMMON = ("lr", "dropout", "weight_decay")  # the hyperparameters every method has
 
 
 # ----------------------------------------------------------------------------- configurations
@@ -133,20 +138,20 @@ def select_candidates(
 def _candidate(run) -> Candidate | None:
     """A finished search trial with a finite score, as a candidate; None for anything else."""
     tags, metrics = run.data.tags, run.data.metrics
-    if tags.get(ROLE, "trial") != "trial" or run_phase(tags) != SEARCH:
+    if tags.get(ROLE, TRIAL_ROLE) != TRIAL_ROLE or run_phase(tags) != SEARCH:
         return None
-    score, status = metrics.get("best_score"), tags.get(STATUS)
+    score, status = metrics.get(BEST_SCORE), tags.get(STATUS)
     if status not in (COMPLETED, EARLY_STOPPED) or score is None or not math.isfinite(score):
         return None
     return Candidate(
         run_config_key(run),
-        run.data.params.get("method") or tags.get("peftune.method", ""),
+        run.data.params.get("method") or tags.get(METHOD, ""),
         run.info.run_id,
         float(score),
         status,
         tags.get(DEFAULT, "false") == "true",
         dict(run.data.params),
-        metrics.get("trainable_params_per_task_pct", math.inf),
+        metrics.get(TRAINABLE_PER_TASK_PCT, math.inf),
         _seconds_per_run(metrics),
     )
 
@@ -178,7 +183,7 @@ def trial_config(candidate: Candidate, seed: int, why: str = "") -> dict:
     """The Ray trial config that re-trains ``candidate`` with ``seed`` (the shape the search's trials have);
     ``why``: for a seed added to an open decision, the decision (tagged ``peftune.seed_reason``)."""
     params, method = candidate.params, candidate.method
-    sampled = {key: float(params[key]) for key in COMMON}
+    sampled = {key: float(params[key]) for key in HYPERPARAMETERS}
     sampled.update(options_from_params(method, params))
     return {
         "method": method,
@@ -233,7 +238,7 @@ class Rounds(Searcher):
         next_round: Callable[[], list[dict] | None],
         warm: Callable[[], object] | None = None,
     ):
-        super().__init__(metric="score", mode="max")
+        super().__init__(metric=SCORE, mode="max")
         self.queue, self.next_round, self.warm = [dict(c) for c in first], next_round, warm
         self.running: set[str] = set()
         self.over = False
@@ -381,7 +386,7 @@ class Confirmation:
         if todo:
             self._fit(Rounds(todo, self.next_round, warm=self.read_ahead))
         finished = self.finished()
-        status = COMPLETED if finished == len(self.wanted) and not self.held_back else "interrupted"
+        status = COMPLETED if finished == len(self.wanted) and not self.held_back else INTERRUPTED
         stopped_by = self.stopped_by if self.added else ""
         return ConfirmationResult(status, len(self.wanted), finished, self.ran, self.deleted, self.added, stopped_by)
 

@@ -438,7 +438,7 @@ class _Pending(NamedTuple):
     skipped: list[tuple[int, str]]
 
 
-def _prepare(
+def _prepare_file(
     path: Path, spec: TaskSpec, fingerprint: str, max_length: int, invalid_rows: str
 ) -> tuple[tuple, EncodedSplit | _Pending]:
     """(cache key, the cached split of the file or the file validated and ready to tokenize)."""
@@ -545,7 +545,7 @@ def encode_split(
     never served stale.
     """
     _check_encoding_args(spec, tokenizer, max_length, limit)
-    key, prepared = _prepare(Path(path), spec, tokenizer_fingerprint(tokenizer), max_length, invalid_rows)
+    key, prepared = _prepare_file(Path(path), spec, tokenizer_fingerprint(tokenizer), max_length, invalid_rows)
     return _finish(key, prepared, tokenizer, limit, seed)
 
 
@@ -589,7 +589,7 @@ def load_tasks(
 
     fingerprint = tokenizer_fingerprint(tokenizer)
     prepared = {  # phase 1: read + validate everything (cheap)
-        (spec.name, part): _prepare(data_dir / filename, spec, fingerprint, max_length, invalid_rows)
+        (spec.name, part): _prepare_file(data_dir / filename, spec, fingerprint, max_length, invalid_rows)
         for spec in specs
         for part, filename in (("train", spec.train_file), ("dev", spec.dev_file))
     }

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
+from peftune import record
 from peftune.methods.base import PER_TASK
 
 
@@ -55,13 +56,13 @@ class ParameterCounts:
     def summary(self) -> dict[str, float]:
         """Flat numbers for logs and MLflow."""
         return {
-            "backbone_params": self.backbone,
-            "trainable_params_per_task": self.trainable_per_task,
-            "trainable_params_per_task_pct": self.percent(self.trainable_per_task),
-            "stored_params": self.stored,
-            "stored_params_pct": self.percent(self.stored),
-            "checkpoint_params": self.checkpoint,
-            "head_params": sum(self.heads.values()),
+            record.BACKBONE_PARAMS: self.backbone,
+            record.TRAINABLE_PER_TASK: self.trainable_per_task,
+            record.TRAINABLE_PER_TASK_PCT: self.percent(self.trainable_per_task),
+            record.STORED_PARAMS: self.stored,
+            record.STORED_PARAMS_PCT: self.percent(self.stored),
+            record.CHECKPOINT_PARAMS: self.checkpoint,
+            record.HEAD_PARAMS: sum(self.heads.values()),
         }
 
     def to_dict(self) -> dict:

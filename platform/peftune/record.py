@@ -29,6 +29,15 @@ ROLE, SWEEP, TRIAL_ID, STATUS, ERROR = (
 )
 PARENT_TAG = "mlflow.parentRunId"
 CHECKPOINT_TAG = "peftune.checkpoint"
+SWEEP_ROLE, TRIAL_ROLE = "sweep", "trial"  # the values of ROLE: the sweep's parent run, a trial's child run
+
+# the parent run's tags of what the sweep ran: the backbone, the code's version, the fingerprints a resumed
+# sweep must match (its definition, its data), and where Ray keeps its state
+BACKBONE, CODE_VERSION = "peftune.backbone", "peftune.code_version"
+DEFINITION_FINGERPRINT, DATA_FINGERPRINT = "peftune.definition_fingerprint", "peftune.data_fingerprint"
+RAY_EXPERIMENT_PATH = "peftune.ray_experiment_path"
+# a trial run's tags of how it ran: its method, the precision it trained in, the retries Ray gave it
+METHOD, PRECISION, RETRIES = "peftune.method", "peftune.precision", "peftune.retries"
 
 # a trial run's tags of its place in the sweep (see peftune.confirm): its phase, the configuration it
 # trains (peftune.search.config_key), its seed, whether it is the method's default (control arm), and
@@ -71,9 +80,16 @@ PREDICTIONS_ARTIFACT = predictions_artifact(DEV)
 PREDICTION_COLUMNS = ("task", "example_id", "seed", "prediction", "label")
 
 
+def split_metric(split: str, name: str) -> str:
+    """A metric under its split's name: ``selection_score``, ``dev_score``, ``dev_sst_accuracy`` (a trial's plain
+    metrics are those of the split it is judged on)."""
+    return f"{split}_{name}"
+
+
 def split_metric_names(task_metrics: Sequence[str]) -> list[str]:
     """The per-split metrics a trial logs beside its task metrics (see the names above)."""
-    return [f"{SELECTION}_score", f"{DECISION}_score", f"{DEV}_score", *(f"{DEV}_{m}" for m in task_metrics)]
+    scores = [split_metric(split, SCORE) for split in (SELECTION, DECISION, DEV)]
+    return [*scores, *(split_metric(DEV, m) for m in task_metrics)]
 
 
 def predictions_csv(predictions: dict[str, list[float]], examples: dict[str, tuple[list, list]], seed: int) -> str:
@@ -92,19 +108,81 @@ def predictions_csv(predictions: dict[str, list[float]], examples: dict[str, tup
 # under each of which confirmation takes every method's best configuration
 BUDGETS_PCT = (0.1, 1.0, 10.0)
 
-# a trial's final statuses; a diverged trial (non-finite or exploding loss) is a result, not a failure
+# a trial's final statuses; a diverged trial (non-finite or exploding loss) is a result, not a failure. A trial
+# without a status is counted as unfinished (running, or the sweep was interrupted)
 COMPLETED, EARLY_STOPPED, FAILED = "completed", "early_stopped", "failed"
 DIVERGED = "diverged"
+UNFINISHED = "unfinished"
+# the sweep's statuses (its parent run's STATUS tag): running, then completed, completed_with_failures, interrupted
+# or failed
+RUNNING, COMPLETED_WITH_FAILURES, INTERRUPTED = "running", "completed_with_failures", "interrupted"
+# the flags of a trial's result (to Tune, then the record): DIVERGED, set in a diverged trial's final result, and
+# PARTIAL, set in a report within an epoch (a data-fidelity rung)
+PARTIAL = "partial"
 
-# parameter counts, logged once per trial (peftune.params.ParameterCounts.summary)
+# ----------------------------------------------------------------------------- a trial's metrics
+
+# the hyperparameters every method has (TrainConfig fields, search space keys and run params of the same names)
+HYPERPARAMETERS = ("lr", "dropout", "weight_decay")
+SCORE = "score"  # the mean of the task metrics, logged every epoch on the split the trial is judged on
+EPOCH = "epoch"  # a result's 1-based epoch (an MLflow metric's step)
+BEST_EPOCH = "best_epoch"  # logged once a trial ends: the epoch kept (see best_epoch)
+
+
+def best_metric(name: str) -> str:
+    """A metric's value at the epoch kept, logged once a trial ends: ``best_score``, ``best_sst_accuracy``."""
+    return f"best_{name}"
+
+
+BEST_SCORE = best_metric(SCORE)
+
+
+def improves(score: float, kept: float) -> bool:
+    """Whether an epoch's score replaces the epoch kept so far: only a higher one does, so that of two epochs with
+    the best score the earliest is kept (a later one trained longer for nothing). A NaN score never replaces one."""
+    return score > kept
+
+
+def best_epoch(scores: Mapping[int, float]) -> int | None:
+    """The epoch kept of ``scores`` ({epoch: score}) by :func:`improves`: the best score, the earliest on a tie;
+    None without any epoch. The first epoch is kept until one improves on it (a NaN first score included)."""
+    kept = None
+    for epoch in sorted(scores):
+        if kept is None or improves(scores[epoch], scores[kept]):
+            kept = epoch
+    return kept
+
+
+def task_metric(task: str, metric: str) -> str:
+    """A task's metric in the record: ``sst_accuracy``, ``sts_pearson``. A metric's name has no ``_`` (a task's
+    name may have), so that :func:`metric_task` reads the name back."""
+    if "_" in metric:
+        raise ValueError(f"task {task!r}: metric {metric!r} has a '_'")
+    return f"{task}_{metric}"
+
+
+def metric_task(name: str) -> tuple[str, str]:
+    """The inverse of :func:`task_metric`: ``("sst", "accuracy")`` for ``sst_accuracy``, ``("my_task", "pearson")``
+    for ``my_task_pearson``."""
+    task, _, metric = name.rpartition("_")
+    return task, metric
+
+
+# parameter counts, logged once per trial (peftune.params.ParameterCounts.summary): the backbone's, the trainable
+# parameters per task (shared + that task's; the frontier's cost) and those stored for all tasks, each also as % of
+# the backbone, those a checkpoint holds, and the task heads'
+BACKBONE_PARAMS = "backbone_params"
+TRAINABLE_PER_TASK, TRAINABLE_PER_TASK_PCT = "trainable_params_per_task", "trainable_params_per_task_pct"
+STORED_PARAMS, STORED_PARAMS_PCT = "stored_params", "stored_params_pct"
+CHECKPOINT_PARAMS, HEAD_PARAMS = "checkpoint_params", "head_params"
 COUNT_METRICS = (
-    "backbone_params",
-    "trainable_params_per_task",
-    "trainable_params_per_task_pct",
-    "stored_params",
-    "stored_params_pct",
-    "checkpoint_params",
-    "head_params",
+    BACKBONE_PARAMS,
+    TRAINABLE_PER_TASK,
+    TRAINABLE_PER_TASK_PCT,
+    STORED_PARAMS,
+    STORED_PARAMS_PCT,
+    CHECKPOINT_PARAMS,
+    HEAD_PARAMS,
 )
 
 
@@ -143,9 +221,9 @@ TRIALS_COLUMNS = (
     f"tags.`{PHASE}`",
     "params.`method`",
     f"tags.`{SIZE_TAG}`",
-    "metrics.`best_score`",  # a search trial's best selection score (a confirmation run's too)
-    "metrics.`dev_score`",  # a confirmation run's dev score (the report's numbers)
-    "metrics.`trainable_params_per_task_pct`",
+    f"metrics.`{BEST_SCORE}`",  # a search trial's best selection score (a confirmation run's too)
+    f"metrics.`{split_metric(DEV, SCORE)}`",  # a confirmation run's dev score (the report's numbers)
+    f"metrics.`{TRAINABLE_PER_TASK_PCT}`",
     f"tags.`{STATUS}`",
     "attributes.`Dataset`",
 )
@@ -159,12 +237,12 @@ def trials_view() -> dict:
     than by date un-nests child runs), best score first, with the columns of :data:`TRIALS_COLUMNS`; its chart
     view (one click) plots the score against the trainable fraction and the hyperparameters (:func:`trial_charts`)."""
     return {
-        "searchFilter": f"tags.`{ROLE}` = 'trial'",
-        "orderByKey": "metrics.`best_score`",
+        "searchFilter": f"tags.`{ROLE}` = '{TRIAL_ROLE}'",
+        "orderByKey": f"metrics.`{BEST_SCORE}`",
         "orderByAsc": False,
         "selectedColumns": list(TRIALS_COLUMNS),
         "columnOrder": list(TRIALS_COLUMNS),
-        "columnWidths": {"metrics.`trainable_params_per_task_pct`": 230},
+        "columnWidths": {f"metrics.`{TRAINABLE_PER_TASK_PCT}`": 230},
         "runsHiddenMode": "SHOW_ALL",  # the charts plot every run, not the first 10
         "compareRunSections": [{"uuid": CHARTS_SECTION, "name": "Trials: score against size and hyperparameters",
                                 "display": True, "isReordered": False, "deleted": False, "isGenerated": False}],
@@ -183,15 +261,15 @@ def trial_charts() -> list[dict]:
     def axis(key: str, kind: str = "METRIC") -> dict:
         return {"key": key, "type": kind}
 
-    score = axis("best_score")
+    score, size = axis(BEST_SCORE), axis(TRAINABLE_PER_TASK_PCT)
     return [
-        card("peftune-size", "SCATTER", xaxis=axis("trainable_params_per_task_pct"), yaxis=score),
-        card("peftune-dev", "SCATTER", xaxis=axis("trainable_params_per_task_pct"), yaxis=axis("dev_score")),
+        card("peftune-size", "SCATTER", xaxis=size, yaxis=score),
+        card("peftune-dev", "SCATTER", xaxis=size, yaxis=axis(split_metric(DEV, SCORE))),
         card(
             "peftune-parallel",
             "PARALLEL",
-            selectedParams=["method", "lr", "dropout", "weight_decay"],
-            selectedMetrics=["best_score"],
+            selectedParams=["method", *HYPERPARAMETERS],
+            selectedMetrics=[BEST_SCORE],
             showAllRuns=True,
         ),  # fmt: skip
         card("peftune-lr", "SCATTER", xaxis=axis("lr", "PARAM"), yaxis=score),

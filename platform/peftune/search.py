@@ -27,7 +27,7 @@ trial id and, once the record has it, its MLflow run id as user attributes (``Ru
 State across a resume, through public means only: Tune saves and restores the searcher
 (``save``/``restore``); the studies themselves live in the Optuna storage. The scheduler's rungs
 are not part of Tune's saved state, so the scheduler refills them from the MLflow record of the
-sweep (``tracking.result_history``) the first time it sees a trial after it was (un)pickled.
+sweep (``tracking.RecordedResults``) the first time it sees a trial after it was (un)pickled.
 """
 
 from __future__ import annotations
@@ -51,11 +51,11 @@ from ray.tune.search.optuna import OptunaSearch
 
 from peftune import spaces
 from peftune.errors import UserError
-from peftune.record import SEARCH, config_key, sqlite_path
+from peftune.record import DEFAULT, SCORE, SEARCH, config_key, sqlite_path
 from peftune.spaces import MethodSpace
 
-METRIC, MODE = "score", "max"
-DEFAULT_ATTR = "peftune.default"  # user attribute of an enqueued default trial in its Optuna study
+METRIC, MODE = SCORE, "max"
+DEFAULT_ATTR = DEFAULT  # user attribute of an enqueued default trial in its Optuna study: the record's tag's name
 # user attributes linking an Optuna trial to its Ray trial and MLflow run (optuna-dashboard shows them); the
 # MLflow run carries the way back as tags: peftune.optuna_study, peftune.optuna_trial (the trial's number)
 RAY_TRIAL_ATTR, MLFLOW_RUN_ATTR = "ray_trial_id", "mlflow_run_id"

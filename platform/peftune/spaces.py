@@ -24,6 +24,7 @@ from peftune import methods, validation
 from peftune.backbone import DEFAULT_MODEL, BertConfig
 from peftune.data import INVALID_ROW_POLICIES
 from peftune.errors import PeftuneError
+from peftune.record import HYPERPARAMETERS, SCORE, TRAINABLE_PER_TASK
 from peftune.tasks import task_names
 from peftune.train import RATES, SEED, TrainConfig
 from peftune.validation import EMPTY, Bound, Section, SpaceError, at, count, fail, named, one_of, rule, section, show
@@ -31,16 +32,16 @@ from peftune.validation import EMPTY, Bound, Section, SpaceError, at, count, fai
 # package data, installed as files (a directory); in a source tree, a link to the top-level search_spaces/
 SEARCH_SPACES_DIR = Path(str(importlib.resources.files("peftune") / "search_spaces")).resolve()
 METHODS_SUBDIR = "methods"
-MULTI_OBJECTIVE = (("score", "max"), ("trainable_params_per_task", "min"))  # what a multi-objective search optimises
+MULTI_OBJECTIVE = ((SCORE, "max"), (TRAINABLE_PER_TASK, "min"))  # what a multi-objective search optimises
 # TrainConfig fields a sweep sets elsewhere (searched, budget, top level), as it does those without a plain default
-_SET_ELSEWHERE = {"method", "lr", "dropout", "weight_decay", "epochs", "batch_size", "seed"}
+_SET_ELSEWHERE = {"method", *HYPERPARAMETERS, "epochs", "batch_size", "seed"}
 NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$"  # anchored: JSON Schema searches
 _Name = Annotated[StrictStr, rule(lambda v: re.fullmatch(NAME_PATTERN, v), "expected a name of letters, digits, "
                   "'_', '-', '.', got {}"), Field(json_schema_extra={"pattern": NAME_PATTERN})]  # fmt: skip
 _Preset = Annotated[str, rule(lambda v: isinstance(v, str), "expected a preset name (text), got {}", before=True)]
 _SEEDS = Bound(0, 1_000, "a sane bound on the seeds per configuration")
 # what every method searches, in what interval (upper bounds: beyond them a trial only diverges or forgets)
-_COMMON = {key: RATES[key] for key in ("lr", "dropout", "weight_decay")}  # TrainConfig's own intervals
+_COMMON = {key: RATES[key] for key in HYPERPARAMETERS}  # TrainConfig's own intervals
 
 
 @section()
@@ -159,7 +160,7 @@ class MethodSpace:
     default_source: str = ""  # where the default comes from (paper, report)
 
     def params(self) -> dict[str, Param]:
-        return {"lr": self.lr, "dropout": self.dropout, "weight_decay": self.weight_decay, **self.options}
+        return {**{key: getattr(self, key) for key in HYPERPARAMETERS}, **self.options}
 
     def to_yaml(self) -> dict:
         out = {"method": self.method, **{key: _to_yaml(self.params()[key]) for key in _COMMON}}

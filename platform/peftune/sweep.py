@@ -55,10 +55,11 @@ from ray import tune
 from peftune import confirm, console, lease, search, spaces, tracking, tracking_buffer, worker
 from peftune import record as record_names
 from peftune.errors import UserError, one_line
+from peftune.record import BEST_SCORE, COMPLETED, COMPLETED_WITH_FAILURES, FAILED, INTERRUPTED, SCORE, UNFINISHED
 from peftune.resume import RunCallbacks, installed
 from peftune.spaces import SweepDefinition
 from peftune.tasks import get_task
-from peftune.train import metric_name, prepare
+from peftune.train import prepare
 
 log = logging.getLogger("peftune.sweep")
 
@@ -67,10 +68,6 @@ MLFLOW_FAIL_FAST = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST
                     "MLFLOW_HTTP_REQUEST_TIMEOUT": "15"}  # fmt: skip
 PENDING_ENV = "TUNE_MAX_PENDING_TRIALS_PG"  # Tune's bound on trials waiting for a worker (see every_slot_pending)
 TRACKING_WAIT_S = 600.0  # the end of a sweep waits this long for buffered MLflow writes
-
-# a sweep's statuses (SweepResult.status, the parent run's peftune.status) and the jobs' exit codes
-COMPLETED, COMPLETED_WITH_FAILURES, INTERRUPTED = "completed", "completed_with_failures", "interrupted"
-FAILED = record_names.FAILED
 
 
 # ----------------------------------------------------------------------------- the sweep
@@ -106,11 +103,11 @@ class SweepResult:
         return record_names.run_address(self.tracking_uri, self.experiment_id, self.parent_run_id)
 
     def summary(self) -> str:
-        counts = ", ".join(f"{n} {s or 'unfinished'}" for s, n in sorted(self.statuses.items(), key=str))
+        counts = ", ".join(f"{n} {s or UNFINISHED}" for s, n in sorted(self.statuses.items(), key=str))
         lines = [f"sweep {self.name}: {self.status}; {self.num_trials} trials ({counts})"]
         if self.best:
             best = self.best  # a search trial: judged on the selection split (the report's numbers are dev's)
-            score = f"selection score {best['best_score']:.4f}"
+            score = f"selection score {best[BEST_SCORE]:.4f}"
             lines.append(f"best search trial: {best['method']} ({best['trial_id']}) {score}")
         if self.confirmation and self.confirmation["status"] != "skipped":
             c = self.confirmation
@@ -394,7 +391,7 @@ def run_sweep(
                 )  # fmt: skip
             if not trial_logger.flush(tracking_wait_s):
                 return _unrecorded(definition, record, *where, trial_logger, len(grid))
-            complete = confirmation.status != "interrupted"
+            complete = confirmation.status != INTERRUPTED
         status = sweep_status(trials) if complete else INTERRUPTED
         logged = _close(definition, record, grid, status, complete)
     except BaseException as error:
@@ -522,7 +519,7 @@ def _tuner(definition, runnable, storage: str, exists: bool, optuna_url: str, hi
             callbacks=[RunCallbacks()],
             failure_config=tune.FailureConfig(max_failures=definition.max_failures),
             checkpoint_config=tune.CheckpointConfig(
-                num_to_keep=1, checkpoint_score_attribute="score", checkpoint_score_order="max"
+                num_to_keep=1, checkpoint_score_attribute=SCORE, checkpoint_score_order="max"
             ),
             verbose=verbose,
         ),
@@ -643,7 +640,7 @@ def split_examples(prepared) -> dict[str, dict[str, tuple[list[int], list[float]
 
 
 def _task_metric_names(tasks: Sequence[str]) -> list[str]:
-    return [metric_name(get_task(t)) for t in tasks]
+    return [get_task(t).metric_name for t in tasks]
 
 
 def _storage_uri(storage_path: str | Path) -> str:
@@ -656,9 +653,9 @@ def _best_checkpoints(grid) -> dict[str, tuple[float, Any]]:
     out = {}
     for result in grid:
         best = [
-            (metrics.get("score"), checkpoint)
+            (metrics.get(SCORE), checkpoint)
             for checkpoint, metrics in (result.best_checkpoints or [])
-            if metrics.get("score") is not None
+            if metrics.get(SCORE) is not None
         ]
         if best and result.metrics:
             out[result.metrics["trial_id"]] = max(best, key=lambda pair: pair[0])

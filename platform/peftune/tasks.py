@@ -16,6 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from peftune.errors import UnknownNameError, UserError
+from peftune.record import task_metric
 
 KINDS = ("multiclass", "binary", "regression")
 
@@ -49,6 +50,11 @@ class TaskSpec:
             raise UserError(f"task {self.name!r}: a multiclass task needs num_labels >= 2")
         if self.metric not in ("accuracy", "pearson"):
             raise UserError(f"task {self.name!r}: metric {self.metric!r}, expected 'accuracy' or 'pearson'")
+
+    @property
+    def metric_name(self) -> str:
+        """The task's metric in the record: ``sst_accuracy``."""
+        return task_metric(self.name, self.metric)
 
     @property
     def num_outputs(self) -> int:
@@ -127,10 +133,6 @@ def parse_tasks(names: str | Sequence[str]) -> list[TaskSpec]:
     if len(set(names)) != len(names):
         raise UserError(f"a task is named twice in {list(names)}")
     return [get_task(n) for n in names]
-
-
-# The score of the AdaptBert report: mean of sst accuracy, para accuracy, sts Pearson r
-SCORE_TASKS = ("sst", "para", "sts")
 
 
 def overall_score(metrics: dict[str, float]) -> float:

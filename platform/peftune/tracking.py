@@ -93,28 +93,48 @@ from ray import tune
 from peftune.errors import UserError
 from peftune.methods.sizes import size_label
 from peftune.record import (
+    BACKBONE,
+    BEST_SCORE,
     CHECKPOINT_TAG,
+    CODE_VERSION,
     COMPLETED,
+    COMPLETED_WITH_FAILURES,
     CONFIG_KEY,
     CONFIRM,
     COUNT_METRICS,
+    DATA_FINGERPRINT,
     DEFAULT,
+    DEFINITION_FINGERPRINT,
     DIVERGED,
     EARLY_STOPPED,
+    EPOCH,
     ERROR,
     FAILED,
+    HYPERPARAMETERS,
+    INTERRUPTED,
+    METHOD,
     PARENT_TAG,
+    PARTIAL,
     PHASE,
+    PRECISION,
+    RAY_EXPERIMENT_PATH,
+    RETRIES,
     ROLE,
+    RUNNING,
+    SCORE,
     SEARCH,
     SHARED_VIEW_TAG,
     SIZE_TAG,
     STATUS,
     SWEEP,
+    SWEEP_ROLE,
     TRAIN_COMMAND,
+    TRAINABLE_PER_TASK,
     TRIAL_ID,
     TRIALS_VIEW_KEY,
+    UNFINISHED,
     config_key,
+    improves,
     predictions_artifact,
     predictions_csv,
     run_label,
@@ -129,14 +149,14 @@ from peftune.tracking_buffer import log_datasets
 log = logging.getLogger("peftune.tracking")
 
 EPOCH_METRICS = (
-    *("score", "train_loss", "epoch_time_s", "tokens_per_s", "train_time_s"),
+    *(SCORE, "train_loss", "epoch_time_s", "tokens_per_s", "train_time_s"),
     *("steps", "examples_seen", "tokens_seen", "progress"),  # the fidelity: steps, examples, tokens, fraction
     # where a trial's time goes besides training, and what packing trials onto a GPU must leave room for
     *("startup_s", "eval_time_s", "eval_total_s", "checkpoint_time_s", "peak_gpu_memory_mb"),
     *("granted_cpu", "granted_gpu"),  # what Ray gave the trial: the sweep's resources, as scheduled
 )
 # a report within an epoch (a data-fidelity rung), logged at step = examples seen: fidelity_score, ...
-PARTIAL_METRICS = ("score", "steps", "tokens_seen", "progress", "train_time_s", "eval_total_s", "startup_s")
+PARTIAL_METRICS = (SCORE, "steps", "tokens_seen", "progress", "train_time_s", "eval_total_s", "startup_s")
 CHECKPOINT_ARTIFACTS = ("trainable.safetensors", "peftune.json")  # the optimizer state stays with Ray
 MAX_TAG_CHARS = 5000
 # the experiment's kind: MLflow 3.17's UI takes its view from the link's workflowType instead (record.TRAINING_VIEW);
@@ -144,7 +164,7 @@ MAX_TAG_CHARS = 5000
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
 DIGEST_CHARS = 12  # of a data file's sha256 (data_hashes.json) as its MLflow dataset digest (at most 36 there)
 TRAINING, DEV_CONTEXT = "training", "dev"  # the datasets' mlflow.data.context: what a run did with the file
-SUMMARY_STATUSES = ("completed", "early_stopped", "diverged", "failed", "unfinished")
+SUMMARY_STATUSES = (COMPLETED, EARLY_STOPPED, DIVERGED, FAILED, UNFINISHED)
 
 
 def ui_hint(uri: str, experiment_id: str | None = None) -> tuple[str, str | None]:
@@ -230,7 +250,7 @@ def find_experiment_id(client, name: str) -> str | None:
 
 def find_parent_run(client, experiment_id: str, sweep: str):
     runs = client.search_runs(
-        [experiment_id], filter_string=f"tags.`{ROLE}` = 'sweep' and tags.`{SWEEP}` = '{sweep}'", max_results=2
+        [experiment_id], filter_string=f"tags.`{ROLE}` = '{SWEEP_ROLE}' and tags.`{SWEEP}` = '{sweep}'", max_results=2
     )
     if len(runs) > 1:
         raise UserError(f"MLflow experiment {sweep!r} holds more than one parent run; expected one per sweep")
@@ -311,13 +331,13 @@ def open_sweep(
     experiment_id = find_experiment_id(client, name)
     parent = find_parent_run(client, experiment_id, name) if experiment_id else None
     fingerprints = {
-        "peftune.definition_fingerprint": definition.fingerprint(),
-        "peftune.data_fingerprint": fingerprint_hashes(data_hashes, getattr(definition, "invalid_rows", "raise")),
+        DEFINITION_FINGERPRINT: definition.fingerprint(),
+        DATA_FINGERPRINT: fingerprint_hashes(data_hashes, getattr(definition, "invalid_rows", "raise")),
     }
     if parent is not None:
         _check_resumed(parent, name, fingerprints, expect_existing, tracking_uri, ray_experiment_path)
         client.update_run(parent.info.run_id, status="RUNNING")
-        client.set_tag(parent.info.run_id, STATUS, "running")
+        client.set_tag(parent.info.run_id, STATUS, RUNNING)
         show_trials(client, experiment_id)
         log_datasets(client, parent.info.run_id, datasets)
         return SweepRecord(tracking_uri, experiment_id, parent.info.run_id, True, tuple(datasets or ()))
@@ -328,8 +348,8 @@ def open_sweep(
         experiment_id = client.create_experiment(name, artifact_location=_artifact_location(tracking_uri, name))
     client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
     show_trials(client, experiment_id)
-    tags = {ROLE: "sweep", SWEEP: name, "peftune.backbone": definition.model, "peftune.code_version": code_version(),
-            STATUS: "running", **fingerprints, "peftune.ray_experiment_path": ray_experiment_path}  # fmt: skip
+    tags = {ROLE: SWEEP_ROLE, SWEEP: name, BACKBONE: definition.model, CODE_VERSION: code_version(),
+            STATUS: RUNNING, **fingerprints, RAY_EXPERIMENT_PATH: ray_experiment_path}  # fmt: skip
     run_id = client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
     params = sweep_params(definition, len(skipped_rows or []))
     client.log_batch(run_id, params=[Param(k, _param_value(v)) for k, v in params.items()])
@@ -349,12 +369,12 @@ def _check_resumed(parent, name: str, fingerprints: dict, expect_existing: bool,
             f"state for it at {ray_path}: pick another sweep name (--name) or point --storage-path at its Ray results"
         )
     tags = parent.data.tags
-    if tags.get("peftune.definition_fingerprint") != fingerprints["peftune.definition_fingerprint"]:
+    if tags.get(DEFINITION_FINGERPRINT) != fingerprints[DEFINITION_FINGERPRINT]:
         raise UserError(
             f"sweep {name!r} was started with another definition (methods, tasks, budget, spaces "
             f"or settings differ): resume it with the same file and budget, or pick another name"
         )
-    if tags.get("peftune.data_fingerprint") != fingerprints["peftune.data_fingerprint"]:
+    if tags.get(DATA_FINGERPRINT) != fingerprints[DATA_FINGERPRINT]:
         raise UserError(
             f"the data files differ from those sweep {name!r} started with: resume it on the same "
             f"data, or pick another name"
@@ -416,10 +436,10 @@ def close_sweep(record: SweepRecord, status: str) -> None:
     log_sweep_summary(client, record)
     client.set_tag(record.parent_run_id, STATUS, status)
     mlflow_status = {
-        "completed": "FINISHED",
-        "completed_with_failures": "FINISHED",
-        "interrupted": "KILLED",
-        "failed": "FAILED",
+        COMPLETED: "FINISHED",
+        COMPLETED_WITH_FAILURES: "FINISHED",
+        INTERRUPTED: "KILLED",
+        FAILED: "FAILED",
     }[status]
     client.set_terminated(record.parent_run_id, status=mlflow_status)
 
@@ -450,26 +470,26 @@ class RecordedResults:
         for run in child_runs(client, self.record.experiment_id, self.record.parent_run_id):
             tags = run.data.tags
             searched = tags.get(TRIAL_ID) and run_phase(tags) == SEARCH
-            if not searched or "score" not in run.data.metrics:
+            if not searched or SCORE not in run.data.metrics:
                 continue
             histories = {
                 key: {int(m.step): m.value for m in client.get_metric_history(run.info.run_id, key)}
-                for key in ("score", "steps", "progress", "fidelity_score", "fidelity_steps", "fidelity_progress")
+                for key in (SCORE, "steps", "progress", "fidelity_score", "fidelity_steps", "fidelity_progress")
             }
             inf = float("inf")
             results = [
-                {"progress": histories["fidelity_progress"][seen], "score": score,
+                {"progress": histories["fidelity_progress"][seen], SCORE: score,
                  "steps": histories["fidelity_steps"].get(seen, inf)}
                 for seen, score in histories["fidelity_score"].items()
                 if seen in histories["fidelity_progress"]
             ]  # fmt: skip
             results += [
-                {"epoch": epoch, "score": score, "steps": histories["steps"].get(epoch, inf),
+                {EPOCH: epoch, SCORE: score, "steps": histories["steps"].get(epoch, inf),
                  **({"progress": histories["progress"][epoch]} if epoch in histories["progress"] else {})}
-                for epoch, score in histories["score"].items()
+                for epoch, score in histories[SCORE].items()
             ]  # fmt: skip
-            results.sort(key=lambda r: (r["steps"], r.get("epoch", 0)))
-            out[tags[TRIAL_ID]] = (tags.get("peftune.method", ""), results)
+            results.sort(key=lambda r: (r["steps"], r.get(EPOCH, 0)))
+            out[tags[TRIAL_ID]] = (tags.get(METHOD, ""), results)
         return out
 
 
@@ -489,7 +509,7 @@ def log_method_budgets(record: SweepRecord) -> dict[str, dict[str, float]]:
         if not tags.get(TRIAL_ID) or run_phase(tags) != SEARCH:
             continue
         empty = {"trials": 0, "steps": 0.0, "tokens": 0.0, "compute_s": 0.0}
-        budget = budgets.setdefault(tags.get("peftune.method", ""), empty)
+        budget = budgets.setdefault(tags.get(METHOD, ""), empty)
         budget["trials"] += 1
         budget["steps"] += max(metrics.get("steps", 0.0), metrics.get("fidelity_steps", 0.0))
         budget["tokens"] += max(metrics.get("tokens_seen", 0.0), metrics.get("fidelity_tokens_seen", 0.0))
@@ -508,8 +528,8 @@ def log_method_budgets(record: SweepRecord) -> dict[str, dict[str, float]]:
 
 def log_sweep_summary(client, record: SweepRecord) -> None:
     runs = trial_records(record)
-    trials = [run for run in runs if run.phase == "search"]  # confirmation runs re-train, they are not trials
-    counts = Counter(trial.status or "unfinished" for trial in trials)
+    trials = [run for run in runs if run.phase == SEARCH]  # confirmation runs re-train, they are not trials
+    counts = Counter(trial.status or UNFINISHED for trial in trials)
     values = {f"sweep_trials_{status}": float(counts.get(status, 0)) for status in SUMMARY_STATUSES}
     values["sweep_trials"] = float(len(trials))
     values["sweep_confirm_runs"] = float(len(runs) - len(trials))
@@ -528,7 +548,7 @@ class TrialRecord:
     status: str | None  # completed | early_stopped | failed | None (running or interrupted)
     best_score: float | None
     params: dict = field(default_factory=dict)
-    phase: str = "search"  # search | confirm (the peftune.phase tag; untagged runs are search trials)
+    phase: str = SEARCH  # search | confirm (the peftune.phase tag; untagged runs are search trials)
 
 
 def trial_records(record: SweepRecord) -> list[TrialRecord]:
@@ -542,7 +562,7 @@ def trial_records(record: SweepRecord) -> list[TrialRecord]:
                 run.info.run_id,
                 run.data.params.get("method", ""),
                 tags.get(STATUS),
-                run.data.metrics.get("best_score"),
+                run.data.metrics.get(BEST_SCORE),
                 dict(run.data.params),
                 run_phase(tags),
             )
@@ -695,10 +715,10 @@ class TrialLogger(tune.Callback):
             searched = run_phase(run.data.tags) == SEARCH  # confirmation has its own resume
             if searched and not run.data.tags.get(STATUS) and run.data.tags.get(CONFIG_KEY):
                 self._unfinished[run.data.tags[CONFIG_KEY]] = (trial_id, run.info.run_id)
-            if "trainable_params_per_task" in run.data.metrics:
+            if TRAINABLE_PER_TASK in run.data.metrics:
                 self._counted.add(trial_id)
-            if "score" in run.data.metrics:
-                history = self.client.get_metric_history(run.info.run_id, "score")
+            if SCORE in run.data.metrics:
+                history = self.client.get_metric_history(run.info.run_id, SCORE)
                 self._last_epoch[trial_id] = max(int(m.step) for m in history)
             if "fidelity_score" in run.data.metrics:
                 history = self.client.get_metric_history(run.info.run_id, "fidelity_score")
@@ -743,7 +763,7 @@ class TrialLogger(tune.Callback):
         except (ValueError, TypeError, KeyError) as error:
             # the trial will fail on the same error and be recorded so; the sweep must go on
             log.warning("trial config %s %s is invalid: %s", method, sampled, error)
-            common = {k: sampled.get(k) for k in ("lr", "dropout", "weight_decay")}
+            common = {k: sampled.get(k) for k in HYPERPARAMETERS}
             return {
                 "method": method,
                 **common,
@@ -755,9 +775,7 @@ class TrialLogger(tune.Callback):
             }
         params = {
             "method": method,
-            "lr": config.lr,
-            "dropout": config.dropout,
-            "weight_decay": config.weight_decay,
+            **{key: getattr(config, key) for key in HYPERPARAMETERS},
             "epochs": config.epochs,
             "batch_size": config.batch_size,
             "tasks": config.tasks,
@@ -809,12 +827,12 @@ class TrialLogger(tune.Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         self._run_for(trial)
-        if result.get("diverged"):
+        if result.get(DIVERGED):
             return  # the final result of a diverged trial carries no epoch's metrics; on_trial_complete records it
-        if result.get("partial"):
+        if result.get(PARTIAL):
             self._log_partial(trial.trial_id, result)
             return
-        epoch = int(result["epoch"])
+        epoch = int(result[EPOCH])
         if epoch <= self._last_epoch.get(trial.trial_id, 0):
             return  # logged before the sweep was interrupted; the resumed trial re-ran this epoch
         now = _now_ms()  # sent with the metrics, so a re-sent batch is identical and MLflow keeps one copy
@@ -823,7 +841,7 @@ class TrialLogger(tune.Callback):
         if trial.trial_id not in self._counted:
             metrics += [(k, float(result[k]), now, 0) for k in COUNT_METRICS if k in result]
             if "precision" in result:  # what the trial computed in: bf16 autocast or fp32
-                self._write("tags", trial_id=trial.trial_id, tags={"peftune.precision": str(result["precision"])})
+                self._write("tags", trial_id=trial.trial_id, tags={PRECISION: str(result["precision"])})
             self._counted.add(trial.trial_id)
         self._write("metrics", trial_id=trial.trial_id, metrics=metrics)
         self._last_epoch[trial.trial_id] = epoch
@@ -837,15 +855,15 @@ class TrialLogger(tune.Callback):
             epoch,
             self.settings.epochs,
             shown,
-            result.get("score", float("nan")),
+            result.get(SCORE, float("nan")),
             result.get("epoch_time_s", 0),
         )
 
     def _log_predictions(self, trial, result: dict) -> None:
         """The dev predictions of the trial's best epoch so far (by ``score``, the earliest on a tie, as
         ``best_*``), one artifact per split (``predictions_artifact``): what the decisions and the report read."""
-        score = result.get("score")
-        if not _finite(score) or score <= self._predicted.get(trial.trial_id, -math.inf):
+        score = result.get(SCORE)
+        if not _finite(score) or not improves(score, self._predicted.get(trial.trial_id, -math.inf)):
             return
         self._predicted[trial.trial_id] = score
         seed = (trial.config.get("peftune") or {}).get("seed", self.settings.seed)
@@ -868,15 +886,15 @@ class TrialLogger(tune.Callback):
     def on_trial_recover(self, iteration, trials, trial, **info):
         self._run_for(trial)
         # retries so far; the final count is set when the trial ends
-        self._write("tags", trial_id=trial.trial_id, tags={"peftune.retries": str(trial.num_failures)})
+        self._write("tags", trial_id=trial.trial_id, tags={RETRIES: str(trial.num_failures)})
         log.warning("trial %s failed and is retried (%d failure(s) so far)", trial.trial_id, trial.num_failures)
 
     def on_trial_complete(self, iteration, trials, trial, **info):
         last = trial.last_result or {}
-        if last.get("diverged"):
-            self._finish(trial, DIVERGED, error=str(last.get("divergence", "diverged"))[:MAX_TAG_CHARS])
+        if last.get(DIVERGED):
+            self._finish(trial, DIVERGED, error=str(last.get("divergence", DIVERGED))[:MAX_TAG_CHARS])
             return
-        status = COMPLETED if int(last.get("epoch", 0)) >= self.settings.epochs else EARLY_STOPPED
+        status = COMPLETED if int(last.get(EPOCH, 0)) >= self.settings.epochs else EARLY_STOPPED
         self._finish(trial, status)
 
     def on_trial_error(self, iteration, trials, trial, **info):

@@ -30,7 +30,23 @@ import warnings
 from collections import deque
 from pathlib import Path
 
-from peftune.record import ERROR, PARENT_TAG, ROLE, STATUS, SWEEP, TRIAL_ID
+from peftune.record import (
+    BEST_EPOCH,
+    BEST_SCORE,
+    ERROR,
+    FAILED,
+    METHOD,
+    PARENT_TAG,
+    RETRIES,
+    ROLE,
+    SCORE,
+    STATUS,
+    SWEEP,
+    TRIAL_ID,
+    TRIAL_ROLE,
+    best_epoch,
+    best_metric,
+)
 
 log = logging.getLogger("peftune.tracking")
 
@@ -236,9 +252,9 @@ class WriteBuffer:
 
         run_id = self.run_id(trial_id)
         if run_id is None:
-            base = {PARENT_TAG: self.record.parent_run_id, ROLE: "trial", SWEEP: sweep, TRIAL_ID: trial_id}
+            base = {PARENT_TAG: self.record.parent_run_id, ROLE: TRIAL_ROLE, SWEEP: sweep, TRIAL_ID: trial_id}
             run = self.client.create_run(
-                self.record.experiment_id, run_name=run_name, tags={**base, "peftune.method": method, **(tags or {})}
+                self.record.experiment_id, run_name=run_name, tags={**base, METHOD: method, **(tags or {})}
             )
             run_id = self._runs[trial_id] = run.info.run_id
         self.client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()])
@@ -273,10 +289,10 @@ class WriteBuffer:
         log_best(self.client, run_id, task_metrics)
         tags = {STATUS: status, **({ERROR: error} if error is not None else {})}
         if retries > 0:
-            tags["peftune.retries"] = str(retries)
+            tags[RETRIES] = str(retries)
         for key, value in tags.items():
             self.client.set_tag(run_id, key, value)
-        self.client.set_terminated(run_id, status="FAILED" if status == "failed" else "FINISHED")
+        self.client.set_terminated(run_id, status="FAILED" if status == FAILED else "FINISHED")
 
     def _op_artifact(self, trial_id: str, path: str, text: str) -> None:
         """A text file as the run's artifact ``path`` (gzip-compressed when it ends in ``.gz``); replaces it."""
@@ -299,22 +315,22 @@ class WriteBuffer:
 
 
 def log_best(client, run_id: str, task_metrics: list[str]) -> None:
-    """best_score, best_epoch, best_<task metric> from the run's own history (the earliest best epoch)."""
+    """best_score, best_epoch, best_<task metric> from the run's own history (``record.best_epoch``)."""
     from mlflow.entities import Metric
 
-    scores = {int(m.step): m.value for m in client.get_metric_history(run_id, "score")}
+    scores = {int(m.step): m.value for m in client.get_metric_history(run_id, SCORE)}
     if not scores:
         return
-    best_epoch = max(sorted(scores), key=lambda e: scores[e])
+    kept = best_epoch(scores)
     latest = client.get_run(run_id).data.metrics
-    if latest.get("best_score") == scores[best_epoch] and latest.get("best_epoch") == best_epoch:
+    if latest.get(BEST_SCORE) == scores[kept] and latest.get(BEST_EPOCH) == kept:
         return  # logged by an earlier attempt of this operation
     now = int(time.time() * 1000)
-    metrics = [Metric("best_score", scores[best_epoch], now, 0), Metric("best_epoch", best_epoch, now, 0)]
+    metrics = [Metric(BEST_SCORE, scores[kept], now, 0), Metric(BEST_EPOCH, kept, now, 0)]
     for key in task_metrics:
         values = {int(m.step): m.value for m in client.get_metric_history(run_id, key)}
-        if best_epoch in values:
-            metrics.append(Metric(f"best_{key}", values[best_epoch], now, 0))
+        if kept in values:
+            metrics.append(Metric(best_metric(key), values[kept], now, 0))
     client.log_batch(run_id, metrics=metrics)
 
 

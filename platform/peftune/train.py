@@ -39,7 +39,7 @@ from peftune.errors import UserError
 from peftune.methods.base import DROPOUT
 from peftune.model import POOLINGS, MultitaskModel
 from peftune.params import count_parameters
-from peftune.record import DEV
+from peftune.record import DEV, EPOCH, PARTIAL, SCORE, split_metric
 from peftune.tasks import get_task, overall_score, parse_tasks
 from peftune.validation import Bound, checked
 
@@ -463,11 +463,7 @@ def evaluate(
 ) -> dict[str, float]:
     """The metric per task on ``split``, e.g. {"sst_accuracy": 0.41, "sts_pearson": 0.80} (see :func:`predict`)."""
     results = predict(model, tasks, split, batch_size, device, precision)
-    return {metric_name(model.tasks[t]): model.tasks[t].score(p, y) for t, (p, y) in results.items()}
-
-
-def metric_name(spec) -> str:
-    return f"{spec.name}_{spec.metric}"
+    return {model.tasks[t].metric_name: model.tasks[t].score(p, y) for t, (p, y) in results.items()}
 
 
 # ----------------------------------------------------------------------------- the trial
@@ -479,10 +475,6 @@ ReportFn = Callable[[dict, Callable[[Path], None] | None], None]  # save is None
 class TrialResult:
     history: list[dict]  # one metrics dict per epoch
     model: MultitaskModel
-
-    @property
-    def best(self) -> dict:
-        return max(self.history, key=lambda m: m["score"])
 
 
 def run_trial(
@@ -638,7 +630,7 @@ class _Trial:
         eval_s = time.perf_counter() - started_eval
         self.eval_time += eval_s
         metrics = {
-            "epoch": epoch + 1,
+            EPOCH: epoch + 1,
             **evaluated,
             "train_loss": train_loss,
             "epoch_time_s": epoch_time,
@@ -691,11 +683,11 @@ def evaluate_splits(model, tasks, config: TrainConfig, device, precision: str, w
     metrics: dict = {}
     for i, split in enumerate(config.eval_splits):
         results = predict(model, tasks, split, config.batch_size * 4, device, precision)
-        task_metrics = {metric_name(model.tasks[t]): model.tasks[t].score(p, y) for t, (p, y) in results.items()}
-        values = {**task_metrics, "score": overall_score(task_metrics)}
+        task_metrics = {model.tasks[t].metric_name: model.tasks[t].score(p, y) for t, (p, y) in results.items()}
+        values = {**task_metrics, SCORE: overall_score(task_metrics)}
         metrics.update(values if i == 0 else {})
         named = i > 0 or split == DEV
-        metrics.update({f"{split}_{key}": value for key, value in values.items() if named or key == "score"})
+        metrics.update({split_metric(split, key): value for key, value in values.items() if named or key == SCORE})
         if with_predictions and split in config.predictions_of:
             metrics.setdefault("predictions", {})[split] = {t: p.tolist() for t, (p, _) in results.items()}
     return metrics
@@ -704,11 +696,11 @@ def evaluate_splits(model, tasks, config: TrainConfig, device, precision: str, w
 def _partial_metrics(epoch: int, dev: dict, progress: dict, examples_per_run: int) -> dict:
     """A report within an epoch (a data-fidelity rung): ``epoch`` counts the epochs completed."""
     return {
-        "epoch": epoch,
+        EPOCH: epoch,
         **dev,
         **progress,
         "progress": progress["examples_seen"] / examples_per_run,
-        "partial": True,
+        PARTIAL: True,
     }
 
 

@@ -27,7 +27,6 @@ from peftune import console, methods, record
 from peftune.train import TrainConfig, TrainingDiverged, run_trial, select_device, train_command
 
 log = logging.getLogger("peftune.worker")
-DIVERGED_FLAG = "diverged"  # set in a diverged trial's final result
 
 
 @dataclass(frozen=True)
@@ -59,7 +58,7 @@ class TrialSettings:
 
     def train_config(self, method: str, sampled: dict[str, Any]) -> TrainConfig:
         options = dict(sampled)
-        common = {key: options.pop(key) for key in ("lr", "dropout", "weight_decay")}
+        common = {key: options.pop(key) for key in record.HYPERPARAMETERS}
         return TrainConfig(
             method=method,
             method_options=options,
@@ -206,4 +205,4 @@ def release_freed_memory() -> None:
 
 def diverged_result(reason: str) -> dict[str, Any]:
     """The final result of a diverged trial: NaN for the searcher's metrics (Tune requires them), and the reason."""
-    return {"score": math.nan, "trainable_params_per_task": math.nan, DIVERGED_FLAG: True, "divergence": reason}
+    return {record.SCORE: math.nan, record.TRAINABLE_PER_TASK: math.nan, record.DIVERGED: True, "divergence": reason}
