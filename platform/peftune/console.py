@@ -18,6 +18,8 @@ from collections.abc import Callable
 import optuna
 from ray import tune
 
+from peftune import record
+
 log = logging.getLogger(__name__)
 
 # MLflow prints a run's and its experiment's links each time a run ends, and a progress bar per artifact read:
@@ -81,13 +83,13 @@ class Progress(tune.Callback):
     def on_trial_error(self, iteration, trials, trial, **info):
         self.done += 1
         self.failed += 1
-        self._line(f"{(trial.config or {}).get('method', '?')} failed")
+        self._line(f"{(trial.config or {}).get('method', '?')} {record.FAILED}")
 
     def _line(self, what: str) -> None:
         elapsed = time.monotonic() - self.started
         total = self._total()
         count = f"{self.done}/{total}" if total else f"{self.done}"
-        notes = [f"{n} {w}" for n, w in ((self.stopped_early, "stopped early"), (self.failed, "failed")) if n]
+        notes = [f"{n} {w}" for n, w in ((self.stopped_early, "stopped early"), (self.failed, record.FAILED)) if n]
         left = ""
         if total and total > self.done:
             left = f", ~{duration(elapsed / self.done * (total - self.done))} left"

@@ -481,9 +481,9 @@ def _what_would_tell(iv: Intervals, best: int, rivals: Sequence[int], costs, mar
     """(configurations worth a seed, what would decide the question). A rival gets seeds (up to ``max_seeds``)
     unless its comparison with the best is futile: the example term alone (infinite seeds) at the last look's
     ``q_last`` is wider than the margin and than the difference one (example) standard error beyond its
-    estimate, so no number of seeds could decide it. (A rule on the estimate alone, "would it be decided at max_seeds if the
-    estimate were the truth", stopped true gaps early: a 0.03 gap was called better 0.61 of the time against
-    0.96 for a test knowing the variance.)"""
+    estimate, so no number of seeds could decide it. (A rule on the estimate alone, "would it be decided at
+    max_seeds if the estimate were the truth", stopped true gaps early: a 0.03 gap was called better 0.61 of
+    the time against 0.96 for a test knowing the variance.)"""
     f = iv.fit
     infinite = np.full(len(f.names), 1e12)
     grow = []
