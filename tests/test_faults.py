@@ -248,7 +248,8 @@ def test_a_stopped_driver_closes_every_run_as_interrupted(tmp_path, tiny_data_di
     path = write_definition(tmp_path / "defs", "twice", ["bitfit"], num_samples=samples, epochs=3, confirm=confirm)
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
-    command = [sys.executable, "-m", "peftune.cli", "sweep", str(path), "--data-dir", str(tiny_data_dir)]
+    # -v: the line per trial epoch (a trial mid-way through) is a debug line; the console's are per finished trial
+    command = [sys.executable, "-m", "peftune.cli", "-v", "sweep", str(path), "--data-dir", str(tiny_data_dir)]
     command += ["--tracking-uri", uri, "--storage-path", str(tmp_path / "ray_results")]
     command += ["--reports-dir", str(tmp_path / "reports")]
     process = subprocess.Popen(
