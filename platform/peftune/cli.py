@@ -648,6 +648,7 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
+    console.quiet_libraries()  # `report` and `evaluate` read artifacts too: no download bar per file
     return run_command(f"peftune {args.command}", lambda: args.func(args), verbose=args.verbose)
 
 
