@@ -177,3 +177,23 @@ def no_lease_left_renewing():
     yield
     left = [thread for thread in threading.enumerate() if thread.name == "peftune-lease" and thread.is_alive()]
     assert not left, f"{len(left)} sweep lease(s) still held after the test"
+
+
+def assert_peft_loads_the_export(model, hf, directory) -> object:
+    """Export ``model``'s adapter in peft's format to ``directory``, load it onto the HF BERT ``hf`` with peft, and
+    check that both give the same hidden states on a padded batch; returns the loaded peft model and the batch."""
+    import peft
+    import torch
+
+    from peftune.checkpoint import export_lora
+
+    export_lora(model, directory)
+    loaded = peft.PeftModel.from_pretrained(hf, directory).eval()
+    ids = torch.randint(1, TINY.vocab_size, (2, 7))
+    mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
+    with torch.no_grad():
+        ours = model.backbone(ids, mask, torch.zeros_like(ids))[0]
+        theirs = loaded(input_ids=ids, attention_mask=mask).last_hidden_state
+    real = mask.bool()
+    torch.testing.assert_close(ours[real], theirs[real], rtol=1e-5, atol=1e-5)
+    return loaded, ids, mask

@@ -11,9 +11,8 @@ import pytest
 import torch
 import transformers
 
-from conftest import TINY, random_batch, tiny_backbone
+from conftest import TINY, assert_peft_loads_the_export, random_batch, tiny_backbone
 from peftune import methods
-from peftune.checkpoint import export_lora
 from peftune.methods.ia3 import peft_ia3_config
 from peftune.methods.lora import peft_lora_config
 from peftune.methods.vera import peft_vera_config
@@ -196,15 +195,7 @@ def test_exported_variant_loads_in_peft_on_hf_bert(tmp_path, method, options):
         for name, parameter in model.named_parameters():
             if "lora_" in name:
                 parameter.add_(0.1 * torch.randn_like(parameter))
-    export_lora(model, tmp_path)
-    loaded = peft.PeftModel.from_pretrained(hf, tmp_path).eval()
-    ids = torch.randint(1, TINY.vocab_size, (2, 7))
-    mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
-    with torch.no_grad():
-        ours = model.backbone(ids, mask, torch.zeros_like(ids))[0]
-        theirs = loaded(input_ids=ids, attention_mask=mask).last_hidden_state
-    real = mask.bool()
-    torch.testing.assert_close(ours[real], theirs[real], rtol=1e-5, atol=1e-5)
+    loaded, ids, mask = assert_peft_loads_the_export(model, hf, tmp_path)
 
 
 @pytest.mark.parametrize(
