@@ -373,8 +373,7 @@ def run_sweep(
         del prepared  # the object store holds it now
         tuner = _tuner(definition, runnable, storage, exists, optuna_url, tracking.RecordedResults(record),
                        budgets, verbose)  # fmt: skip
-        total = budgets.trials_bound() if search.per_method(definition) else definition.budget.num_samples
-        progress = console.Progress("search", total, definition.budget.epochs)
+        progress = console.Progress("search", _search_trials(definition, budgets), definition.budget.epochs)
         with installed([trial_logger, links, progress, *callbacks]), every_slot_pending(definition.resources):
             grid = tuner.fit()
         if not trial_logger.flush(tracking_wait_s):
@@ -493,6 +492,11 @@ def _open_record(definition: SweepDefinition, prepared, tracking_uri: str, exper
     return record
 
 
+def _search_trials(definition: SweepDefinition, budgets) -> int:
+    """The search's trials as Tune counts them (per method: the allocation's bound; else the budget's)."""
+    return budgets.trials_bound() if search.per_method(definition) else definition.budget.num_samples
+
+
 def _tuner(definition, runnable, storage: str, exists: bool, optuna_url: str, history, budgets, verbose):
     """A new Tuner for the search, or the saved one restored (its searcher, scheduler and callbacks with it)."""
     experiment_path = f"{storage.rstrip('/')}/{definition.name}"
@@ -507,7 +511,7 @@ def _tuner(definition, runnable, storage: str, exists: bool, optuna_url: str, hi
             # metric and mode are set on the searcher and the scheduler themselves (not here)
             search_alg=search.make_searcher(definition, optuna_url, budgets),
             scheduler=search.make_scheduler(definition, history, budgets.steps_per_run),
-            num_samples=budgets.trials_bound() if search.per_method(definition) else definition.budget.num_samples,
+            num_samples=_search_trials(definition, budgets),
             max_concurrent_trials=definition.resources.max_concurrent_trials,
             reuse_actors=True,  # one worker process runs trial after trial: torch is imported once
             trial_name_creator=record_names.trial_name,
