@@ -100,7 +100,7 @@ def test_a_sweep_runs_trials_on_both_nodes(two_nodes, tiny_data_dir, tmp_path):
     from test_sweep import definition
 
     env, ports = two_nodes
-    definition(tmp_path / "definitions", "two_nodes", num_samples=2, concurrency=2)
+    definition(tmp_path / "definitions", "two_nodes", num_samples=2, concurrency=2, fits=True)
     work = tmp_path / "work"
     work.mkdir()
     uri = f"sqlite:///{work / 'mlflow.db'}"

@@ -213,8 +213,10 @@ def test_diverged_trials_are_results_failed_ones_make_the_sweep_fail(local_ray, 
         "--storage-path",
         str(storage),
     ]
+    # the command line refuses top_k's k = 8 before anything else: its definition names the sweep without it
+    fitting = write_definition(tmp_path / "fitting", "faulty", ["frozen", "bitfit"], num_samples=3, epochs=1, seed=1)
     capsys.readouterr()
-    assert cli.job_main(str(path), "a test job", argv=argv) == 2
+    assert cli.job_main(str(fitting), "a test job", argv=argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no record in" in err[0] and not other.exists()
 

@@ -280,7 +280,7 @@ def test_two_drivers_of_one_sweep_the_second_refused_then_a_takeover_after_sigki
         print("refused after", round(time.monotonic() - refused.started, 1), "s:", errors[0])
         assert running.process.poll() is None  # refused while the first runs
 
-        running.wait_for("started with configuration", timeout=600)  # mid-sweep
+        running.wait_for("search 1/", timeout=600)  # mid-sweep: its first trial finished (the progress line)
         mlflow.set_tracking_uri(uri)
         running.kill()
         running.finish(60)

@@ -410,9 +410,11 @@ def test_a_resumed_per_method_sweep_keeps_the_budgets_and_loses_or_repeats_nothi
 
 DRIVER = """
 import sys
-from peftune import spaces, sweep
+from peftune import console, spaces, sweep
 definition = spaces.load_sweep(sys.argv[1])
-result = sweep.run_sweep(definition, sys.argv[2], sys.argv[3], storage_path=sys.argv[4], reports_dir=sys.argv[4])
+# Tune's status output: its "Trial ... started with configuration" lines are the starts run_driver counts
+result = sweep.run_sweep(definition, sys.argv[2], sys.argv[3], storage_path=sys.argv[4], reports_dir=sys.argv[4],
+                         verbose=console.TUNE_TABLES)
 print("SWEEP", result.status, flush=True)
 """
 

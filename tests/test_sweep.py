@@ -58,8 +58,10 @@ SWEEP = """\
 """
 
 
-def definition(directory: Path, name: str, num_samples: int, concurrency: int, seed: int = 0):
-    spaces_ = {"frozen": FROZEN, "top_k": TOP_K}
+def definition(directory: Path, name: str, num_samples: int, concurrency: int, seed: int = 0, fits: bool = False):
+    """``fits``: top_k's k within MiniLM's 6 layers, for sweeps started by the command line, which refuses a space
+    that does not fit the model before any work (``cli.check_spaces_against_model``)."""
+    spaces_ = {"frozen": FROZEN, "top_k": TOP_K.replace("[1, 8]", "[1, 2]") if fits else TOP_K}
     return write_definition(
         directory, name, spaces_, SWEEP, seed=seed, concurrency=concurrency, num_samples=num_samples
     )
