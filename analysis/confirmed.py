@@ -19,6 +19,11 @@ Definitions (the report quotes them):
   than every other, "not worse" when it is shown within the margin of every other, "cannot tell" otherwise,
   with what would decide it. P(best) and the expected regret come from the same law as the intervals. The
   dev score beside it is reported only.
+- **This answer's own error rates** (``own_rates``): the same procedure replayed on simulated records drawn
+  from this sweep's own measured variance components at its own sizes (``peftune.simulate.Measured``): the
+  false-'better' rate of each budget's number of equal configurations, and for two configurations how often
+  a cheaper one equal to the best is picked, one worse by twice the margin is picked, and a gap of the
+  margin is called better; each with its Monte-Carlo 95% interval.
 - **Tuning gain and frontier neighbours**: from the family of all confirmed configurations at the last look.
 - **Fairness per method.** Search trials, trial-steps and compute seconds the method received (the parent
   run's ``budget_trials.<m>``, ``budget_steps.<m>``, ``budget_compute_s.<m>``; else counted from the trials),
@@ -37,11 +42,13 @@ import numpy as np
 import pandas as pd
 
 from analysis import pareto
-from peftune import decisions
+from peftune import decisions, simulate
 from peftune.decisions import CANNOT_TELL, Configuration, Plan
 from peftune.record import BACKBONE_PARAMS, BUDGETS_PCT, COMPLETED, DECISION, STORED_PARAMS_PCT, is_report_run
 
 ALPHA = 0.05
+OWN_SIMULATIONS = 400  # per rate: a rate near 5% gets a Monte-Carlo interval of about +-2.2 points
+OWN_RATE_COLUMNS = ["what", "rate", "mc_low", "mc_high", "hits", "simulations"]
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -146,6 +153,27 @@ def decide(configs: pd.DataFrame, frame: pd.DataFrame, kinds: Mapping[str, str],
         budget=[b if b == "all" else budget_label(b) for b in table["budget"]],
     )  # fmt: skip
     return Decided(table, outcome)
+
+
+def own_rates(decided: Decided, sims: int = OWN_SIMULATIONS) -> tuple[str, pd.DataFrame]:
+    """The procedure's error rates and power at this sweep's own sizes, simulated from its own measured
+    components (``peftune.simulate.own_characteristics``): the world measured and one row per rate. Empty
+    with the reason where nothing can be simulated."""
+    empty = pd.DataFrame(columns=OWN_RATE_COLUMNS)
+    outcome = decided.outcome
+    if outcome is None or outcome.plan is None or len(outcome.final) < 2 or sims < 1:
+        return "no decision data: nothing to simulate", empty
+    sizes = [len(a.members) for a in outcome.answers]
+    world, rates = simulate.own_characteristics(outcome.final, outcome.plan, sizes, sims)
+    if world is None:
+        return "no configuration has 2 seeds: the noise and seed variance cannot be measured", empty
+    rows = []
+    for r in rates:
+        low, high = simulate.wilson(r.hits, r.n)
+        what = r.what.removeprefix(f"{world.name} ")
+        rows.append({"what": what, "rate": r.rate, "mc_low": max(low, 0.0), "mc_high": min(high, 1.0),
+                     "hits": r.hits, "simulations": r.n})  # fmt: skip
+    return world.describe(), pd.DataFrame(rows, columns=OWN_RATE_COLUMNS)
 
 
 @dataclass

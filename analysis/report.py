@@ -19,6 +19,8 @@ The directory (default ``reports/<sweep>/``), also logged under ``report/`` in t
 ``decisions.csv``             every pair of each budget's family (and of all): difference, interval, level, word
 ``seeds.csv``                 the seeds each confirmed configuration got and why adding stopped
 ``by_budget.csv``             per budget, every method's best configuration under it, against the budget's best
+``own_rates.csv``             the procedure's false-'better' rate and power at this sweep's own sizes, simulated
+                              from its own measured variance components, with Monte-Carlo intervals
 ``expected_max.csv``          per method: the expected best selection score of n search trials (also ``.png``)
 ``slots.csv``                 per phase: span, slots, timed seconds, the share outside every run's timers, eval's
 ``fairness.csv``              per method: trials, steps, compute, default, best tuned mean ± std, gain with interval
@@ -247,6 +249,8 @@ class Report:
     by_budget: pd.DataFrame = field(default_factory=pd.DataFrame)  # every method's best under each budget
     expected_max: pd.DataFrame = field(default_factory=pd.DataFrame)  # per method: E[best] after n trials
     slots: pd.DataFrame = field(default_factory=pd.DataFrame)  # per phase: where the slots' time went
+    own_world: str = ""  # the measured components the own rates were simulated from (or why none)
+    own_rates: pd.DataFrame = field(default_factory=pd.DataFrame)  # the procedure's rates at this sweep's sizes
 
     @property
     def objectives(self) -> list[str]:
@@ -281,6 +285,7 @@ def build_report(sweep: SweepRuns, *, reference: bool = True) -> Report:
     frontier_rows = frontier_rows[["objective", *[c for c in frontier_rows.columns if c != "objective"]]]
     configs = confirmed.configurations(sweep)
     decided = decide(sweep, configs)
+    own_world, own_rates = confirmed.own_rates(decided)
     return Report(
         sweep=sweep,
         trials=trials,
@@ -297,6 +302,8 @@ def build_report(sweep: SweepRuns, *, reference: bool = True) -> Report:
         by_budget=confirmed.budget_table(configs, decided),
         expected_max=views.expected_max_table(sweep.trials),
         slots=slots.slot_table(sweep.trials, sweep.confirmations),
+        own_world=own_world,
+        own_rates=own_rates,
     )
 
 
@@ -398,6 +405,7 @@ def _write_files(report: Report, staging: Path) -> None:
     report.by_budget.to_csv(out("by_budget.csv"), index=False)
     report.expected_max.to_csv(out("expected_max.csv"), index=False)
     report.slots.to_csv(out("slots.csv"), index=False)
+    report.own_rates.to_csv(out("own_rates.csv"), index=False)
     _write_plots(report, out)
     out("report.md").write_text(markdown_report(report))  # reads the directory's evaluation/, if there is one
     out("report.html").write_text(html_report(report), encoding="utf-8")
@@ -674,13 +682,22 @@ def answer_notes(report: Report) -> dict[str, str]:
             f"Decisions are made on the decision split (train rows no trial trained on; dev chooses nothing): per "
             f"budget, each configuration under it against the best of the others (Hsu's multiple comparisons with "
             f"the best), from per-example and per-seed variance components, the seeds added in planned looks "
-            f"({looks}; the false-'better' rate over all looks is at most 5% per budget, measured by "
-            f"`peftune decide --simulate`), and a futility stop; {words} (margin {margin}). The pick is the "
+            f"({looks}; the false-'better' rate over all looks is at most 5% per budget: simulated at this "
+            f"sweep's own sizes below, and on reference worlds by `peftune decide --simulate`), and a futility stop; "
+            f"{words} (margin {margin}). The pick is the "
             f"cheapest configuration shown not worse than the "
             f"best of the others under the budget by more than the margin; else the best. `decisions.csv` has "
             f"every pair's own simultaneous interval with the level used (it picks nothing); `seeds.csv` the seeds "
             f"each configuration got and why it stopped. "
             f"Definitions: platform/peftune/decisions.py."
+        ),
+        "own_rates": (
+            f"The decision procedure replayed on {confirmed.OWN_SIMULATIONS} simulated records per row, drawn "
+            f"from this sweep's own measured variance components ({report.own_world}) with the truth known: "
+            "K equal configurations (one budget's size) for the false-'better' rate; two configurations for the "
+            "rest (`own_rates.csv`; `mc_low`, `mc_high`: the Monte-Carlo 95% interval)."
+            if len(report.own_rates)
+            else f"Not simulated: {report.own_world}."
         ),
         "by_budget": "Each method's best confirmed configuration under the budget, against the budget's best "
         "(worse: the interval lies below 0).",
@@ -695,6 +712,15 @@ def answer_notes(report: Report) -> dict[str, str]:
     }
 
 
+def own_rates_display(table: pd.DataFrame) -> pd.DataFrame:
+    return pd.DataFrame({
+        "Simulated": table["what"],
+        "Rate [95% Monte-Carlo]": [f"{r:.3f} [{lo:.3f}, {hi:.3f}]" for r, lo, hi
+                                   in zip(table["rate"], table["mc_low"], table["mc_high"], strict=True)],
+        "Hits / simulations": [f"{h}/{n}" for h, n in zip(table["hits"], table["simulations"], strict=True)],
+    })  # fmt: skip
+
+
 def answer_lines(report: Report) -> list[str]:
     """The report's opening: recommendation per budget, fairness per method, confirmed configurations."""
     notes = answer_notes(report)
@@ -703,6 +729,9 @@ def answer_lines(report: Report) -> list[str]:
         lines += [to_markdown(confirmed.recommendation_display(report.recommendation)), notes["noise"], ""]
         lines += ["### Every method under each budget", "", notes["by_budget"], ""]
         lines += [to_markdown(confirmed.budget_table_display(report.by_budget)), ""]
+        lines += ["### How often this procedure errs at this sweep's sizes", "", notes["own_rates"], ""]
+        if len(report.own_rates):
+            lines += [to_markdown(own_rates_display(report.own_rates)), ""]
     else:
         lines += ["No completed trial yet.", ""]
     lines += ["## Fairness per method", "", notes["fairness"], ""]
@@ -965,6 +994,9 @@ def _answer_html(report: Report, embed: _Embedder) -> list[str]:
             "<h3>Every method under each budget</h3>",
             f"<p class='note'>{esc(notes['by_budget'])}</p>",
             _table_html(confirmed.budget_table_display(report.by_budget)),
+            "<h3>How often this procedure errs at this sweep's sizes</h3>",
+            f"<p class='note'>{esc(notes['own_rates'])}</p>",
+            _table_html(own_rates_display(report.own_rates)) if len(report.own_rates) else "",
         ]
     parts += ["<h2>Fairness per method</h2>", f"<p class='note'>{esc(notes['fairness'])}</p>"]
     parts.append(_table_html(confirmed.fairness_display(report.fairness)) if len(report.fairness) else "")

@@ -329,6 +329,12 @@ def test_the_report_replays_the_seeds_the_confirmation_used(local_ray, workdir, 
     trained = {key: len(seeds) for key, seeds in seeds_by_config(uri, result.parent_run_id).items()}
     assert outcome.seeds_used == trained
     assert set(outcome.stop_reason.values()) <= {"decided", "futile", "max_seeds", "in no budget"}
+    # the procedure's own rates, simulated from this record's measured components at its budgets' sizes
+    assert max(trained.values()) >= 2 and len(built.own_rates), built.own_world
+    assert built.own_world.startswith("sst ") and " examples (effect sd " in built.own_world
+    sizes = {len(a.members) for a in outcome.answers if len(a.members) >= 2}
+    assert {f"K={k} false 'better' (global null)" for k in sizes} <= set(built.own_rates["what"])
+    assert "How often this procedure errs at this sweep's sizes" in "\n".join(report.answer_lines(built))
     predictions = runs.load_predictions(runs.read_sweep_record("adaptive_real", uri))
     assert set(predictions["split"]) == {"decision", "dev"}
 

@@ -258,3 +258,36 @@ def test_a_configurations_seed_variance_does_not_change_with_the_budget_it_is_co
     large = d.fit(draw.values, names, methods, pooled=names)
     assert np.allclose(small.seed_var, large.seed_var[:3]) and np.allclose(small.seed_df, large.seed_df[:3])
     assert (large.seed_df == 10).all()  # below MIN_POOL_DF every method joins the pool of all (4 + 4 + 2 df)
+
+
+# ----------------------------------------------------------------------------- the report's own rates
+
+
+def test_a_records_own_components_are_measured_back_from_it():
+    """Measured.from_values on a record drawn from known components gives them back: the report's own rates
+    are simulated from the sweep's noise, not from an assumed one."""
+    truth = sm.Measured("truth", (("sst", 3000, 0.10, 0.30), ("sts", 2000, 0.05, 0.60)), seed_sd=0.02)
+    rng = np.random.default_rng(5)
+    record = truth.draw([0.0, 0.01, -0.02, 0.03, 0.0, 0.02, -0.01, 0.0, 0.01, 0.0], seeds=6, rng=rng)
+    measured = sm.Measured.from_values(record)
+    for (task, n, effect, noise), (task_m, n_m, effect_m, noise_m) in zip(truth.tasks, measured.tasks, strict=True):
+        assert (task, n) == (task_m, n_m)
+        assert effect_m == pytest.approx(effect, rel=0.1) and noise_m == pytest.approx(noise, rel=0.03)
+    assert measured.seed_sd == pytest.approx(truth.seed_sd, rel=0.3)  # 50 seed df: its own sampling error
+    assert sm.Measured.from_values({n: v.first(1) for n, v in record.items()}) is None  # one seed: no noise to tell
+
+
+def test_the_own_rates_replay_the_procedure_at_the_records_sizes():
+    """A record from the W1 world (its configurations' seeds as a confirmation leaves them): the rates the
+    report prints hold the promise at that record's budget sizes, and say which sizes they are for."""
+    rng = np.random.default_rng(2)
+    shifts = [0.0, 0.0, 0.1, -0.1, 0.2, 0.0]
+    record = {n: v.first(3) for n, v in sm.simulate(sm.W1, shifts, CPU, 2000, rng).values.items()}
+    world, rates = sm.own_characteristics(record, CPU, sizes=[6, 3, 1], sims=60)
+    assert [t[1] for t in world.tasks] == [2000]
+    by_what = {r.what.removeprefix(f"{world.name} "): r for r in rates}
+    assert set(by_what) >= {"K=3 false 'better' (global null)", "K=6 false 'better' (global null)"}
+    assert all(r.n == 60 for r in rates)
+    assert by_what["K=6 false 'better' (global null)"].hits <= 6
+    assert by_what["cheaper 0.000 below the best: picked"].rate >= 0.6
+    assert by_what[f"cheaper {2 * CPU.margin:.3f} below the best: picked"].hits <= 2

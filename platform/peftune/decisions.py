@@ -432,8 +432,9 @@ class Answer:
 
 
 def answer(budget: float, iv: Intervals, costs: Mapping[str, float], margin: float, max_seeds: int,
-           q_last: float) -> Answer:  # fmt: skip
-    """The answer for the configurations of ``iv`` (all under the budget) at this look (module docstring)."""
+           q_last: float, posterior: bool = True) -> Answer:  # fmt: skip
+    """The answer for the configurations of ``iv`` (all under the budget) at this look (module docstring);
+    ``posterior``: also P(best) and the regret, which decide nothing (a simulation leaves them out)."""
     f = iv.fit
     names = list(f.names)
     out = Answer(budget, names, level=iv.level)
@@ -446,7 +447,8 @@ def answer(budget: float, iv: Intervals, costs: Mapping[str, float], margin: flo
     if len(names) == 1:
         out.pick, out.decision = names[best], "only one fits"
         return out
-    out.p_best, out.regret, out.regret_high = _posterior(f, best)
+    if posterior:
+        out.p_best, out.regret, out.regret_high = _posterior(f, best)
     by_cost = sorted(range(len(names)), key=lambda i: (costs[names[i]], -f.means[i], names[i]))
     # Hsu's comparisons with the best: i's low end against the best of the others above -margin
     not_worse = [i for i in by_cost if iv.vs_best(i)[1] >= -margin]
@@ -454,7 +456,8 @@ def answer(budget: float, iv: Intervals, costs: Mapping[str, float], margin: flo
     if chosen is not None and chosen != best:
         out.pick, out.decision = names[chosen], NOT_WORSE
         out.diff, out.ci_low, out.ci_high = iv.vs_best(chosen)
-        out.p_best, out.regret, out.regret_high = _posterior(f, chosen)
+        if posterior:
+            out.p_best, out.regret, out.regret_high = _posterior(f, chosen)
         out.why = "the cheapest configuration shown not worse than the best of the others by more than the margin"
         return out
     out.pick = names[best]
@@ -579,12 +582,15 @@ class Outcome:
     all_pairs: list[dict] = field(default_factory=list)  # the family of every configuration, last look
 
 
-def replay(values: Mapping[str, Values], configurations: Sequence[Configuration], plan: Plan) -> Outcome:
+def replay(values: Mapping[str, Values], configurations: Sequence[Configuration], plan: Plan,
+           summaries: bool = True) -> Outcome:  # fmt: skip
     """Replay the confirmation on the predictions there are: look 1 with every configuration's first
     ``plan.seeds`` seeds; at each look, decide every budget; the configurations worth a seed in an open budget
     get their next seed (the next in their numbered order) if the data hold it, and the next look follows; it
     ends when every budget is decided or futile, at ``max_seeds``, or where the data hold no wanted seed (the
-    confirmation trains those: ``next_seeds``). Deterministic: the same data give the same outcome."""
+    confirmation trains those: ``next_seeds``). Deterministic: the same data give the same outcome.
+    ``summaries``: also what decides nothing (P(best), regret, the all-configurations pair table); a
+    simulation of the decisions' error rates leaves them out."""
     known = [c for c in configurations if c.name in values and len(values[c.name].seeds)]
     count = {c.name: min(plan.seeds, len(values[c.name].seeds)) for c in known}
     settled: dict[float, Answer] = {}
@@ -593,7 +599,7 @@ def replay(values: Mapping[str, Values], configurations: Sequence[Configuration]
     while True:
         look += 1
         data = {n: values[n].first(count[n]) for n in count}
-        answers = _look(data, known, plan, look, settled)
+        answers = _look(data, known, plan, look, settled, summaries)
         for a in answers:
             if a.decided and a.budget not in settled:
                 settled[a.budget] = a
@@ -603,7 +609,7 @@ def replay(values: Mapping[str, Values], configurations: Sequence[Configuration]
                 else ("max_seeds" if look >= plan.looks else "futile")  # fmt: skip
             for n in count:
                 reasons[n] = reasons[n] or _reason(n, answers, stopped)
-            everything = _all_family(data, known, plan, look)
+            everything = _all_family(data, known, plan, look) if summaries else []
             return Outcome(answers, dict(count), reasons, {}, look, stopped, data, plan, everything)
         wanted = {n: values[n].seeds[count[n]] if count[n] < len(values[n].seeds) else None for n in grow}
         missing = {n: _next_seed(values[n].seeds) for n, s in wanted.items() if s is None}
@@ -635,7 +641,7 @@ def _reason(name: str, answers: Sequence[Answer], stopped: str) -> str:
 
 
 def _look(data: Mapping[str, Values], known: Sequence[Configuration], plan: Plan, look: int,
-          settled: Mapping[float, Answer]) -> list[Answer]:  # fmt: skip
+          settled: Mapping[float, Answer], summaries: bool = True) -> list[Answer]:  # fmt: skip
     methods = {c.name: c.method for c in known}
     costs = {c.name: c.trainable_pct for c in known}
     q_cache: dict[tuple[str, ...], float] = {}
@@ -655,7 +661,7 @@ def _look(data: Mapping[str, Values], known: Sequence[Configuration], plan: Plan
         key = tuple(members)
         if key not in q_cache:  # the last look's q at max_seeds: what more seeds could reach
             q_cache[key] = _q_at_max(f, plan)
-        a = answer(budget, iv, costs, plan.margin, plan.max_seeds, q_cache[key])
+        a = answer(budget, iv, costs, plan.margin, plan.max_seeds, q_cache[key], posterior=summaries)
         a.look, a.pairs = look, pair_rows(iv, plan.margin, budget)
         if not np.isfinite(iv.q):
             a.needs = "no seed variance can be estimated below 2 seeds: confirm with 2 or more"

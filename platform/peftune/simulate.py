@@ -12,12 +12,16 @@ Each simulation draws a world's data and calls :func:`peftune.decisions.replay` 
 runs: its looks, added seeds, futility stops and final answer), with every seed up to ``max_seeds`` present
 so that the loop takes them as the confirmation would have trained them. The rates come with Wilson 95%
 intervals for their Monte-Carlo error.
+
+Two kinds of world: the reference ones (``W1``, ``W2``: the acceptance tests and ``peftune decide
+--simulate``), and a :class:`Measured` one, whose components are measured on a sweep's own decision record:
+the report prints the procedure's rates at the sweep's own sizes from it (``own_characteristics``).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -120,6 +124,102 @@ def simulate(world: World, shifts: Sequence[float], plan: Plan, examples: int, r
     return Draw(outcome, dev, fresh, values)
 
 
+@dataclass(frozen=True)
+class Measured:
+    """A world measured on a sweep's own decision record: per task its decision examples, the spread of a
+    configuration's own per-example effect and of a run's per-example noise (on the scale of the per-example
+    values, ``decisions.example_values``), and the seed sd of a score. Values are normal: a configuration's
+    per-example value is ``effect_c,i + shift_c + seed_c,s + noise_c,s,i``, so a shift is a score gap and the
+    examples' shared ease (which the pairing takes off) is left out. What the report's own rates are
+    simulated from."""
+
+    name: str
+    tasks: tuple[tuple[str, int, float, float], ...]  # (task, examples, effect sd, noise sd)
+    seed_sd: float
+
+    @classmethod
+    def from_values(cls, values: Mapping[str, Values], name: str = "this sweep") -> Measured | None:
+        """The components of ``values`` (every configuration's decision values, all its seeds), pooled over
+        the configurations: the noise from the seeds x examples residual of those with 2 or more seeds, the
+        effect from the per-example spread of every pair's difference of seed means less that noise, the seed
+        sd from the seed scores less their example noise (``decisions`` measures them the same way). None where
+        no configuration has 2 seeds: no noise or seed variance can be told apart."""
+        names = [n for n in values if len(values[n].seeds)]
+        tasks = sorted(next(iter(values.values())).values) if names else []
+        repeated = [n for n in names if len(values[n].seeds) > 1]
+        if len(names) < 2 or not repeated:
+            return None
+        parts = []
+        for task in tasks:
+            ss = dof = 0.0
+            for n in repeated:
+                v = values[n].values[task]  # (S, n_t)
+                r = v - v.mean(axis=1, keepdims=True) - v.mean(axis=0, keepdims=True) + v.mean()
+                ss, dof = ss + float((r * r).sum()), dof + (v.shape[0] - 1) * (v.shape[1] - 1)
+            noise = ss / dof
+            spread = []
+            for a in range(len(names)):
+                for b in range(a + 1, len(names)):
+                    va, vb = values[names[a]].values[task], values[names[b]].values[task]
+                    d = va.mean(axis=0) - vb.mean(axis=0)
+                    spread.append((d.var(ddof=1) - noise * (1 / len(va) + 1 / len(vb))) / 2)
+            n_t = values[names[0]].values[task].shape[1]
+            parts.append((task, n_t, math.sqrt(max(float(np.mean(spread)), 0.0)), math.sqrt(noise)))
+        _, ss, df = decisions._seed_sums(values, repeated, tasks)
+        return cls(name, tuple(parts), math.sqrt(max(float(ss.sum()), 0.0) / float(df.sum())))
+
+    def draw(self, shifts: Sequence[float], seeds: int, rng) -> dict[str, Values]:
+        """A decision record of K configurations ``c0 .. c{K-1}`` (score offsets ``shifts``), ``seeds`` each."""
+        k = len(shifts)
+        offset = np.asarray(shifts, dtype=float)[:, None, None] + rng.normal(0, self.seed_sd, (k, seeds, 1))
+        per_task = {}
+        for task, n, effect_sd, noise_sd in self.tasks:
+            effect = rng.normal(0, effect_sd, (k, 1, n))
+            per_task[task] = offset + effect + rng.normal(0, noise_sd, (k, seeds, n))  # (K, S, n)
+        numbered = tuple(range(1, seeds + 1))
+        return {f"c{i}": Values(numbered, {t: v[i] for t, v in per_task.items()}) for i in range(k)}
+
+    def outcome(self, shifts: Sequence[float], plan: Plan, rng, costs=None) -> decisions.Outcome:
+        """One simulated confirmation: every seed to ``plan.max_seeds`` drawn, replayed (``costs`` as in
+        :func:`simulate`)."""
+        k = len(shifts)
+        costs = costs if costs is not None else [0.01 * (i + 1) for i in range(k)]
+        configurations = [Configuration(f"c{i}", f"m{i}", costs[i]) for i in range(k)]
+        values = self.draw(shifts, plan.max_seeds, rng)
+        return decisions.replay(values, configurations, plan, summaries=False)  # the decisions alone
+
+    def describe(self) -> str:
+        tasks = ", ".join(f"{t} {n} examples (effect sd {e:.3f}, noise sd {z:.3f})" for t, n, e, z in self.tasks)
+        return f"{tasks}; seed sd of a score {self.seed_sd:.4f}"
+
+
+def _outcome(world, shifts: Sequence[float], plan: Plan, examples: int, rng) -> decisions.Outcome:
+    if isinstance(world, Measured):
+        return world.outcome(shifts, plan, rng)
+    return simulate(world, shifts, plan, examples, rng).outcome
+
+
+def _shift(world, gap: float) -> float:
+    """The offset whose true score gap is ``gap``: the gap itself in a measured (normal) world."""
+    return gap if isinstance(world, Measured) else shift_for_gap(world, gap)
+
+
+def own_characteristics(values: Mapping[str, Values], plan: Plan, sizes: Sequence[int], sims: int,
+                        seed: int = 0) -> tuple[Measured | None, list[Rate]]:  # fmt: skip
+    """The procedure's rates at a sweep's own sizes, simulated from its own measured components
+    (:class:`Measured`): per budget size K in ``sizes``, the false-'better' rate of K equal configurations;
+    for two configurations, how often a cheaper one equal to the best is picked (power), one worse by twice
+    the margin is picked (an error) and a gap of the margin is called better (power)."""
+    world = Measured.from_values(values)
+    if world is None:
+        return None, []
+    one = Plan(plan.seeds, plan.max_seeds, plan.margin, plan.alpha, (100.0,))
+    rates = [null_error(world, k, one, 0, sims, seed) for k in sorted({k for k in sizes if k >= 2})]
+    rates += [pick_rate(world, 0.0, one, 0, sims, seed), pick_rate(world, 2 * plan.margin, one, 0, sims, seed),
+              better_rate(world, plan.margin, one, 0, sims, seed)]  # fmt: skip
+    return world, rates
+
+
 def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
     """Wilson's 95% interval of a binomial rate."""
     if n == 0:
@@ -151,7 +251,7 @@ def null_error(world: World, k: int, plan: Plan, examples: int, sims: int, seed:
     rng = np.random.default_rng([seed, k, examples])
     hits = 0
     for _ in range(sims):
-        a = simulate(world, [0.0] * k, plan, examples, rng).outcome.answers[0]
+        a = _outcome(world, [0.0] * k, plan, examples, rng).answers[0]
         hits += a.decision == decisions.BETTER or any(r["decision"] == decisions.BETTER for r in a.pairs)
     return Rate(f"{world.name} K={k} false 'better' (global null)", hits, sims)
 
@@ -172,10 +272,10 @@ def pick_rate(world: World, below: float, plan: Plan, examples: int, sims: int, 
     """The cheaper of two configurations, ``below`` under the dearer one in truth (0: equal; 2 * margin: worse):
     the share of simulations whose answer picks the cheaper one."""
     rng = np.random.default_rng([seed, int(abs(below) * 1e4), examples, 11])
-    shift = shift_for_gap(world, below)
+    shift = _shift(world, below)
     hits = 0
     for _ in range(sims):
-        a = simulate(world, [0.0, shift], plan, examples, rng).outcome.answers[0]
+        a = _outcome(world, [0.0, shift], plan, examples, rng).answers[0]
         hits += a.pick == "c0"
     return Rate(f"{world.name} cheaper {below:.3f} below the best: picked", hits, sims)
 
@@ -187,11 +287,11 @@ def better_rate(world: World, gap: float, plan: Plan, examples: int, sims: int, 
     import dataclasses
 
     rng = np.random.default_rng([seed, int(abs(gap) * 1e4), gap < 0, examples, 13])
-    shift = shift_for_gap(world, gap)
+    shift = _shift(world, gap)
     best_only = dataclasses.replace(plan, margin=0.0)
     hits = 0
     for _ in range(sims):
-        a = simulate(world, [0.0, shift], best_only, examples, rng).outcome.answers[0]
+        a = _outcome(world, [0.0, shift], best_only, examples, rng).answers[0]
         hits += a.decision == decisions.BETTER and a.pick == "c1"
     return Rate(f"{world.name} a true gap of {gap:.3f}: called better", hits, sims)
 
