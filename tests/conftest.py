@@ -181,14 +181,20 @@ def no_lease_left_renewing():
 
 def assert_peft_loads_the_export(model, hf, directory) -> object:
     """Export ``model``'s adapter in peft's format to ``directory``, load it onto the HF BERT ``hf`` with peft, and
-    check that both give the same hidden states on a padded batch; returns the loaded peft model and the batch."""
+    check that the file holds exactly what peft itself saves for the loaded model (its keys, every value loaded) and
+    that both give the same hidden states on a padded batch; returns the loaded peft model and the batch."""
     import peft
     import torch
+    from safetensors.torch import load_file
 
     from peftune.checkpoint import export_lora
 
     export_lora(model, directory)
     loaded = peft.PeftModel.from_pretrained(hf, directory).eval()
+    written = load_file(directory / "adapter_model.safetensors")
+    saved_by_peft = peft.get_peft_model_state_dict(loaded)  # what loaded.save_pretrained would write
+    assert written.keys() == saved_by_peft.keys(), sorted(written.keys() ^ saved_by_peft.keys())
+    torch.testing.assert_close(written, saved_by_peft, rtol=0, atol=0)
     ids = torch.randint(1, TINY.vocab_size, (2, 7))
     mask = torch.tensor([[1] * 7, [1] * 4 + [0] * 3])
     with torch.no_grad():

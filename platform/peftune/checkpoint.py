@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 from pathlib import Path
 
 import torch
@@ -186,6 +187,14 @@ def _atomic_write(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
+def peft_key(name: str) -> str:
+    """peft's key in adapter_model.safetensors for our backbone parameter ``name``: under PeftModel's
+    "base_model.model.", without the adapter name ("default"), and DoRA's magnitude without its ".weight" (peft
+    saves the key of its pre-refactor ParameterDict)."""
+    key = "base_model.model." + re.sub(r"\.default(?=\.|$)", "", name)
+    return key.removesuffix(".weight") if key.endswith(".lora_magnitude_vector.weight") else key
+
+
 def export_lora(model: MultitaskModel, directory: str | Path, base_model_name_or_path: str | None = None) -> Path:
     """Write a LoRA model's adapter in peft's format (loadable with ``PeftModel.from_pretrained`` on HF BERT)."""
     from peftune.methods.lora import LoraConfig, peft_lora_config
@@ -197,9 +206,8 @@ def export_lora(model: MultitaskModel, directory: str | Path, base_model_name_or
     peft_config = peft_lora_config(model.method_config)
     peft_config.base_model_name_or_path = base_model_name_or_path
     peft_config.save_pretrained(os.fspath(directory))
-    # peft's file keys: the parameter names without the adapter name, under PeftModel's "base_model.model."
     state = {
-        "base_model.model." + name.replace(".default.", "."): p.detach().cpu().contiguous()
+        peft_key(name): p.detach().cpu().contiguous()
         for name, p in model.backbone.named_parameters()
         if "lora_" in name
     }
