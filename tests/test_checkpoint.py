@@ -6,7 +6,7 @@ import transformers
 
 from conftest import TINY, assert_peft_loads_the_export, tiny_backbone
 from peftune import methods
-from peftune.checkpoint import CheckpointError, export_lora
+from peftune.checkpoint import CheckpointError, export_peft
 from peftune.model import MultitaskModel
 from peftune.tasks import parse_tasks
 
@@ -31,7 +31,10 @@ def test_exported_lora_equals_peft_on_hf_bert(tmp_path, targets):
     assert not torch.allclose(theirs[real], without_lora[real], atol=1e-3)  # the adapter does something
 
 
-def test_only_lora_exports(tmp_path):
-    model = MultitaskModel(tiny_backbone(), parse_tasks("sst"), "adapter")
-    with pytest.raises(CheckpointError, match="only LoRA"):
-        export_lora(model, tmp_path)
+@pytest.mark.parametrize("method", ["adapter", "lora_adapter"])
+def test_only_methods_with_a_peft_format_export(tmp_path, method):
+    """lora_adapter's config is a LoraConfig, but its adapters have no peft format: refused, not half-exported."""
+    model = MultitaskModel(tiny_backbone(), parse_tasks("sst"), method)
+    with pytest.raises(CheckpointError, match=f"only lora, dora, ia3, vera models export.*uses '{method}'"):
+        export_peft(model, tmp_path)
+    assert not any(tmp_path.iterdir())

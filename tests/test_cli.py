@@ -70,6 +70,32 @@ def test_train_dora_with_lora_variants_exports_to_peft(capsys, tiny_data_dir, tm
     assert exported["use_dora"] and exported["use_rslora"] and exported["init_lora_weights"] == "olora"
 
 
+@pytest.mark.parametrize("method", ["ia3", "vera"])
+def test_train_ia3_and_vera_export_to_peft(capsys, tiny_data_dir, tmp_path, method):
+    """--export-peft after an (IA)^3 or VeRA run: peft loads the adapter onto the HF BertModel of the same model and
+    computes what the run's checkpoint computes."""
+    import json
+
+    import transformers
+
+    from conftest import assert_peft_loads_the_export
+    from peftune.backbone import DEFAULT_MODEL, resolve_model_dir
+    from peftune.checkpoint import load_checkpoint
+
+    options = ["--rank", "8"] if method == "vera" else []
+    code, out, _ = run(
+        capsys, "train", "--method", method, *options, "--tasks", "sst", "--data-dir", str(tiny_data_dir),
+        "--epochs", "1", "--max-train-examples", "32", "--max-dev-examples", "16", "--output",
+        str(tmp_path / "ckpt"), "--export-peft",
+    )  # fmt: skip
+    assert code == 0 and f"peft {method} adapter:" in out
+    exported = json.loads((tmp_path / "ckpt" / "peft" / "adapter_config.json").read_text())
+    assert exported["peft_type"] == method.upper() and exported["base_model_name_or_path"] == DEFAULT_MODEL
+    model = load_checkpoint(tmp_path / "ckpt").eval()
+    hf = transformers.BertModel.from_pretrained(str(resolve_model_dir(DEFAULT_MODEL))).eval()
+    assert_peft_loads_the_export(model, hf, tmp_path / "ckpt" / "peft", export=False)
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

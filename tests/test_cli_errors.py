@@ -102,6 +102,7 @@ NAMES_FILE = {
     "evaluate test-dir empty": "argument --test-dir: an empty path ''",
     "sweep definition is a directory": ": is a directory; expected a YAML file",
     "sweep storage scheme": "--storage-path garbage://x: pyarrow (Ray Tune's storage) cannot open it",
+    "export-peft with adapter": "--export-peft needs --method lora, dora, ia3 or vera (got --method adapter)",
 }
 
 

@@ -180,22 +180,62 @@ def test_loraplus_learning_rates_are_peft_groups():
     assert {g["lr"] for g in optimizer.param_groups} == {1e-4, 1e-3}  # ratio 1: LoRA+ off by default
 
 
+def trained_model(method: str, options: dict, backbone):
+    """Our model of ``method`` on ``backbone``, its trainable weights moved off their init, as if trained."""
+    config = methods.make_method_config(method, options)
+    model = MultitaskModel(backbone, parse_tasks("sst"), method, config).eval()
+    torch.manual_seed(5)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if TRAINED[method] in name:
+                parameter.add_(0.1 * torch.randn_like(parameter))
+    return model
+
+
 @pytest.mark.parametrize(
     "method, options",
-    [("dora", {"rank": 4, "alpha": 8.0}), ("lora", {"rank": 4, "alpha": 8.0, "init": "pissa", "use_rslora": True})],
+    [
+        ("dora", {"rank": 4, "alpha": 8.0}),
+        ("lora", {"rank": 4, "alpha": 8.0, "init": "pissa", "use_rslora": True}),
+        ("ia3", {}),
+        ("vera", {"rank": 16}),  # q, v: A (16, d), B (d, 16)
+        # the largest d_in and d_out differ (A (48, d_ff), B (d_ff, 48)), another seed
+        ("vera", {"rank": 48, "targets": ["value", "intermediate.dense", "output.dense"], "projection_seed": 7}),
+    ],
 )
 def test_exported_variant_loads_in_peft_on_hf_bert(tmp_path, method, options):
-    """export_lora writes DoRA's magnitudes and the variants' options: peft loads them onto HF BERT, same outputs."""
+    """export_peft writes DoRA's magnitudes, the variants' options, (IA)^3's vectors and VeRA's vectors and shared
+    matrices under peft's keys: peft loads them onto HF BERT, and it computes what our model computes."""
     backbone = tiny_backbone(seed=2)
     hf = transformers.BertModel(transformers.BertConfig(**TINY.to_dict())).eval()
     hf.load_state_dict(backbone.state_dict())  # the pretrained W0: peft re-runs PiSSA on it when it loads
-    config = methods.make_method_config(method, options)
-    model = MultitaskModel(backbone, parse_tasks("sst"), method, config).eval()
-    with torch.no_grad():  # as if trained
-        for name, parameter in model.named_parameters():
-            if "lora_" in name:
-                parameter.add_(0.1 * torch.randn_like(parameter))
+    model = trained_model(method, options, backbone)
     loaded, ids, mask = assert_peft_loads_the_export(model, hf, tmp_path)
+    real = mask.bool()
+    with torch.no_grad():
+        theirs = loaded(input_ids=ids, attention_mask=mask).last_hidden_state
+        with loaded.disable_adapter():
+            without = loaded(input_ids=ids, attention_mask=mask).last_hidden_state
+    assert not torch.allclose(theirs[real], without[real], atol=1e-3)  # the adapter does something
+
+
+def test_exported_vera_carries_its_matrices(tmp_path):
+    """The export saves VeRA's A and B (save_projection): peft computes with the matrices the model was trained
+    with, not with its own draw from the seed. Shown with matrices no seed draws: the outputs still agree."""
+    import json
+
+    backbone = tiny_backbone(seed=2)
+    hf = transformers.BertModel(transformers.BertConfig(**TINY.to_dict())).eval()
+    hf.load_state_dict(backbone.state_dict())
+    model = trained_model("vera", {"rank": 8}, backbone)
+    with torch.no_grad():
+        for buffer in model.backbone.encoder.vera_projections.buffers():
+            buffer.mul_(-2.0)  # not what peft re-draws from projection_prng_key
+    loaded, _, _ = assert_peft_loads_the_export(model, hf, tmp_path)
+    assert json.loads((tmp_path / "adapter_config.json").read_text())["save_projection"] is True
+    state = peft.get_peft_model_state_dict(loaded)
+    assert torch.equal(state["base_model.vera_A"], model.backbone.encoder.vera_projections.vera_A)
+    assert torch.equal(state["base_model.vera_B"], model.backbone.encoder.vera_projections.vera_B)
 
 
 @pytest.mark.parametrize(

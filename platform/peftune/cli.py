@@ -37,8 +37,8 @@ log = logging.getLogger("peftune.cli")
 
 # method size/options settable by flag: flag dest -> config field name
 SIZE_FLAGS = {name: name for name in train.OPTION_FLAGS}
-# the methods whose adapters export to peft's LoRA format (DoRA is peft's LoraConfig(use_dora=True))
-PEFT_EXPORTS = ("lora", "dora")
+# the methods whose adapters export to peft's format (lora, dora, ia3, vera)
+PEFT_EXPORTS = tuple(checkpoint.PEFT_FORMATS)
 
 
 def finite_float(text: str) -> float:
@@ -247,7 +247,7 @@ def cmd_train(args) -> int:
     print(f"checkpoint (best epoch): {output}")
     if args.export_peft:
         model = checkpoint.load_checkpoint(output, backbone=prepared.backbone.build())
-        path = checkpoint.export_lora(model, output / "peft", base_model_name_or_path=args.model)
+        path = checkpoint.export_peft(model, output / "peft", base_model_name_or_path=args.model)
         print(f"peft {config.method} adapter: {path}")
     return 0
 
@@ -279,7 +279,8 @@ def check_train_args(args, config: train.TrainConfig, output: Path) -> None:
     if (output / checkpoint.META).exists() and not args.overwrite:
         raise UserError(f"{output} already holds a checkpoint; pass --overwrite or another --output")
     if args.export_peft and config.method not in PEFT_EXPORTS:
-        raise UserError(f"--export-peft needs --method {' or '.join(PEFT_EXPORTS)} (got --method {config.method})")
+        names = f"{', '.join(PEFT_EXPORTS[:-1])} or {PEFT_EXPORTS[-1]}"
+        raise UserError(f"--export-peft needs --method {names} (got --method {config.method})")
     check_device(config.device)
     check_model(config, args.model)
 
@@ -511,7 +512,8 @@ def add_train_parser(sub) -> None:
     )
     p.add_argument("--output", type=path_arg, help="checkpoint directory (default runs/<method>-<time>)")
     p.add_argument("--overwrite", action="store_true", help="replace a checkpoint already in --output")
-    p.add_argument("--export-peft", action="store_true", help="also export the adapter in peft's format (lora, dora)")
+    exports = ", ".join(PEFT_EXPORTS)
+    p.add_argument("--export-peft", action="store_true", help=f"also export the adapter in peft's format ({exports})")
     p.set_defaults(func=cmd_train)
 
 

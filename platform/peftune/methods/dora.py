@@ -11,7 +11,7 @@ and peft, the norm is treated as a constant in backward (detached), which saves 
 
 Every LoRA option applies (rank, alpha, targets, rsLoRA, LoRA+'s ratio, PiSSA / OLoRA init), with peft's
 parameter names (``<linear>.lora_magnitude_vector.default.weight`` beside LoRA's), so a DoRA adapter trained
-here exports with ``peftune.checkpoint.export_lora`` and loads with ``peft.PeftModel.from_pretrained``
+here exports with ``peftune.checkpoint.export_peft`` and loads with ``peft.PeftModel.from_pretrained``
 (``use_dora=True``); it computes what peft's ``LoraConfig(use_dora=True)`` computes (tested on the same weights).
 It does not use LoRA's fused q/k/v: each adapted linear needs its own norms.
 """

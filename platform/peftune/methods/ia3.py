@@ -10,7 +10,8 @@ backbone. Placement is peft's for BERT (``IA3Config`` target ``key``, ``value``,
 ``output.dense`` feed-forward, i.e. scaling the input of the FFN's down-projection), anchored as LoRA's targets are,
 so the attention's own ``output.dense`` is not also matched. Each adapted linear is an :class:`IA3Linear` with
 peft's names (``<linear>.base_layer``, ``<linear>.ia3_l.default``), tested against peft's ``IA3Config`` on the same
-weights. (IA)^3 has no dropout of its own: the config's ``dropout`` (common to every method) is unused here.
+weights; a trained model exports to peft's format with ``peftune.checkpoint.export_peft``. (IA)^3 has no dropout
+of its own: the config's ``dropout`` (common to every method) is unused here.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ Its variants, as options a sweep searches (each as peft 0.21 computes it, tested
 :class:`LoraLinear` with peft's parameter names (``<linear>.base_layer``,
 ``<linear>.lora_A.default``, ``<linear>.lora_B.default``), so checkpoints keep their keys and
 an adapter trained here exports to peft's format and loads onto ``transformers.BertModel``
-(see ``peftune.checkpoint.export_lora``); it computes what peft's LoRA computes (tested on the
+(see ``peftune.checkpoint.export_peft``); it computes what peft's LoRA computes (tested on the
 same weights, outputs and gradients).
 
 Why not peft's own: peft runs each adapted linear alone (its dropout, then A, then B: three

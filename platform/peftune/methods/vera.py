@@ -10,7 +10,9 @@ Lambda_d at ``d_initial`` (0.1, the paper's and peft's). A and B are drawn Kaimi
 with ``projection_seed``, exactly as peft's ``VeraModel`` draws them from ``projection_prng_key`` (same shapes,
 same order: A (r, largest d_in) then B (largest d_out, r); each linear takes its top-left slice), so the same seed
 gives peft's matrices bit for bit (tested). They are buffers kept out of the state dict: a checkpoint holds the
-vectors only, and a fresh build re-draws the matrices from the seed (peft's ``save_projection=False``).
+vectors only, and a fresh build re-draws the matrices from the seed (peft's ``save_projection=False``). The export
+to peft's format (``peftune.checkpoint.export_peft``) writes them too (``save_projection=True``), so that peft loads
+exactly the matrices trained with, whatever its torch draws.
 """
 
 from __future__ import annotations
@@ -71,7 +73,9 @@ class VeraConfig(MethodConfig):
         super().check_backbone(bert)
 
 
-def peft_vera_config(config: VeraConfig):
+def peft_vera_config(config: VeraConfig, save_projection: bool = False):
+    """peft's config of ``config``; ``save_projection``: whether peft's checkpoint holds A and B (the export's, see
+    ``peftune.checkpoint.PEFT_FORMATS``) or peft re-draws them from the seed, as our checkpoints do."""
     import peft
 
     return peft.VeraConfig(
@@ -80,7 +84,7 @@ def peft_vera_config(config: VeraConfig):
         projection_prng_key=config.projection_seed,
         vera_dropout=config.dropout,
         d_initial=config.d_initial,
-        save_projection=False,
+        save_projection=save_projection,
     )
 
 
