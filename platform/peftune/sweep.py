@@ -54,7 +54,7 @@ from ray import tune
 
 from peftune import confirm, console, lease, search, spaces, tracking, tracking_buffer, worker
 from peftune import record as record_names
-from peftune.errors import UserError, one_line
+from peftune.errors import UserError, disk_full, no_space, one_line
 from peftune.record import BEST_SCORE, COMPLETED, COMPLETED_WITH_FAILURES, FAILED, INTERRUPTED, SCORE, UNFINISHED
 from peftune.resume import RunCallbacks, installed
 from peftune.spaces import SweepDefinition
@@ -395,6 +395,9 @@ def run_sweep(
         logged = _close(definition, record, grid, status, complete)
     except BaseException as error:
         _close_after(error, definition, record, trial_logger, tracking_wait_s)
+        full = disk_full(error)
+        if full is not None and full is not error:
+            raise full from error  # one line for the command line, naming the path: interrupted, exit 3
         raise
     confirmed = dataclasses.asdict(confirmation) if confirmation else None
     result = _result(definition, record, where, status, trials, checkpoints_logged=logged, confirmation=confirmed)
@@ -551,14 +554,29 @@ def stopped(error: BaseException) -> bool:
 
 def _close_after(error: BaseException, definition, record, trial_logger, wait_s: float) -> None:
     """The records closed all the same after ``error`` (a second Ctrl-C, which Tune does not handle, included)."""
+    # a write refused for space stops the sweep as a Ctrl-C does: nothing about the trials failed, and the same
+    # command resumes it once space is freed
+    interrupted = stopped(error) or no_space(error) is not None
     with _interrupts_ignored():
         trial_logger.close_open_runs()
         if trial_logger.flush(wait_s):
-            tracking.close_sweep(record, INTERRUPTED if stopped(error) else FAILED)
+            _close_sweep_if_room(definition, record, INTERRUPTED if interrupted else FAILED)
         else:
             log.error(
                 "MLflow unreachable: the record of sweep %s stays open; %s", definition.name, trial_logger.pending_path
             )
+
+
+def _close_sweep_if_room(definition, record, status: str) -> None:
+    """Close the parent run with ``status``; a store with no space left keeps it open (said, not raised: the error
+    that stopped the sweep is the one to show), and the next run of the sweep closes it."""
+    try:
+        tracking.close_sweep(record, status)
+    except Exception as error:
+        if no_space(error) is None:
+            raise
+        log.error("the tracking store has no space left: the record of sweep %s stays open (%s)", definition.name,
+                  one_line(error, 200))  # fmt: skip
 
 
 def skipped_rows(prepared) -> list[dict[str, Any]]:
