@@ -56,7 +56,7 @@ from peftune import confirm, console, lease, search, spaces, tracking, tracking_
 from peftune import record as record_names
 from peftune.errors import UserError, disk_full, no_space, one_line
 from peftune.record import BEST_SCORE, COMPLETED, COMPLETED_WITH_FAILURES, FAILED, INTERRUPTED, SCORE, UNFINISHED
-from peftune.resume import RunCallbacks, installed
+from peftune.resume import GoodState, RunCallbacks, installed, repair_state
 from peftune.spaces import SweepDefinition
 from peftune.tasks import get_task
 from peftune.train import prepare
@@ -374,7 +374,8 @@ def run_sweep(
         tuner = _tuner(definition, runnable, storage, exists, optuna_url, tracking.RecordedResults(record),
                        budgets, verbose)  # fmt: skip
         progress = console.Progress("search", _search_trials(definition, budgets), definition.budget.epochs)
-        with installed([trial_logger, links, progress, *callbacks]), every_slot_pending(definition.resources):
+        kept = GoodState(experiment_path)
+        with installed([trial_logger, links, progress, kept, *callbacks]), every_slot_pending(definition.resources):
             grid = tuner.fit()
         if not trial_logger.flush(tracking_wait_s):
             return _unrecorded(definition, record, *where, trial_logger, len(grid))
@@ -437,6 +438,8 @@ def _set_environment() -> None:
 
 def _check_resume(definition: SweepDefinition, resume: bool | None, tracking_uri: str, experiment_path: str) -> bool:
     """Whether Tune has state for this sweep (a resume), checked against ``resume`` and the MLflow record."""
+    if "://" not in experiment_path:  # a state file a full disk cut off: its previous complete copy comes back
+        repair_state(Path(experiment_path))
     exists = tune.Tuner.can_restore(experiment_path)
     if resume is True and not exists:
         raise UserError(f"nothing to resume: no Ray Tune state for sweep {definition.name!r} at {experiment_path}")
