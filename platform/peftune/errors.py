@@ -71,13 +71,13 @@ def no_space(error: BaseException | None) -> BaseException | None:
 
 
 def disk_full(error: BaseException, path: str | Path | None = None) -> DiskFullError | None:
-    """``error`` as a ``DiskFullError`` (naming ``path``, else the file the operating system named), or None
-    when nothing in its chain is a write refused for space."""
+    """``error`` as a ``DiskFullError`` naming the file the operating system named, else ``path`` (a database's
+    refusal names none), or None when nothing in its chain is a write refused for space."""
     found = no_space(error)
     if found is None or isinstance(found, DiskFullError):
         return found
     named = getattr(found, "filename", None) if isinstance(found, OSError) else None
-    return DiskFullError(path if path is not None else named)
+    return DiskFullError(named if named is not None else path)
 
 
 def user_errors() -> tuple[type[BaseException], ...]:

@@ -396,7 +396,7 @@ def run_sweep(
         logged = _close(definition, record, grid, status, complete)
     except BaseException as error:
         _close_after(error, definition, record, trial_logger, tracking_wait_s)
-        full = disk_full(error)
+        full = disk_full(error, path=_databases(tracking_uri, optuna_url))
         if full is not None and full is not error:
             raise full from error  # one line for the command line, naming the path: interrupted, exit 3
         raise
@@ -565,9 +565,19 @@ def _close_after(error: BaseException, definition, record, trial_logger, wait_s:
         if trial_logger.flush(wait_s):
             _close_sweep_if_room(definition, record, INTERRUPTED if interrupted else FAILED)
         else:
+            full = trial_logger.buffer is not None and trial_logger.buffer.store_full
             log.error(
-                "MLflow unreachable: the record of sweep %s stays open; %s", definition.name, trial_logger.pending_path
-            )
+                "MLflow %s: the record of sweep %s stays open; its writes wait in %s for the next run",
+                "has no space left" if full else "unreachable", definition.name, trial_logger.pending_path,
+            )  # fmt: skip
+
+
+def _databases(tracking_uri: str, optuna_url: str) -> str | None:
+    """The SQLite files a sweep writes (the MLflow store, the Optuna studies): a database refusing a write for
+    space names no file, so a disk-full message names these."""
+    paths = (record_names.sqlite_path(tracking_uri), record_names.sqlite_path(optuna_url))
+    files = [str(path) for path in paths if path is not None]
+    return " or ".join(files) or None
 
 
 def _close_sweep_if_room(definition, record, status: str) -> None:

@@ -91,7 +91,7 @@ class WriteBuffer:
         # the first write this buffer could not make for lack of space (its own files, or the store's), for the
         # driver to stop the sweep on; the buffer itself goes on in memory, so the record can still be closed
         self.full: DiskFullError | None = None
-        self._store_full = False  # the operation at the head was refused by the store for space: flush stops waiting
+        self.store_full = False  # the operation at the head was refused by the store for space: flush stops waiting
         self._load()
 
     # -- the queue
@@ -123,7 +123,7 @@ class WriteBuffer:
         with self._lock:
             while self._queue:
                 now = time.monotonic()
-                if now >= deadline or self._store_full:  # no retry takes a write while the store has no space
+                if now >= deadline or self.store_full:  # no retry takes a write while the store has no space
                     return False
                 if now - shown >= progress_every:
                     log.info("waiting for %d MLflow write(s) to reach %s", len(self._queue), self.record.tracking_uri)
@@ -229,7 +229,7 @@ class WriteBuffer:
                 self.failures += 1
                 if no_space(error) is not None:  # the store's disk is full: retried, but nobody need wait for it
                     with self._lock:
-                        self._store_full = True
+                        self.store_full = True
                         store = sqlite_path(self.record.tracking_uri) or self.record.tracking_uri
                         self._noted_full(DiskFullError(store))
                         self._lock.notify_all()
@@ -247,7 +247,7 @@ class WriteBuffer:
                 continue
             backoff = MIN_BACKOFF_S
             with self._lock:
-                self._store_full = False
+                self.store_full = False
                 self._queue.popleft()
                 self._note_applied(item["seq"])
                 self._lock.notify_all()
