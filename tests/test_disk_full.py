@@ -133,9 +133,14 @@ def test_the_write_thread_survives_a_marker_refused_for_space(tmp_path, monkeypa
     buffer.stop()
 
 
-def test_a_store_with_no_space_does_not_hold_the_flush_for_its_whole_wait(tmp_path):
+@pytest.mark.parametrize("refused", ["database", "artifact"])
+def test_a_store_with_no_space_does_not_hold_the_flush_for_its_whole_wait(refused, tmp_path):
+    artifact = tmp_path / "mlruns" / "s" / "predictions.json.gz"
+
     class FullStore(Noted):
         def _op_note(self, value: int) -> None:
+            if refused == "artifact":  # MLflow's local artifact store copies the file: the OS names it
+                raise enospc(artifact)
             error = sqlite3.OperationalError("database or disk is full")
             error.sqlite_errorname = "SQLITE_FULL"
             raise RuntimeError("(sqlite3.OperationalError) database or disk is full") from error
@@ -145,7 +150,8 @@ def test_a_store_with_no_space_does_not_hold_the_flush_for_its_whole_wait(tmp_pa
     buffer.put("note", value=1)
     started = time.monotonic()
     assert not buffer.flush(60) and time.monotonic() - started < 10
-    assert buffer.full is not None and buffer.full.path == str(tmp_path / "mlflow.db")
+    named = tmp_path / ("mlflow.db" if refused == "database" else "mlruns/s/predictions.json.gz")
+    assert buffer.full is not None and buffer.full.path == str(named) and buffer.store_full
     assert buffer.pending() == 1 and (tmp_path / "s.tracking-pending.jsonl").read_text()  # kept for the next run
     buffer.stop()
 

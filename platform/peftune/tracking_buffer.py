@@ -30,7 +30,7 @@ import warnings
 from collections import deque
 from pathlib import Path
 
-from peftune.errors import DiskFullError, no_space
+from peftune.errors import DiskFullError, disk_full, no_space
 from peftune.record import (
     BEST_EPOCH,
     BEST_SCORE,
@@ -230,8 +230,9 @@ class WriteBuffer:
                 if no_space(error) is not None:  # the store's disk is full: retried, but nobody need wait for it
                     with self._lock:
                         self.store_full = True
+                        # an artifact's copy names its file; the database's refusal names none: its file, then
                         store = sqlite_path(self.record.tracking_uri) or self.record.tracking_uri
-                        self._noted_full(DiskFullError(store))
+                        self._noted_full(disk_full(error, path=store))
                         self._lock.notify_all()
                 log.warning(
                     "MLflow write %s failed after %.1fs (%s); %d pending, retrying in %.1fs",
