@@ -33,6 +33,8 @@ from pathlib import Path
 
 from ray import tune
 
+from peftune.errors import no_space
+
 log = logging.getLogger("peftune.resume")
 
 # the files of Tune's state in an experiment directory, ``<kind>-<session>.<json|pkl>`` (the CKPT_FILE_TMPL of
@@ -79,8 +81,15 @@ class GoodState(tune.Callback):
         self.directory = None if "://" in experiment_path else Path(experiment_path)
 
     def keep(self) -> None:
-        if self.directory is not None:
+        if self.directory is None:
+            return
+        try:
             keep_good_state(self.directory)
+        except OSError as error:
+            if no_space(error) is not None:
+                raise  # into Tune's save: the sweep stops on it, as on any write refused for space
+            # a copy not made costs only a fallback; it must not stop a sweep (Tune's sync may be replacing a file)
+            log.warning("could not copy Ray Tune's state in %s: %s", self.directory, error)
 
 
 def state_files(directory: Path) -> dict[str, list[Path]]:
