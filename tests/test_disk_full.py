@@ -160,9 +160,24 @@ def test_a_store_with_no_space_does_not_hold_the_flush_for_its_whole_wait(refuse
 
 
 def tune_state(directory: Path, session: str, trials: int) -> None:
+    """A session's state files as Ray 2.x and peftune write them: the names do not tell the format (Tune pickles
+    ``search_gen_state-*.json``; peftune's searcher writes JSON to ``searcher-state-*.pkl``)."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / f"experiment_state-{session}.json").write_text(json.dumps({"trial_data": list(range(trials))}))
-    (directory / f"searcher-state-{session}.pkl").write_bytes(pickle.dumps({"trials": trials}))
+    (directory / f"searcher-state-{session}.pkl").write_text(json.dumps({"trials": trials}))
+    (directory / f"search_gen_state-{session}.json").write_bytes(pickle.dumps({"counter": trials}))
+
+
+def test_state_files_are_complete_whatever_their_names_say(tmp_path):
+    tune_state(tmp_path, "s", trials=3)
+    files = sorted(tmp_path.iterdir())
+    assert len(files) == 3 and all(resume.complete(path) for path in files)  # issue: a .pkl holding JSON set aside
+    for path in files:
+        data = path.read_bytes()
+        path.write_bytes(data[: len(data) - 3])
+        assert not resume.complete(path), path.name
+    (tmp_path / "empty.json").write_bytes(b"")
+    assert not resume.complete(tmp_path / "empty.json")
 
 
 def test_a_state_file_cut_off_by_a_full_disk_is_replaced_by_its_last_complete_copy(tmp_path):
@@ -179,8 +194,8 @@ def test_a_state_file_cut_off_by_a_full_disk_is_replaced_by_its_last_complete_co
     aside = resume.repair_state(experiment)
     assert json.loads(state.read_text()) == {"trial_data": [0, 1, 2]}  # the previous complete state, as a set:
     searcher = experiment / "searcher-state-2026-01-01_00-00-00.pkl"
-    assert pickle.loads(searcher.read_bytes()) == {"trials": 3}  # the searcher's of the same save
-    assert sorted(p.name for p in aside) == [state.name, searcher.name]
+    assert json.loads(searcher.read_text()) == {"trials": 3}  # the searcher's of the same save
+    assert len(aside) == 3 and state in aside and searcher in aside
     assert (experiment / (state.name + ".set-aside")).read_text() == text[: len(text) // 2]
     assert resume.repair_state(experiment) == []  # complete now: nothing more to do
 

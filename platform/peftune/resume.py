@@ -103,18 +103,24 @@ def state_files(directory: Path) -> dict[str, list[Path]]:
 
 
 def complete(path: Path) -> bool:
-    """Whether a state file was written to its end: JSON that parses, a pickle whose opcodes reach STOP (walked,
-    not run: nothing is unpickled here)."""
+    """Whether a state file was written to its end: JSON that parses, or a pickle whose opcodes reach STOP (walked,
+    not run: nothing is unpickled here). The name does not tell which: Tune pickles ``search_gen_state-*.json``,
+    and peftune's searcher writes JSON to ``searcher-state-*.pkl``."""
     try:
         data = path.read_bytes()
-        if path.name.removesuffix(GOOD).endswith(".json"):  # a state file or its copy
-            json.loads(data)
-        else:
-            for _ in pickletools.genops(io.BytesIO(data)):
-                pass
-    except (OSError, ValueError):  # JSONDecodeError and a cut pickle are ValueErrors
+    except OSError:
         return False
-    return True
+    try:
+        json.loads(data)
+        return True
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
+        pass
+    try:
+        for _ in pickletools.genops(io.BytesIO(data)):
+            pass
+    except ValueError:  # a cut pickle, or not a pickle
+        return False
+    return bool(data)
 
 
 def keep_good_state(directory: Path) -> None:
