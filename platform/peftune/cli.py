@@ -28,7 +28,7 @@ from pydantic import TypeAdapter
 
 from peftune import bench, checkpoint, console, methods, record, services, spaces, sweep, train
 from peftune.backbone import DEFAULT_MODEL, BertConfig, BertModel, check_tokenizer_files, read_config, resolve_model_dir
-from peftune.errors import UserError, one_line, user_errors
+from peftune.errors import DiskFullError, UserError, disk_full, one_line, user_errors
 from peftune.model import MultitaskModel
 from peftune.params import count_parameters
 from peftune.tasks import get_task, parse_tasks
@@ -660,7 +660,14 @@ def run_command(prog: str, command: Callable[[], int], verbose: bool = False) ->
     are closed by then, or SIGTERM (``ray job stop``), is status 3."""
     try:
         return command()
+    except DiskFullError as error:  # a fault, not bad input: the sweep's records are closed, it resumes
+        print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
+        return EXIT_INTERRUPTED
     except user_errors() as error:
+        full = disk_full(error)  # a write refused for space outside a sweep's own handling: still a fault
+        if full is not None:
+            print(f"{prog}: error: {one_line(full)}", file=sys.stderr)
+            return EXIT_INTERRUPTED
         if verbose:
             raise
         print(f"{prog}: error: {one_line(error)}", file=sys.stderr)

@@ -204,8 +204,12 @@ class Lease:
             return False
         self.holder = Holder(**{**asdict(self.holder), "renewed": time.time()})
         temporary = self.directory / f".{self.name}.driver.{self.holder.token}.tmp"
-        temporary.write_text(json.dumps(asdict(self.holder)))
-        os.replace(temporary, self._path(self.generation))
+        try:
+            temporary.write_text(json.dumps(asdict(self.holder)))
+            os.replace(temporary, self._path(self.generation))
+        except OSError:
+            temporary.unlink(missing_ok=True)  # a disk full left it empty: the lease file itself is untouched
+            raise
         return True
 
     def _renew_loop(self) -> None:

@@ -6,14 +6,42 @@ no callback itself: it forwards every hook to the callbacks of the sweep running
 (``installed``). The copy Tune unpickles on a restore forwards to this run's tracking logger (it
 knows this run's MLflow client) and to this run's own hooks, and a hook given for one run (a test's
 interrupter, a progress bar) does not come back in the next.
+
+Tune's state files survive a full disk here (``keep_good_state``, ``repair_state``): Tune writes them
+whole on the driver's local disk, then copies them to the storage path over the previous ones, in
+place, and only logs a copy that fails. A disk that fills during that copy leaves a file cut off
+(issue 34: ``experiment_state-*.json`` cut mid-string), and Tune, failing to read it, starts the
+experiment again from nothing (``Tuner.restore`` then says "Restarting experiment"): every
+configuration would run twice. So each time Tune saves its state, the complete files at the storage
+path are first copied beside them (``<file>.good``, written to a temporary file and renamed); and
+before a resume, a session's files of which one is incomplete are replaced by those copies, the cut
+ones kept aside (``<file>.set-aside``). Tune's state then lags by one save, as after a driver killed
+between two saves, which the sweep's resume already handles (the record's partial runs are replaced).
 """
 
 from __future__ import annotations
 
+import io
+import json
+import logging
+import os
+import pickletools
+import re
 from collections.abc import Sequence
 from contextlib import contextmanager
+from pathlib import Path
 
 from ray import tune
+
+from peftune.errors import no_space
+
+log = logging.getLogger("peftune.resume")
+
+# the files of Tune's state in an experiment directory, ``<kind>-<session>.<json|pkl>`` (the CKPT_FILE_TMPL of
+# TuneController, SearchGenerator, BasicVariantGenerator, Searcher and CallbackList)
+KINDS = "experiment_state|search_gen_state|basic-variant-state|searcher-state|callback-states"
+STATE_FILE = re.compile(rf"^({KINDS})-(?P<session>.+)\.(json|pkl)$")
+GOOD, ASIDE = ".good", ".set-aside"
 
 # the callbacks of the sweep running in this process (one sweep at a time per driver process)
 _CURRENT: list = []
@@ -36,6 +64,108 @@ HOOKS = (
 
 class RunCallbacks(tune.Callback):
     """Forwards Tune's callback hooks to the callbacks installed for the running sweep."""
+
+    def get_state(self):
+        """Tune asks for it each time it saves the experiment's state, before it copies the new state over the
+        old at the storage path: the moment to keep the old one (``keep_good_state``). Nothing to save itself."""
+        for keeper in [callback for callback in _CURRENT if isinstance(callback, GoodState)]:
+            keeper.keep()
+        return None
+
+
+class GoodState(tune.Callback):
+    """Installed among a run's callbacks (its hooks do nothing): keeps the complete state files of
+    ``experiment_path`` (a local directory; object stores replace a file whole) each time Tune saves its state."""
+
+    def __init__(self, experiment_path: str):
+        self.directory = None if "://" in experiment_path else Path(experiment_path)
+
+    def keep(self) -> None:
+        if self.directory is None:
+            return
+        try:
+            keep_good_state(self.directory)
+        except OSError as error:
+            if no_space(error) is not None:
+                raise  # into Tune's save: the sweep stops on it, as on any write refused for space
+            # a copy not made costs only a fallback; it must not stop a sweep (Tune's sync may be replacing a file)
+            log.warning("could not copy Ray Tune's state in %s: %s", self.directory, error)
+
+
+def state_files(directory: Path) -> dict[str, list[Path]]:
+    """Tune's state files in ``directory`` by session."""
+    sessions: dict[str, list[Path]] = {}
+    for path in sorted(directory.iterdir()) if directory.is_dir() else ():
+        match = STATE_FILE.match(path.name)
+        if match and path.is_file():
+            sessions.setdefault(match["session"], []).append(path)
+    return sessions
+
+
+def complete(path: Path) -> bool:
+    """Whether a state file was written to its end: JSON that parses, or a pickle whose opcodes reach STOP (walked,
+    not run: nothing is unpickled here). The name does not tell which: Tune pickles ``search_gen_state-*.json``,
+    and peftune's searcher writes JSON to ``searcher-state-*.pkl``."""
+    try:
+        data = path.read_bytes()
+    except OSError:
+        return False
+    try:
+        json.loads(data)
+        return True
+    except ValueError:  # JSONDecodeError, UnicodeDecodeError
+        pass
+    try:
+        for _ in pickletools.genops(io.BytesIO(data)):
+            pass
+    except ValueError:  # a cut pickle, or not a pickle
+        return False
+    return bool(data)
+
+
+def keep_good_state(directory: Path) -> None:
+    """Copy a session's state files of ``directory`` to ``<file>.good`` (temporary file, then rename) when all of
+    them are complete: the copies stay one save's set (the searcher's state with the trials'). A session with an
+    incomplete file keeps its last copies. A copy refused for space raises (the sweep stops on it)."""
+    for paths in state_files(directory).values():
+        if not all(complete(path) for path in paths):
+            continue
+        for path in paths:
+            good = path.with_name(path.name + GOOD)
+            data = path.read_bytes()
+            if good.is_file() and good.read_bytes() == data:
+                continue
+            temporary = good.with_name(f".{good.name}.{os.getpid()}.tmp")
+            try:
+                temporary.write_bytes(data)
+                os.replace(temporary, good)
+            finally:
+                temporary.unlink(missing_ok=True)
+
+
+def repair_state(directory: Path) -> list[Path]:
+    """Before a resume: each session whose state files are not all complete gets its good copies back (the
+    files set aside as ``<file>.set-aside``); without complete copies, its incomplete files are set
+    aside all the same (Tune then reads an earlier session's state). Returns the files set aside."""
+    aside = []
+    for session, paths in state_files(directory).items():
+        if all(complete(path) for path in paths):
+            continue
+        goods = {path: path.with_name(path.name + GOOD) for path in paths}
+        usable = all(good.is_file() and complete(good) for good in goods.values())
+        for path, good in goods.items():
+            if complete(path) and not usable:
+                continue
+            os.replace(path, path.with_name(path.name + ASIDE))
+            aside.append(path)
+            if usable:
+                os.replace(good, path)
+        log.warning(
+            "Ray Tune's state of session %s in %s was cut off (a disk full?): %s; set aside as *%s",
+            session, directory, "its previous complete state is restored" if usable else "no complete copy of it "
+            "was kept, so Tune resumes from an earlier session's", ASIDE,
+        )  # fmt: skip
+    return aside
 
 
 def _forward(name: str):

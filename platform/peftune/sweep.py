@@ -54,9 +54,9 @@ from ray import tune
 
 from peftune import confirm, console, lease, search, spaces, tracking, tracking_buffer, worker
 from peftune import record as record_names
-from peftune.errors import UserError, one_line
+from peftune.errors import UserError, disk_full, no_space, one_line
 from peftune.record import BEST_SCORE, COMPLETED, COMPLETED_WITH_FAILURES, FAILED, INTERRUPTED, SCORE, UNFINISHED
-from peftune.resume import RunCallbacks, installed
+from peftune.resume import GoodState, RunCallbacks, installed, repair_state
 from peftune.spaces import SweepDefinition
 from peftune.tasks import get_task
 from peftune.train import prepare
@@ -374,7 +374,8 @@ def run_sweep(
         tuner = _tuner(definition, runnable, storage, exists, optuna_url, tracking.RecordedResults(record),
                        budgets, verbose)  # fmt: skip
         progress = console.Progress("search", _search_trials(definition, budgets), definition.budget.epochs)
-        with installed([trial_logger, links, progress, *callbacks]), every_slot_pending(definition.resources):
+        kept = GoodState(experiment_path)
+        with installed([trial_logger, links, progress, kept, *callbacks]), every_slot_pending(definition.resources):
             grid = tuner.fit()
         if not trial_logger.flush(tracking_wait_s):
             return _unrecorded(definition, record, *where, trial_logger, len(grid))
@@ -395,6 +396,9 @@ def run_sweep(
         logged = _close(definition, record, grid, status, complete)
     except BaseException as error:
         _close_after(error, definition, record, trial_logger, tracking_wait_s)
+        full = disk_full(error, path=_databases(tracking_uri, optuna_url))
+        if full is not None and full is not error:
+            raise full from error  # one line for the command line, naming the path: interrupted, exit 3
         raise
     confirmed = dataclasses.asdict(confirmation) if confirmation else None
     result = _result(definition, record, where, status, trials, checkpoints_logged=logged, confirmation=confirmed)
@@ -434,6 +438,8 @@ def _set_environment() -> None:
 
 def _check_resume(definition: SweepDefinition, resume: bool | None, tracking_uri: str, experiment_path: str) -> bool:
     """Whether Tune has state for this sweep (a resume), checked against ``resume`` and the MLflow record."""
+    if "://" not in experiment_path:  # a state file a full disk cut off: its previous complete copy comes back
+        repair_state(Path(experiment_path))
     exists = tune.Tuner.can_restore(experiment_path)
     if resume is True and not exists:
         raise UserError(f"nothing to resume: no Ray Tune state for sweep {definition.name!r} at {experiment_path}")
@@ -551,14 +557,39 @@ def stopped(error: BaseException) -> bool:
 
 def _close_after(error: BaseException, definition, record, trial_logger, wait_s: float) -> None:
     """The records closed all the same after ``error`` (a second Ctrl-C, which Tune does not handle, included)."""
+    # a write refused for space stops the sweep as a Ctrl-C does: nothing about the trials failed, and the same
+    # command resumes it once space is freed
+    interrupted = stopped(error) or no_space(error) is not None
     with _interrupts_ignored():
         trial_logger.close_open_runs()
         if trial_logger.flush(wait_s):
-            tracking.close_sweep(record, INTERRUPTED if stopped(error) else FAILED)
+            _close_sweep_if_room(definition, record, INTERRUPTED if interrupted else FAILED)
         else:
+            full = trial_logger.buffer is not None and trial_logger.buffer.store_full
             log.error(
-                "MLflow unreachable: the record of sweep %s stays open; %s", definition.name, trial_logger.pending_path
-            )
+                "MLflow %s: the record of sweep %s stays open; its writes wait in %s for the next run",
+                "has no space left" if full else "unreachable", definition.name, trial_logger.pending_path,
+            )  # fmt: skip
+
+
+def _databases(tracking_uri: str, optuna_url: str) -> str | None:
+    """The SQLite files a sweep writes (the MLflow store, the Optuna studies): a database refusing a write for
+    space names no file, so a disk-full message names these."""
+    paths = (record_names.sqlite_path(tracking_uri), record_names.sqlite_path(optuna_url))
+    files = [str(path) for path in paths if path is not None]
+    return " or ".join(files) or None
+
+
+def _close_sweep_if_room(definition, record, status: str) -> None:
+    """Close the parent run with ``status``; a store with no space left keeps it open (said, not raised: the error
+    that stopped the sweep is the one to show), and the next run of the sweep closes it."""
+    try:
+        tracking.close_sweep(record, status)
+    except Exception as error:
+        if no_space(error) is None:
+            raise
+        log.error("the tracking store has no space left: the record of sweep %s stays open (%s)", definition.name,
+                  one_line(error, 200))  # fmt: skip
 
 
 def skipped_rows(prepared) -> list[dict[str, Any]]:

@@ -79,6 +79,7 @@ import functools
 import json
 import logging
 import math
+import re
 import subprocess
 import time
 from collections import Counter
@@ -90,7 +91,7 @@ import mlflow
 from mlflow.entities import Metric, Param
 from ray import tune
 
-from peftune.errors import UserError
+from peftune.errors import DiskFullError, UserError
 from peftune.methods.sizes import size_label
 from peftune.record import (
     BACKBONE,
@@ -652,6 +653,7 @@ class TrialLogger(tune.Callback):
         self._partials: dict[str, set[int]] = {}  # trial id -> examples_seen of the rungs logged within epochs
         self._unfinished: dict[str, tuple[str, str]] = {}  # config key -> (trial id, run id) of unfinished runs
         self._predicted: dict[str, float] = {}  # trial id -> score of the epoch whose predictions are logged
+        self._full: DiskFullError | None = None  # a trial's write refused for space: the sweep stops on it
 
     def __getstate__(self):  # Ray pickles callbacks with the experiment; the client is rebuilt in setup()
         return {
@@ -675,6 +677,8 @@ class TrialLogger(tune.Callback):
 
         self.buffer = WriteBuffer(self.record, self.pending_path)
         if not self.buffer.flush(timeout):
+            if self.buffer.full is not None:
+                raise self.buffer.full
             raise RuntimeError(
                 f"{self.buffer.pending()} MLflow write(s) left by an earlier run could not be written to "
                 f"{self.record.tracking_uri} in {timeout:.0f}s; they stay in {self.pending_path}"
@@ -883,7 +887,16 @@ class TrialLogger(tune.Callback):
         self._write("metrics", trial_id=trial_id, metrics=metrics)
         logged.add(seen)
 
+    def on_step_end(self, iteration, trials, **info):
+        """Stop the experiment (the error leaves Tune's loop; the sweep closes as interrupted) at the first write
+        refused for space: a trial's checkpoint, or this driver's own record."""
+        full = self._full or (self.buffer.full if self.buffer is not None else None)
+        if full is not None:
+            raise full
+
     def on_trial_recover(self, iteration, trials, trial, **info):
+        if self._out_of_space(trial):
+            return  # not a failure of the trial: it runs again, from its last checkpoint, when the sweep resumes
         self._run_for(trial)
         # retries so far; the final count is set when the trial ends
         self._write("tags", trial_id=trial.trial_id, tags={RETRIES: str(trial.num_failures)})
@@ -898,7 +911,16 @@ class TrialLogger(tune.Callback):
         self._finish(trial, status)
 
     def on_trial_error(self, iteration, trials, trial, **info):
+        if self._out_of_space(trial):
+            return  # its run is closed as interrupted, and the sweep's resume retries it (resume_errored)
         self._finish(trial, FAILED, error=error_text(_read_error(trial)))
+
+    def _out_of_space(self, trial) -> bool:
+        """Whether ``trial`` failed writing (its checkpoint) for lack of space; the first such is kept to stop on."""
+        full = no_space_text(_read_error(trial) or "", trial.path)
+        if full is not None and self._full is None:
+            self._full = full
+        return full is not None
 
     def _finish(self, trial, status: str, error: str | None = None) -> None:
         if trial.trial_id in self._finished:
@@ -923,6 +945,20 @@ class TrialLogger(tune.Callback):
         for trial_id in self._runs:
             if trial_id not in self._finished:
                 self._write("run_status", trial_id=trial_id, status="KILLED")
+
+
+# how an error refused for space reads once Ray has turned it into text: Python's OSError ("[Errno 28] No space left
+# on device: 'PATH'") or pyarrow's, which Tune's checkpoint upload raises ("... Detail: [errno 28] No space left")
+NO_SPACE_TEXT = re.compile(r"\[errno (?:28|122)\][^\n]*?(?:: '(?P<path>[^'\n]+)')?$", re.IGNORECASE | re.MULTILINE)
+
+
+def no_space_text(text: str, path: str | None = None) -> DiskFullError | None:
+    """A trial's error text as a ``DiskFullError`` when it says a write had no space (the path it names, else
+    ``path``); None otherwise."""
+    found = NO_SPACE_TEXT.search(text)
+    if found is None:
+        return None
+    return DiskFullError(found.group("path") or path)
 
 
 def trial_tags(config: dict) -> dict[str, str]:

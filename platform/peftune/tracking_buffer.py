@@ -30,6 +30,7 @@ import warnings
 from collections import deque
 from pathlib import Path
 
+from peftune.errors import DiskFullError, disk_full, no_space
 from peftune.record import (
     BEST_EPOCH,
     BEST_SCORE,
@@ -46,6 +47,7 @@ from peftune.record import (
     TRIAL_ROLE,
     best_epoch,
     best_metric,
+    sqlite_path,
 )
 
 log = logging.getLogger("peftune.tracking")
@@ -86,6 +88,10 @@ class WriteBuffer:
         self._stop = False
         self._stopping = threading.Event()  # cuts a retry's backoff short (a new write does not)
         self.failures = 0  # failed attempts (an outage's retries), for the record of an outage
+        # the first write this buffer could not make for lack of space (its own files, or the store's), for the
+        # driver to stop the sweep on; the buffer itself goes on in memory, so the record can still be closed
+        self.full: DiskFullError | None = None
+        self.store_full = False  # the operation at the head was refused by the store for space: flush stops waiting
         self._load()
 
     # -- the queue
@@ -95,10 +101,7 @@ class WriteBuffer:
             self._seq += 1
             item = {"seq": self._seq, "op": op, **args}
             if self.path is not None:
-                with self.path.open("a") as file:
-                    file.write(json.dumps(item) + "\n")
-                    file.flush()
-                    os.fsync(file.fileno())
+                self._append(json.dumps(item) + "\n")
             self._queue.append(item)
             self._lock.notify_all()
 
@@ -120,7 +123,7 @@ class WriteBuffer:
         with self._lock:
             while self._queue:
                 now = time.monotonic()
-                if now >= deadline:
+                if now >= deadline or self.store_full:  # no retry takes a write while the store has no space
                     return False
                 if now - shown >= progress_every:
                     log.info("waiting for %d MLflow write(s) to reach %s", len(self._queue), self.record.tracking_uri)
@@ -160,12 +163,40 @@ class WriteBuffer:
     def _marker(self) -> Path:
         return self.path.with_name(self.path.name + ".applied")
 
+    def _append(self, line: str) -> None:
+        """``line`` at the end of the pending file; a line cut short for lack of space is taken back (a later line
+        would otherwise join it and both be lost to ``_load``) and the operation stays queued in memory only."""
+        with self.path.open("a") as file:
+            size = file.tell()
+            try:
+                file.write(line)
+                file.flush()
+                os.fsync(file.fileno())
+            except OSError as error:
+                if no_space(error) is None:
+                    raise
+                file.truncate(size)  # frees, needs no space
+                self._noted_full(DiskFullError(self.path, len(line.encode())))
+
     def _note_applied(self, seq: int) -> None:
         self._applied = seq
         if self.path is not None:
             temporary = self._marker().with_name(self._marker().name + ".tmp")
-            temporary.write_text(str(seq))
-            temporary.replace(self._marker())
+            try:
+                temporary.write_text(str(seq))
+                temporary.replace(self._marker())
+            except OSError as error:
+                temporary.unlink(missing_ok=True)
+                if no_space(error) is None:
+                    raise
+                # the number is kept in memory: an operation applied but not noted is applied again by the
+                # next run, which changes nothing (each is idempotent)
+                self._noted_full(DiskFullError(self._marker(), len(str(seq))))
+
+    def _noted_full(self, error: DiskFullError) -> None:
+        if self.full is None:
+            log.error("%s", error)
+            self.full = error
 
     def _forget(self) -> None:
         """Everything is applied: the files go (a new run starts numbering again)."""
@@ -196,6 +227,13 @@ class WriteBuffer:
                 # MLFLOW_HTTP_REQUEST_* settings) before this buffer took the write back
                 took = time.monotonic() - started
                 self.failures += 1
+                if no_space(error) is not None:  # the store's disk is full: retried, but nobody need wait for it
+                    with self._lock:
+                        self.store_full = True
+                        # an artifact's copy names its file; the database's refusal names none: its file, then
+                        store = sqlite_path(self.record.tracking_uri) or self.record.tracking_uri
+                        self._noted_full(disk_full(error, path=store))
+                        self._lock.notify_all()
                 log.warning(
                     "MLflow write %s failed after %.1fs (%s); %d pending, retrying in %.1fs",
                     item["op"],
@@ -210,6 +248,7 @@ class WriteBuffer:
                 continue
             backoff = MIN_BACKOFF_S
             with self._lock:
+                self.store_full = False
                 self._queue.popleft()
                 self._note_applied(item["seq"])
                 self._lock.notify_all()
