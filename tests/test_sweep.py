@@ -20,7 +20,7 @@ import yaml
 from ray import tune
 
 from peftune import checkpoint, record, search, spaces, sweep
-from tiny_sweep import write_definition
+from tiny_sweep import FROZEN_AND_TOP_K, write_definition
 
 # frozen with a vanishing lr cannot learn: it scores below top_k after epoch 1, so ASHA stops it
 # there; top_k with k = 8 > the 6 layers of MiniLM fails when the trial builds its model.
@@ -61,7 +61,7 @@ SWEEP = """\
 def definition(directory: Path, name: str, num_samples: int, concurrency: int, seed: int = 0, fits: bool = False):
     """``fits``: top_k's k within MiniLM's 6 layers, for sweeps started by the command line, which refuses a space
     that does not fit the model before any work (``cli.check_spaces_against_model``)."""
-    spaces_ = {"frozen": FROZEN, "top_k": TOP_K.replace("[1, 8]", "[1, 2]") if fits else TOP_K}
+    spaces_ = {"frozen": FROZEN, "top_k": FROZEN_AND_TOP_K["top_k"] if fits else TOP_K}  # the same, k in {1, 2}
     return write_definition(
         directory, name, spaces_, SWEEP, seed=seed, concurrency=concurrency, num_samples=num_samples
     )

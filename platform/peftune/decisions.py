@@ -209,7 +209,7 @@ def fit(values: Mapping[str, Values], names: Sequence[str], methods: Mapping[str
     for task in tasks:
         cols = np.stack([values[n].values[task].mean(axis=0) for n in names])  # (K, n_t) seed-averaged values
         example_cov += np.cov(cols).reshape(k, k) / cols.shape[1] / len(tasks) ** 2
-    resid, ss, df = _seed_sums(values, pooled, tasks)
+    resid, ss, df = seed_sums(values, pooled, tasks)
     groups = sorted({methods[n] for n in pooled})
     pool = np.array([groups.index(methods[n]) for n in pooled])
     raw = ss + df * resid  # sums of squares of the seed scores themselves
@@ -236,7 +236,15 @@ def fit(values: Mapping[str, Values], names: Sequence[str], methods: Mapping[str
                noise[kept])  # fmt: skip
 
 
-def _seed_sums(values: Mapping[str, Values], names: Sequence[str], tasks: Sequence[str]):
+def residual_mean_square(v: np.ndarray) -> float:
+    """The seeds x examples two-way layout's residual mean square of (S, n) per-example values (S >= 2): the
+    variance of one run's per-example value around its seed's and its example's effects."""
+    s, n = v.shape
+    r = v - v.mean(axis=1, keepdims=True) - v.mean(axis=0, keepdims=True) + v.mean()
+    return float((r * r).sum() / ((s - 1) * (n - 1)))
+
+
+def seed_sums(values: Mapping[str, Values], names: Sequence[str], tasks: Sequence[str]):
     """Per configuration: the example-level noise in one seed's score (the two-way layout's residual mean square
     over n), and the sum of squares of its seed scores around their mean less that noise, with its df."""
     k = len(names)
@@ -244,10 +252,8 @@ def _seed_sums(values: Mapping[str, Values], names: Sequence[str], tasks: Sequen
     for c, n in enumerate(names):
         for task in tasks:
             v = values[n].values[task]  # (S, n_t)
-            s, n_t = v.shape
-            if s > 1:
-                r = v - v.mean(axis=1, keepdims=True) - v.mean(axis=0, keepdims=True) + v.mean()
-                resid[c] += float((r * r).sum() / ((s - 1) * (n_t - 1))) / n_t / len(tasks) ** 2
+            if v.shape[0] > 1:
+                resid[c] += residual_mean_square(v) / v.shape[1] / len(tasks) ** 2
         scores = values[n].scores
         if len(scores) > 1:
             ss[c] = float(((scores - scores.mean()) ** 2).sum()) - (len(scores) - 1) * resid[c]

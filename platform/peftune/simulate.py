@@ -41,6 +41,14 @@ class World:
     noise_sd: float  # per run and example
     ease_mean: float = -0.1  # accuracy about 0.48
 
+    def outcome(self, shifts: Sequence[float], plan: Plan, examples: int, rng) -> decisions.Outcome:
+        """One simulated confirmation on ``examples`` decision examples (:func:`simulate`)."""
+        return simulate(self, shifts, plan, examples, rng).outcome
+
+    def shift_for(self, gap: float) -> float:
+        """The logit offset whose true score gap is ``gap`` (:func:`shift_for_gap`)."""
+        return shift_for_gap(self, gap)
+
     def outcomes(self, rng, n: int, shifts: np.ndarray, seeds: int, ease=None) -> np.ndarray:
         """(K, S, n) right (1) or wrong (0) for K configurations (``shifts``: their logit offsets), S seeds."""
         k = len(shifts)
@@ -151,12 +159,9 @@ class Measured:
             return None
         parts = []
         for task in tasks:
-            ss = dof = 0.0
-            for n in repeated:
-                v = values[n].values[task]  # (S, n_t)
-                r = v - v.mean(axis=1, keepdims=True) - v.mean(axis=0, keepdims=True) + v.mean()
-                ss, dof = ss + float((r * r).sum()), dof + (v.shape[0] - 1) * (v.shape[1] - 1)
-            noise = ss / dof
+            runs = [values[n].values[task] for n in repeated]  # (S, n_t) each
+            dofs = [(v.shape[0] - 1) * (v.shape[1] - 1) for v in runs]
+            noise = sum(decisions.residual_mean_square(v) * d for v, d in zip(runs, dofs, strict=True)) / sum(dofs)
             spread = []
             for a in range(len(names)):
                 for b in range(a + 1, len(names)):
@@ -165,7 +170,7 @@ class Measured:
                     spread.append((d.var(ddof=1) - noise * (1 / len(va) + 1 / len(vb))) / 2)
             n_t = values[names[0]].values[task].shape[1]
             parts.append((task, n_t, math.sqrt(max(float(np.mean(spread)), 0.0)), math.sqrt(noise)))
-        _, ss, df = decisions._seed_sums(values, repeated, tasks)
+        _, ss, df = decisions.seed_sums(values, repeated, tasks)
         return cls(name, tuple(parts), math.sqrt(max(float(ss.sum()), 0.0) / float(df.sum())))
 
     def draw(self, shifts: Sequence[float], seeds: int, rng) -> dict[str, Values]:
@@ -179,29 +184,20 @@ class Measured:
         numbered = tuple(range(1, seeds + 1))
         return {f"c{i}": Values(numbered, {t: v[i] for t, v in per_task.items()}) for i in range(k)}
 
-    def outcome(self, shifts: Sequence[float], plan: Plan, rng, costs=None) -> decisions.Outcome:
-        """One simulated confirmation: every seed to ``plan.max_seeds`` drawn, replayed (``costs`` as in
-        :func:`simulate`)."""
-        k = len(shifts)
-        costs = costs if costs is not None else [0.01 * (i + 1) for i in range(k)]
-        configurations = [Configuration(f"c{i}", f"m{i}", costs[i]) for i in range(k)]
+    def outcome(self, shifts: Sequence[float], plan: Plan, examples: int, rng) -> decisions.Outcome:
+        """One simulated confirmation (as :meth:`World.outcome`; ``examples`` unused: each task has its own
+        measured size): every seed to ``plan.max_seeds`` drawn, replayed, costs 0.01 * (1 .. K)."""
+        configurations = [Configuration(f"c{i}", f"m{i}", 0.01 * (i + 1)) for i in range(len(shifts))]
         values = self.draw(shifts, plan.max_seeds, rng)
         return decisions.replay(values, configurations, plan, summaries=False)  # the decisions alone
+
+    def shift_for(self, gap: float) -> float:
+        """The offset whose true score gap is ``gap``: the gap itself (values are normal, effects add)."""
+        return gap
 
     def describe(self) -> str:
         tasks = ", ".join(f"{t} {n} examples (effect sd {e:.3f}, noise sd {z:.3f})" for t, n, e, z in self.tasks)
         return f"{tasks}; seed sd of a score {self.seed_sd:.4f}"
-
-
-def _outcome(world, shifts: Sequence[float], plan: Plan, examples: int, rng) -> decisions.Outcome:
-    if isinstance(world, Measured):
-        return world.outcome(shifts, plan, rng)
-    return simulate(world, shifts, plan, examples, rng).outcome
-
-
-def _shift(world, gap: float) -> float:
-    """The offset whose true score gap is ``gap``: the gap itself in a measured (normal) world."""
-    return gap if isinstance(world, Measured) else shift_for_gap(world, gap)
 
 
 def own_characteristics(values: Mapping[str, Values], plan: Plan, sizes: Sequence[int], sims: int,
@@ -251,7 +247,7 @@ def null_error(world: World, k: int, plan: Plan, examples: int, sims: int, seed:
     rng = np.random.default_rng([seed, k, examples])
     hits = 0
     for _ in range(sims):
-        a = _outcome(world, [0.0] * k, plan, examples, rng).answers[0]
+        a = world.outcome([0.0] * k, plan, examples, rng).answers[0]
         hits += a.decision == decisions.BETTER or any(r["decision"] == decisions.BETTER for r in a.pairs)
     return Rate(f"{world.name} K={k} false 'better' (global null)", hits, sims)
 
@@ -272,10 +268,10 @@ def pick_rate(world: World, below: float, plan: Plan, examples: int, sims: int, 
     """The cheaper of two configurations, ``below`` under the dearer one in truth (0: equal; 2 * margin: worse):
     the share of simulations whose answer picks the cheaper one."""
     rng = np.random.default_rng([seed, int(abs(below) * 1e4), examples, 11])
-    shift = _shift(world, below)
+    shift = world.shift_for(below)
     hits = 0
     for _ in range(sims):
-        a = _outcome(world, [0.0, shift], plan, examples, rng).answers[0]
+        a = world.outcome([0.0, shift], plan, examples, rng).answers[0]
         hits += a.pick == "c0"
     return Rate(f"{world.name} cheaper {below:.3f} below the best: picked", hits, sims)
 
@@ -287,11 +283,11 @@ def better_rate(world: World, gap: float, plan: Plan, examples: int, sims: int, 
     import dataclasses
 
     rng = np.random.default_rng([seed, int(abs(gap) * 1e4), gap < 0, examples, 13])
-    shift = _shift(world, gap)
+    shift = world.shift_for(gap)
     best_only = dataclasses.replace(plan, margin=0.0)
     hits = 0
     for _ in range(sims):
-        a = _outcome(world, [0.0, shift], best_only, examples, rng).answers[0]
+        a = world.outcome([0.0, shift], best_only, examples, rng).answers[0]
         hits += a.decision == decisions.BETTER and a.pick == "c1"
     return Rate(f"{world.name} a true gap of {gap:.3f}: called better", hits, sims)
 
