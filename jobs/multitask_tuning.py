@@ -27,10 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 if (ROOT / "platform" / "peftune").is_dir():
     sys.path[:0] = [str(ROOT / "platform"), str(ROOT)]
 
-from analysis.report import on_sweep_finished, read_predictions  # noqa: E402
 from peftune import cli  # noqa: E402
 
 if __name__ == "__main__":
-    sys.exit(
-        cli.job_main("multitask_tuning", __doc__, on_finished=on_sweep_finished, read_predictions=read_predictions)
-    )
+    sys.exit(cli.job_main("multitask_tuning", __doc__))

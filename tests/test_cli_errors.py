@@ -7,6 +7,7 @@ Every mistake is caught before any training, sweep or store work starts.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 
 import pytest
@@ -182,3 +183,56 @@ def test_a_storage_uri_pyarrow_cannot_open_is_refused_before_the_lease_ray_or_re
     assert len(err) == 1 and "Unrecognized filesystem type in URI: garbage://x" in err[0], err
     assert not (tmp_path / "leases").exists() and not db.exists() and not ray.is_initialized()
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+# what a one-line refusal must not wait for: seconds of imports on a 2-core machine (issue 34, item 12)
+HEAVY = ("ray", "mlflow", "optuna", "pandas", "pyarrow", "transformers", "analysis")
+REFUSED_LIGHT = {
+    "train flag": ["-m", "peftune.cli", "train", "--lr", "nan"],
+    "sweep data row": ["-m", "peftune.cli", "sweep", "smoke", "--data-dir", "{bad_data}"],
+    "sweep definition": ["-m", "peftune.cli", "sweep", "{bad_yaml}", "--data-dir", "{data}"],
+    "job flag": ["{repo}/jobs/sst_tuning.py", "--data-dir", "{data}", "--num-samples", "x"],
+    "job data row": ["{repo}/jobs/sst_tuning.py", "--data-dir", "{bad_data}", "--smoke-test"],
+    "methods roberta": ["-m", "peftune.cli", "methods", "--model", "{roberta}"],
+}
+LOADED = """
+import atexit, os, runpy, sys
+heavy = set(os.environ["HEAVY"].split(","))  # at exit, after the refusal: which of them the command loaded
+atexit.register(lambda: print("loaded:", sorted({m.split(".")[0] for m in sys.modules} & heavy), file=sys.stderr))
+if sys.argv[1] == "-m":  # python -c LOADED -m MODULE ARGS...
+    sys.argv = sys.argv[2:]
+    runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+else:  # python -c LOADED SCRIPT ARGS...
+    sys.argv = sys.argv[1:]
+    runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("name", list(REFUSED_LIGHT))
+def test_a_refusal_comes_before_the_heavy_imports(name, places, tmp_path):
+    """A bad flag, data row or definition file is refused before Ray, Tune, MLflow, Optuna, pandas, pyarrow,
+    transformers or the report are imported: on main 0507cb1 `peftune --help` alone took 10.8 s on a busy 2-core
+    machine, most of it those imports."""
+    import subprocess
+    import sys
+
+    from conftest import REPO
+
+    bad_data = tmp_path / "bad_data"
+    shutil.copytree(places["data"], bad_data)
+    rows = (bad_data / "ids-sst-train.csv").read_text().splitlines()
+    rows[2] = rows[2].rsplit("\t", 1)[0] + "\t9"  # a label out of 0..4 on line 3
+    (bad_data / "ids-sst-train.csv").write_text("\n".join(rows) + "\n")
+    bad_yaml = tmp_path / "bad.yaml"
+    bad_yaml.write_text("tasks: [sst]\nmethods: [lora]\nbudgets: {smoke: {epochs: many}}\n")
+    argv = [arg.format(bad_data=bad_data, bad_yaml=bad_yaml, repo=REPO, **places) for arg in REFUSED_LIGHT[name]]
+    env = {**os.environ, "PYTHONPATH": f"{REPO / 'platform'}{os.pathsep}{REPO}", "HOME": str(tmp_path), "HEAVY": ",".join(HEAVY)}
+    done = subprocess.run(
+        [sys.executable, "-c", LOADED, *argv], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2 and lines[-1] == "loaded: []", done.stderr[-2000:]
+    errors = [line for line in lines if ": error: " in line]
+    assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
+    if name == "sweep data row" or name == "job data row":
+        assert "ids-sst-train.csv, line 3" in errors[0], errors

@@ -19,19 +19,22 @@ import time
 from collections.abc import Callable
 from dataclasses import fields
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, NoReturn
 
-import ray
 import torch
 import yaml
 from pydantic import TypeAdapter
 
-from peftune import bench, checkpoint, console, methods, record, services, spaces, sweep, train
+from peftune import bench, checkpoint, methods, record, services, spaces, train
 from peftune.backbone import DEFAULT_MODEL, BertConfig, BertModel, check_tokenizer_files, read_config, resolve_model_dir
 from peftune.errors import DiskFullError, UserError, disk_full, one_line, user_errors
 from peftune.model import MultitaskModel
 from peftune.params import count_parameters
+from peftune.stopping import sigterm_received, stopped
 from peftune.tasks import get_task, parse_tasks
+
+if TYPE_CHECKING:
+    from peftune.sweep import SweepResult
 
 log = logging.getLogger("peftune.cli")
 
@@ -342,9 +345,7 @@ def cmd_bench(args) -> int:
 
 
 def cmd_sweep(args) -> int:
-    from analysis.report import on_sweep_finished, read_predictions  # deferred: pandas and plotting load slowly
-
-    return main_from_args(args, on_finished=on_sweep_finished, read_predictions=read_predictions)
+    return main_from_args(args)
 
 
 def cmd_decide(args) -> int:
@@ -393,7 +394,9 @@ def cmd_decide(args) -> int:
 
 def cmd_report(args) -> int:
     from analysis.report import report_sweep
+    from peftune.console import quiet_libraries
 
+    quiet_libraries()  # no download bar per artifact read
     args.tracking_uri = record.existing_store_uri(args.tracking_uri)
     if args.output and Path(args.output).exists() and not Path(args.output).is_dir():
         raise UserError(f"--output {args.output}: is an existing file; expected a report directory")
@@ -412,7 +415,9 @@ def cmd_report(args) -> int:
 
 def cmd_evaluate(args) -> int:
     from analysis.evaluate import evaluate_sweep, mean_std_table
+    from peftune.console import quiet_libraries
 
+    quiet_libraries()  # no download bar per artifact read
     args.tracking_uri = record.existing_store_uri(args.tracking_uri)
     if args.output and Path(args.output).exists() and not Path(args.output).is_dir():
         raise UserError(f"--output {args.output}: is an existing file; expected a directory")
@@ -650,7 +655,6 @@ def main(argv: list[str] | None = None) -> int:
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         datefmt="%H:%M:%S",
     )
-    console.quiet_libraries()  # `report` and `evaluate` read artifacts too: no download bar per file
     return run_command(f"peftune {args.command}", lambda: args.func(args), verbose=args.verbose)
 
 
@@ -673,11 +677,11 @@ def run_command(prog: str, command: Callable[[], int], verbose: bool = False) ->
         print(f"{prog}: error: {one_line(error)}", file=sys.stderr)
         return EXIT_USER_ERROR
     except BaseException as error:
-        if not sweep.stopped(error):
+        if not stopped(error):
             raise
         ignore_further_interrupts()  # Ray shuts down at exit; a third Ctrl-C or a second SIGTERM must not break that
         print(f"{prog}: interrupted; run the same command again to resume", file=sys.stderr)
-        if sweep.sigterm_received() or isinstance(error, SystemExit):
+        if sigterm_received() or isinstance(error, SystemExit):
             exit_after_sigterm()
         return EXIT_INTERRUPTED
 
@@ -690,6 +694,8 @@ def exit_after_sigterm() -> NoReturn:
     in, a second before it returns), whatever Python had set: a second SIGTERM then (``ray job stop`` twice)
     killed the driver, status 143. So Ray shuts down in a thread while this one, the only one that may set
     signal handlers, keeps SIGTERM ignored."""
+    import ray  # loaded already: a SIGTERM that stops a sweep comes after Ray started
+
     if threading.current_thread() is not threading.main_thread():
         ray.shutdown()
     else:
@@ -771,9 +777,9 @@ def _add_where_kept(parser) -> None:
     parser.add_argument(
         "--storage-path",
         type=path_arg,
-        default=sweep.DEFAULT_STORAGE_PATH,
+        default=record.DEFAULT_STORAGE_PATH,
         help="where Ray Tune keeps the sweep's state and checkpoints (a directory, or s3://... on a "
-        f"multi-node cluster; default ./{sweep.DEFAULT_STORAGE_PATH})",
+        f"multi-node cluster; default ./{record.DEFAULT_STORAGE_PATH})",
     )
     parser.add_argument(
         "--optuna-storage",
@@ -846,18 +852,22 @@ def definition_from_args(args) -> spaces.SweepDefinition:
     )
 
 
-def main_from_args(
-    args,
-    on_finished: Callable[[sweep.SweepResult], None] | None = None,
-    read_predictions: Callable[[str, str], Any] | None = None,
-) -> int:
-    """Run the sweep the flags describe; ``on_finished`` and ``read_predictions``: ``run_sweep``'s report hooks."""
+def main_from_args(args) -> int:
+    """Run the sweep the flags describe, and write its report when it has completed.
+
+    Every refusal of bad input (flags, the definition, the data files, the model) comes before Ray, Tune,
+    MLflow and the report's libraries are imported: together they take seconds to load (10 s on a busy 2-core
+    machine), which a one-line refusal should not wait for."""
     definition = definition_from_args(args)  # validated before anything starts
     check_spaces_against_model(definition)
     record.check_tracking_uri(record.resolve_tracking_uri(args.tracking_uri))
     test_dir = getattr(args, "test_dir", None)
     if test_dir is not None:
         check_test_args(test_dir, definition, args.test_seeds)
+    prepared = spaces.prepare_data(definition, args.data_dir)
+    from analysis.report import on_sweep_finished, read_predictions
+    from peftune import console, sweep
+
     _warn_relative_paths_in_job(args)
     verbose = getattr(args, "verbose", False)
     result = sweep.run_sweep(
@@ -869,13 +879,14 @@ def main_from_args(
         ray_address=args.ray_address,
         shared_storage=args.shared_storage,
         reports_dir=args.reports_dir,
-        on_finished=on_finished,
+        on_finished=on_sweep_finished,
         optuna_storage=getattr(args, "optuna_storage", None),
         read_predictions=read_predictions,
         verbose=console.TUNE_TABLES if verbose else console.TUNE_QUIET,
+        prepared=prepared,
     )
     if test_dir is not None and result.status in (record.COMPLETED, record.COMPLETED_WITH_FAILURES):
-        final_evaluation(result, args, definition.invalid_rows, on_finished)
+        final_evaluation(result, args, definition.invalid_rows, on_sweep_finished)
     ignore_further_interrupts()  # the records are closed: a late Ctrl-C must not turn the exit status into a lie
     print("\n" + result.summary(), flush=True)
     return exit_code(result.status, allow_failures=getattr(args, "allow_failures", False))
@@ -891,7 +902,7 @@ def check_test_args(test_dir, definition: spaces.SweepDefinition, seeds: int) ->
     check_test_dir(test_dir, definition.tasks, definition.invalid_rows)
 
 
-def final_evaluation(result: sweep.SweepResult, args, invalid_rows: str, on_finished) -> None:
+def final_evaluation(result: SweepResult, args, invalid_rows: str, on_finished) -> None:
     """The frontier re-trained with ``--test-seeds`` seeds and scored on ``--test-dir``; then the report again,
     which now includes that table. The test split is read here, after every selection was made."""
     from analysis.evaluate import evaluate_sweep  # deferred: pandas and plotting load slowly
@@ -925,18 +936,8 @@ def exit_code(status: str, allow_failures: bool = False) -> int:
     return EXIT_INTERRUPTED if status == record.INTERRUPTED else EXIT_FAILURES
 
 
-def job_main(
-    definition: str,
-    description: str,
-    argv: list[str] | None = None,
-    on_finished: Callable[[sweep.SweepResult], None] | None = None,
-    read_predictions: Callable[[str, str], Any] | None = None,
-) -> int:
-    """What ``jobs/*.py`` run: parse the flags, run the sweep, print where everything is.
-
-    ``on_finished(result)`` runs when the sweep has completed: where the report is written;
-    ``read_predictions``: the reader of the confirmation runs' decision-split predictions.
-    """
+def job_main(definition: str, description: str, argv: list[str] | None = None) -> int:
+    """What ``jobs/*.py`` run: parse the flags, run the sweep and its report, print where everything is."""
     parser = Parser(
         description=description, epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -947,7 +948,7 @@ def job_main(
     )
     if getattr(args, "verbose", False):
         logging.getLogger("peftune").setLevel(logging.DEBUG)
-    return run_command(parser.prog, lambda: main_from_args(args, on_finished, read_predictions))
+    return run_command(parser.prog, lambda: main_from_args(args))
 
 
 def _warn_relative_paths_in_job(args) -> None:

@@ -376,11 +376,14 @@ def _warn_skipped(path: Path, skipped: Sequence[tuple[int, str]]) -> None:
 
 # (sha256, tokenizer fingerprint, max_length, spec, limit, seed) -> EncodedSplit; limit None = the whole file
 _CACHE: dict[tuple, EncodedSplit] = {}
+# (sha256, spec, invalid_rows) -> a file's rows read by check_files, held until load_tasks tokenizes them
+_PARSED: dict[tuple, tuple[list[Example], list[int], list[tuple[int, str]]]] = {}
 
 
 def clear_cache() -> None:
     """Forget every tokenized split (tests; or to free memory after changing tokenizer)."""
     _CACHE.clear()
+    _PARSED.clear()
 
 
 def tokenizer_fingerprint(tokenizer) -> str:
@@ -448,14 +451,24 @@ def _prepare_file(
     key = (sha256, fingerprint, max_length, spec)
     cached = _CACHE.get((*key, None, None))
     if cached is None:
-        examples, lines, skipped = _parse(path, data, spec, invalid_rows)
-        _warn_skipped(path, skipped)
+        examples, lines, skipped = _parsed(path, data, sha256, spec, invalid_rows)
+        _PARSED.pop((sha256, spec, invalid_rows))
         return key, _Pending(path, sha256, spec, examples, lines, skipped)
+    _PARSED.pop((sha256, spec, invalid_rows), None)  # read by check_files, tokenized already
     if cached.skipped and invalid_rows == "raise":
         # cached by an earlier invalid_rows="skip" call; this caller wants to know
         line, reason = cached.skipped[0]
         raise DataError(path, reason + " (or pass invalid_rows='skip')", line=line)
     return key, cached
+
+
+def _parsed(path: Path, data: bytes, sha256: str, spec: TaskSpec, invalid_rows: str):
+    """A file's (examples, their lines, skipped rows), parsed once whether check_files or load_tasks reads it first."""
+    key = (sha256, spec, invalid_rows)
+    if key not in _PARSED:
+        _PARSED[key] = _parse(path, data, spec, invalid_rows)
+        _warn_skipped(path, _PARSED[key][2])
+    return _PARSED[key]
 
 
 def _tokenize(tokenizer, columns: Sequence[list[str]], max_length: int) -> tuple[list[list[int]], list[list[int]]]:
@@ -572,6 +585,35 @@ def load_tasks(
     ``decision_examples``: a decision split of that many further train rows per task (0: none; it needs a
     selection split), or all the rows left when the file holds fewer (said in a warning).
     """
+    files = task_files(data_dir, specs)
+    for spec, limit in itertools.product({spec for spec, _, _ in files}, (max_train_examples, max_dev_examples)):
+        _check_encoding_args(spec, tokenizer, max_length, limit)
+
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    prepared = {  # phase 1: read + validate everything (cheap)
+        (spec.name, part): _prepare_file(path, spec, fingerprint, max_length, invalid_rows)
+        for spec, part, path in files
+    }
+    selecting = selection_examples is not False
+    limits = {"train": None if selecting else max_train_examples, "dev": max_dev_examples}
+    splits = {  # phase 2: tokenize what the cache did not have
+        (name, part): _finish(key, item, tokenizer, limits[part], seed)
+        for (name, part), (key, item) in prepared.items()
+    }
+    names = dict.fromkeys(spec.name for spec, _, _ in files)
+    tasks = {name: TaskData(train=splits[name, "train"], dev=splits[name, "dev"]) for name in names}
+    if selecting:
+        for data in tasks.values():
+            size = len(data.dev) if selection_examples is None else selection_examples
+            data.train, data.selection, data.decision = carve(
+                data.train, max_train_examples, size, seed, decision_examples
+            )
+    return tasks
+
+
+def task_files(data_dir: str | os.PathLike, specs: Iterable[TaskSpec | str]) -> list[tuple[TaskSpec, str, Path]]:
+    """(task, "train" or "dev", path) of every file the tasks read from ``data_dir``, in order; refused when the
+    directory is not one or a task is named twice."""
     if not os.fspath(data_dir).strip():  # Path("") is the working directory: read from there only when told
         raise UserError(f"data directory {os.fspath(data_dir)!r}: an empty path; expected a directory")
     data_dir = Path(data_dir)
@@ -584,29 +626,17 @@ def load_tasks(
         problem = "is not a directory" if data_dir.exists() else "data directory not found"
         files = ", ".join(f for s in specs for f in (s.train_file, s.dev_file))
         raise DataError(data_dir, problem, expected=f"a directory holding {files}")
-    for spec, limit in itertools.product(specs, (max_train_examples, max_dev_examples)):
-        _check_encoding_args(spec, tokenizer, max_length, limit)
+    return [(spec, part, data_dir / name) for spec in specs for part, name in (("train", spec.train_file),
+                                                                               ("dev", spec.dev_file))]  # fmt: skip
 
-    fingerprint = tokenizer_fingerprint(tokenizer)
-    prepared = {  # phase 1: read + validate everything (cheap)
-        (spec.name, part): _prepare_file(data_dir / filename, spec, fingerprint, max_length, invalid_rows)
-        for spec in specs
-        for part, filename in (("train", spec.train_file), ("dev", spec.dev_file))
-    }
-    selecting = selection_examples is not False
-    limits = {"train": None if selecting else max_train_examples, "dev": max_dev_examples}
-    splits = {  # phase 2: tokenize what the cache did not have
-        (name, part): _finish(key, item, tokenizer, limits[part], seed)
-        for (name, part), (key, item) in prepared.items()
-    }
-    tasks = {s.name: TaskData(train=splits[s.name, "train"], dev=splits[s.name, "dev"]) for s in specs}
-    if selecting:
-        for data in tasks.values():
-            size = len(data.dev) if selection_examples is None else selection_examples
-            data.train, data.selection, data.decision = carve(
-                data.train, max_train_examples, size, seed, decision_examples
-            )
-    return tasks
+
+def check_files(data_dir: str | os.PathLike, specs: Iterable[TaskSpec | str], invalid_rows: str = "raise") -> None:
+    """Read and validate every task file without a tokenizer, so a bad row is refused before the tokenizer's
+    library loads (seconds). The rows read are kept for :func:`load_tasks`, which then does not parse them again."""
+    _check_policy(invalid_rows)
+    for spec, _, path in task_files(data_dir, specs):
+        data = _read_bytes(path)
+        _parsed(path, data, hashlib.sha256(data).hexdigest(), spec, invalid_rows)
 
 
 def carve(

@@ -18,6 +18,7 @@ from urllib.parse import quote, urlparse
 from peftune.errors import StoreError, UserError
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
+DEFAULT_STORAGE_PATH = "ray_results"  # where Ray Tune keeps a sweep's state and checkpoints, by default
 REPORTS_DIR = "reports"  # a sweep's report goes to <reports dir>/<sweep>/ (the sweep's end, `peftune report`)
 
 ROLE, SWEEP, TRIAL_ID, STATUS, ERROR = (

@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import importlib.resources
 import json
+import logging
 import math
 import re
 from pathlib import Path
@@ -26,8 +27,10 @@ from peftune.data import INVALID_ROW_POLICIES
 from peftune.errors import PeftuneError
 from peftune.record import HYPERPARAMETERS, SCORE, TRAINABLE_PER_TASK
 from peftune.tasks import task_names
-from peftune.train import RATES, SEED, TrainConfig
+from peftune.train import RATES, SEED, TrainConfig, prepare
 from peftune.validation import EMPTY, Bound, Section, SpaceError, at, count, fail, named, one_of, rule, section, show
+
+log = logging.getLogger("peftune.spaces")
 
 # package data, installed as files (a directory); in a source tree, a link to the top-level search_spaces/
 SEARCH_SPACES_DIR = Path(str(importlib.resources.files("peftune") / "search_spaces")).resolve()
@@ -453,6 +456,24 @@ def _check_train(sweep: SweepFile) -> None:
             "train",
             "device",
         )
+
+
+def prepare_data(definition: SweepDefinition, data_dir: str | Path):
+    """The sweep's data, read and tokenized once, and the model's weights: what every trial trains on."""
+    budget = definition.budget
+    log.info("reading and tokenizing %s from %s (model %s)", ",".join(definition.tasks), data_dir, definition.model)
+    return prepare(
+        data_dir,
+        list(definition.tasks),
+        model=definition.model,
+        max_length=budget.max_length,
+        max_train_examples=budget.max_train_examples,
+        max_dev_examples=budget.max_dev_examples,
+        seed=definition.seed,
+        invalid_rows=definition.invalid_rows,
+        selection_examples=budget.selection_examples,
+        decision_examples=budget.decision_examples,
+    )
 
 
 def resolve_sweep_path(name_or_path: str | Path) -> Path:

@@ -57,13 +57,13 @@ from peftune import record as record_names
 from peftune.errors import UserError, disk_full, no_space, one_line
 from peftune.record import BEST_SCORE, COMPLETED, COMPLETED_WITH_FAILURES, FAILED, INTERRUPTED, SCORE, UNFINISHED
 from peftune.resume import GoodState, RunCallbacks, installed, repair_state
-from peftune.spaces import SweepDefinition
+from peftune.spaces import SweepDefinition, prepare_data
+from peftune.stopping import note_sigterm, stopped
 from peftune.tasks import get_task
-from peftune.train import prepare
 
 log = logging.getLogger("peftune.sweep")
 
-DEFAULT_STORAGE_PATH = "ray_results"
+DEFAULT_STORAGE_PATH = record_names.DEFAULT_STORAGE_PATH
 MLFLOW_FAIL_FAST = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                     "MLFLOW_HTTP_REQUEST_TIMEOUT": "15"}  # fmt: skip
 PENDING_ENV = "TUNE_MAX_PENDING_TRIALS_PG"  # Tune's bound on trials waiting for a worker (see every_slot_pending)
@@ -142,33 +142,7 @@ def init_ray(address: str | None = None) -> None:
         # a Ray of this process only (address="local": never join a cluster started on this
         # machine by someone else), dashboard off: nothing listens beyond the driver's needs
         ray.init(address="local", include_dashboard=False, dashboard_host="127.0.0.1", runtime_env=runtime_env)
-    _note_sigterm()
-
-
-_SIGTERMS: list[int] = []  # the SIGTERMs this driver received
-
-
-def _note_sigterm() -> None:
-    """Note SIGTERM before the handler ``ray.init`` set turns it into ``SystemExit``: an error raised while that
-    exit unwinds through Tune can take its place (``ray job stop`` during a confirmation once closed the sweep as
-    failed), and a stopped driver must still close its sweep as interrupted. Only the main thread may do this."""
-    previous = signal.getsignal(signal.SIGTERM)
-    if threading.current_thread() is not threading.main_thread() or getattr(previous, "notes_sigterm", False):
-        return
-
-    def noted(signum, frame):
-        _SIGTERMS.append(signum)
-        if callable(previous):
-            previous(signum, frame)
-        raise SystemExit(signum)
-
-    noted.notes_sigterm = True
-    signal.signal(signal.SIGTERM, noted)
-
-
-def sigterm_received() -> bool:
-    """Whether this driver was sent SIGTERM (``ray job stop``) since Ray started in it."""
-    return bool(_SIGTERMS)
+    note_sigterm()
 
 
 def code_runtime_env() -> dict[str, Any]:
@@ -334,6 +308,7 @@ def run_sweep(
     optuna_storage: str | None = None,
     tracking_wait_s: float = TRACKING_WAIT_S,
     read_predictions: Callable[[str, str], Any] | None = None,
+    prepared=None,
 ) -> SweepResult:
     """Run (or resume) ``definition`` as one Ray Tune experiment logged to MLflow.
 
@@ -349,14 +324,16 @@ def run_sweep(
     tracking-server outage); what is left then stays on disk beside Tune's state and is written by
     the next run of the sweep. ``read_predictions(tracking URI, sweep name)``: the decision-split predictions
     of the confirmation's completed runs, on which the confirmation decides who gets more seeds
-    (``peftune.confirm``, ``peftune.decisions``).
+    (``peftune.confirm``, ``peftune.decisions``). ``prepared``: ``spaces.prepare_data(definition, data_dir)``,
+    when the caller has read the data already (the command line does, to refuse a bad file before loading Ray).
     """
     _set_environment()
     tracking_uri = record_names.resolve_tracking_uri(tracking_uri)
     storage = _storage_uri(storage_path)
     experiment_path = f"{storage.rstrip('/')}/{definition.name}"
     exists = _check_resume(definition, resume, tracking_uri, experiment_path)
-    prepared = _prepare(definition, data_dir)  # a bad file or a missing model is refused before Ray starts
+    if prepared is None:  # a bad file or a missing model is refused before Ray starts
+        prepared = prepare_data(definition, data_dir)
     init_ray(ray_address)
     check_storage(storage, shared_storage)
     record = _open_record(definition, prepared, tracking_uri, experiment_path, exists)
@@ -454,24 +431,6 @@ def _check_resume(definition: SweepDefinition, resume: bool | None, tracking_uri
     return exists
 
 
-def _prepare(definition: SweepDefinition, data_dir: str | Path):
-    """The sweep's data, read and tokenized once, and the model's weights: what every trial trains on."""
-    budget = definition.budget
-    log.info("reading and tokenizing %s from %s (model %s)", ",".join(definition.tasks), data_dir, definition.model)
-    return prepare(
-        data_dir,
-        list(definition.tasks),
-        model=definition.model,
-        max_length=budget.max_length,
-        max_train_examples=budget.max_train_examples,
-        max_dev_examples=budget.max_dev_examples,
-        seed=definition.seed,
-        invalid_rows=definition.invalid_rows,
-        selection_examples=budget.selection_examples,
-        decision_examples=budget.decision_examples,
-    )
-
-
 def _open_record(definition: SweepDefinition, prepared, tracking_uri: str, experiment_path: str, exists: bool):
     """The sweep's parent run (opened or found again), with its data, skipped rows and split sizes."""
     skipped = skipped_rows(prepared)
@@ -544,15 +503,6 @@ def _close(definition: SweepDefinition, record, grid, status: str, complete: boo
         logged = tracking.log_best_checkpoints(record, _best_checkpoints(grid), definition.checkpoints_per_method)
     tracking.close_sweep(record, status)
     return logged
-
-
-def stopped(error: BaseException) -> bool:
-    """Whether ``error`` is the driver being stopped: Ctrl-C, or SIGTERM (``ray job stop``; Ray's driver turns it
-    into ``SystemExit``), whatever was raised after it. A stopped sweep is interrupted, not failed: running it
-    again resumes it."""
-    if isinstance(error, KeyboardInterrupt) or sigterm_received():
-        return True
-    return isinstance(error, SystemExit) and error.code == signal.SIGTERM
 
 
 def _close_after(error: BaseException, definition, record, trial_logger, wait_s: float) -> None:

@@ -34,7 +34,7 @@ from peftune.backbone import (
     load_tokenizer,
     native_pooling,
 )
-from peftune.data import TaskData, bucketed_batches, load_tasks, multitask_schedule, restore_order
+from peftune.data import TaskData, bucketed_batches, check_files, load_tasks, multitask_schedule, restore_order
 from peftune.errors import UserError
 from peftune.methods.base import DROPOUT
 from peftune.model import POOLINGS, MultitaskModel
@@ -221,6 +221,7 @@ def prepare(
     the first; the real quora-train.csv has two. ``selection_examples``: a selection split carved from
     the train file (see :func:`peftune.data.load_tasks`).
     """
+    check_files(data_dir, parse_tasks(tasks), invalid_rows)  # a bad row is refused before transformers loads
     backbone, model_dir = load_pretrained(model)
     tokenizer = load_tokenizer(model_dir)
     data = load_tasks(

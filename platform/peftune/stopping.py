@@ -1,0 +1,44 @@
+"""Whether the driver was told to stop: Ctrl-C, or SIGTERM (``ray job stop``, a cluster manager).
+
+The state lives here, in a module with no heavy imports, so the command line can tell a stopped sweep
+(exit 3, resumable) from a bug without loading Ray to ask.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+
+_SIGTERMS: list[int] = []  # the SIGTERMs this driver received
+
+
+def note_sigterm() -> None:
+    """Note SIGTERM before the handler ``ray.init`` set turns it into ``SystemExit``: an error raised while that
+    exit unwinds through Tune can take its place (``ray job stop`` during a confirmation once closed the sweep as
+    failed), and a stopped driver must still close its sweep as interrupted. Only the main thread may do this."""
+    previous = signal.getsignal(signal.SIGTERM)
+    if threading.current_thread() is not threading.main_thread() or getattr(previous, "notes_sigterm", False):
+        return
+
+    def noted(signum, frame):
+        _SIGTERMS.append(signum)
+        if callable(previous):
+            previous(signum, frame)
+        raise SystemExit(signum)
+
+    noted.notes_sigterm = True
+    signal.signal(signal.SIGTERM, noted)
+
+
+def sigterm_received() -> bool:
+    """Whether this driver was sent SIGTERM (``ray job stop``) since Ray started in it."""
+    return bool(_SIGTERMS)
+
+
+def stopped(error: BaseException) -> bool:
+    """Whether ``error`` is the driver being stopped: Ctrl-C, or SIGTERM (``ray job stop``; Ray's driver turns it
+    into ``SystemExit``), whatever was raised after it. A stopped sweep is interrupted, not failed: running it
+    again resumes it."""
+    if isinstance(error, KeyboardInterrupt) or sigterm_received():
+        return True
+    return isinstance(error, SystemExit) and error.code == signal.SIGTERM
