@@ -45,6 +45,8 @@ CASES = {
     "methods missing model": ["methods", "--model", "{missing}"],
     "methods unknown task": ["methods", "--tasks", "sst,imdb"],
     "methods corrupt config": ["methods", "--model", "{bad_config}"],
+    "empty config.json": ["train", "--model", "{empty_config}"],
+    "methods empty config.json": ["methods", "--model", "{empty_config}"],
     "report garbage uri": ["report", "--sweep", "s", "--tracking-uri", "garbage://x"],
     "report unreachable server": ["report", "--sweep", "s", "--tracking-uri", "http://127.0.0.1:9"],
     "report missing sqlite": ["report", "--sweep", "s", "--tracking-uri", "sqlite:///{missing}/mlflow.db"],
@@ -91,6 +93,8 @@ else:
 NAMES_FILE = {
     "corrupt config.json": "config.json: line 1",
     "methods corrupt config": "config.json: line 1",
+    "empty config.json": "config.json: no vocab_size, hidden_size, num_hidden_layers",
+    "methods empty config.json": "config.json: no vocab_size, hidden_size, num_hidden_layers",
     "corrupt safetensors": "model.safetensors",
     "methods roberta": "config.json: model_type 'roberta', expected 'bert'",
     "train roberta": "config.json: model_type 'roberta', expected 'bert'",
@@ -126,12 +130,16 @@ def places(tmp_path, tiny_data_dir):
     (bad_weights / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\n")
     db = tmp_path / "mlflow.db"
     mlflow.MlflowClient(f"sqlite:///{db}").search_experiments()  # an existing, empty store
+    empty_config = tmp_path / "empty_config"  # a complete model folder whose config.json says nothing
+    shutil.copytree(bad_weights, empty_config)
+    (empty_config / "config.json").write_text("{}")
     roberta = tmp_path / "roberta"  # a complete model folder, but not a BERT's
     shutil.copytree(bad_weights, roberta)
     config = json.loads((roberta / "config.json").read_text())
     (roberta / "config.json").write_text(json.dumps({**config, "model_type": "roberta"}))
     return {
         "roberta": str(roberta),
+        "empty_config": str(empty_config),
         "tmp": str(tmp_path),
         "file": str(file),
         "missing": str(tmp_path / "missing"),

@@ -351,12 +351,20 @@ def load_pretrained(name_or_path: str = DEFAULT_MODEL) -> tuple[BertModel, Path]
     return model, model_dir
 
 
+# what a config.json must say for the encoder's shape to be its own, not BertConfig's defaults
+SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+
+
 def read_config(model_dir: Path) -> BertConfig:
     """The encoder's shape from ``model_dir/config.json``, refused unless it is a BERT's: every command that reads
     a model (``train``, ``methods``, a sweep) asks here, so none counts or trains on a RoBERTa's shape."""
     hf_config = read_json(model_dir / "config.json")
     if hf_config.get("model_type", "bert") != "bert":
         raise UserError(f"{model_dir}/config.json: model_type {hf_config.get('model_type')!r}, expected 'bert'")
+    missing = [key for key in SHAPE_KEYS if key not in hf_config]
+    if missing:  # `{}` read as bert-base's defaults was "checkpoint lacks 96 BERT weights", naming no cause
+        missing_keys = ", ".join(missing)
+        raise UserError(f"{model_dir}/config.json: no {missing_keys}; expected a BERT's config.json with its shape")
     return BertConfig.from_dict(hf_config)
 
 
