@@ -234,7 +234,8 @@ def test_a_refusal_comes_before_the_heavy_imports(name, places, tmp_path):
     bad_yaml = tmp_path / "bad.yaml"
     bad_yaml.write_text("tasks: [sst]\nmethods: [lora]\nbudgets: {smoke: {epochs: many}}\n")
     argv = [arg.format(bad_data=bad_data, bad_yaml=bad_yaml, repo=REPO, **places) for arg in REFUSED_LIGHT[name]]
-    env = {**os.environ, "PYTHONPATH": f"{REPO / 'platform'}{os.pathsep}{REPO}", "HOME": str(tmp_path), "HEAVY": ",".join(HEAVY)}
+    path = f"{REPO / 'platform'}{os.pathsep}{REPO}"
+    env = {**os.environ, "PYTHONPATH": path, "HOME": str(tmp_path), "HEAVY": ",".join(HEAVY)}
     done = subprocess.run(
         [sys.executable, "-c", LOADED, *argv], cwd=tmp_path, env=env, capture_output=True, text=True
     )

@@ -490,3 +490,33 @@ def test_a_read_ahead_that_hangs_does_not_hold_the_decision_up():
     assert rounds.suggest("t2") == Searcher.FINISHED
     assert time.monotonic() - started < 5
     hung.set()
+
+
+def test_a_resume_counts_the_seeds_an_earlier_run_added(monkeypatch):
+    """Issue 34, item 9: resumed after a fault, the sweep said "confirmation: 14/14" where the record held 21
+    runs; the seeds the first run had added were in no count. The decisions read them: they are counted."""
+    from types import SimpleNamespace as NS
+
+    import numpy as np
+
+    def run(key: str, seed: int):
+        tags = {record.CONFIG_KEY: key, record.SEED: str(seed), record.STATUS: record.COMPLETED}
+        return NS(data=NS(tags=tags), info=NS(run_id=f"{key}-{seed}"))
+
+    runs = [run("a", 1), run("a", 2), run("a", 3), run("b", 1), run("b", 2)]  # seed 3 of a: added before the fault
+    monkeypatch.setattr(confirm, "confirmation_runs", lambda client, rec: runs)
+    final = {key: decisions.Values(seeds, {"sst": np.zeros((len(seeds), 4))}) for key, seeds in
+             (("a", (1, 2, 3)), ("b", (1, 2)))}  # fmt: skip
+    outcome = decisions.Outcome([], {"a": 3, "b": 2}, {}, {}, 2, "decided", final)
+    monkeypatch.setattr(confirm, "decide_round", lambda *args: outcome)
+    candidates = {k: NS(config_key=k, seconds_per_run=1.0) for k in "ab"}
+    settings = NS(max_seconds=None, report_seeds=0, max_seeds=4)
+    confirmation = confirm.Confirmation(
+        definition=NS(confirm=settings, tasks=("sst",), seed=0, name="s"), record=NS(tracking_uri=""),
+        runnable=None, client=None, trial_logger=NS(flush=lambda wait_s: True), storage="", callbacks=(),
+        verbose=0, flush_s=0.0,
+        read_predictions=lambda uri, name: None, searched=candidates, candidates=list(candidates.values()),
+    )  # fmt: skip
+    result = confirmation.run([(candidates[k], seed, "") for k in "ab" for seed in (1, 2)])
+    assert (result.wanted, result.finished, result.ran, result.added) == (5, 5, 0, 1)
+    assert result.status == record.COMPLETED and result.stopped_by == "decided"

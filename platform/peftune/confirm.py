@@ -347,6 +347,9 @@ def _why(key: str, look: int, open_answers) -> str:
     return f"look {look}: budget {', '.join(budgets) or '?'} still open"
 
 
+EARLIER_REASON = "added by an earlier run of this sweep"  # a seed read on a resume, not trained by it
+
+
 @dataclass
 class Confirmation:
     """The confirmation's trials in one Tune experiment, round by round (see :class:`Rounds`): the first round
@@ -439,6 +442,7 @@ class Confirmation:
         for answer in outcome.answers:
             log.info("confirmation: look %d, budget <= %g%%: %s (pick %s)", outcome.looks, answer.budget,
                      answer.decision, answer.pick)  # fmt: skip
+        self.count_earlier_seeds(outcome)
         why = {a.budget: a for a in outcome.answers if not a.decided}
         grow = [
             (self.searched[key], seed, _why(key, outcome.looks, why.values()))
@@ -456,6 +460,21 @@ class Confirmation:
         self.wanted += grow
         self.added += len(grow)
         return self.todo(grow)
+
+    def count_earlier_seeds(self, outcome: decisions.Outcome) -> None:
+        """The seeds an earlier run of this sweep added, which the decisions just read (a resume): wanted and
+        counted like this run's own, so the sweep's count is the record's. After a resume the summary said
+        "confirmation: 14/14" where the record held 21 runs: the 7 added before were in no count."""
+        asked = {(c.config_key, s) for c, s, _ in self.wanted}
+        earlier = [
+            (self.searched[key], seed, EARLIER_REASON)
+            for key, data in outcome.final.items()
+            if key in self.searched
+            for seed in data.seeds
+            if (key, seed) not in asked
+        ]
+        self.wanted += earlier
+        self.added += len(earlier)
 
     def report_round(self, outcome: decisions.Outcome) -> list[dict] | None:
         """Once, after the decisions: each budget's pick re-trained with ``confirm.report_seeds`` fresh seeds
