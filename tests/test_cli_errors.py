@@ -236,9 +236,7 @@ def test_a_refusal_comes_before_the_heavy_imports(name, places, tmp_path):
     argv = [arg.format(bad_data=bad_data, bad_yaml=bad_yaml, repo=REPO, **places) for arg in REFUSED_LIGHT[name]]
     path = f"{REPO / 'platform'}{os.pathsep}{REPO}"
     env = {**os.environ, "PYTHONPATH": path, "HOME": str(tmp_path), "HEAVY": ",".join(HEAVY)}
-    done = subprocess.run(
-        [sys.executable, "-c", LOADED, *argv], cwd=tmp_path, env=env, capture_output=True, text=True
-    )
+    done = subprocess.run([sys.executable, "-c", LOADED, *argv], cwd=tmp_path, env=env, capture_output=True, text=True)
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and lines[-1] == "loaded: []", done.stderr[-2000:]
     errors = [line for line in lines if ": error: " in line]
