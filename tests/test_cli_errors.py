@@ -202,6 +202,20 @@ REFUSED_LIGHT = {
     "job flag": ["{repo}/jobs/sst_tuning.py", "--data-dir", "{data}", "--num-samples", "x"],
     "job data row": ["{repo}/jobs/sst_tuning.py", "--data-dir", "{bad_data}", "--smoke-test"],
     "methods roberta": ["-m", "peftune.cli", "methods", "--model", "{roberta}"],
+    "second driver": [
+        "-m",
+        "peftune.cli",
+        "sweep",
+        "smoke",
+        "--data-dir",
+        "{data}",
+        "--name",
+        "held",
+        "--storage-path",
+        "{tmp}/ray_results",
+        "--tracking-uri",
+        "sqlite:///{tmp}/m.db",
+    ],
 }
 LOADED = """
 import atexit, os, runpy, sys
@@ -236,10 +250,19 @@ def test_a_refusal_comes_before_the_heavy_imports(name, places, tmp_path):
     argv = [arg.format(bad_data=bad_data, bad_yaml=bad_yaml, repo=REPO, **places) for arg in REFUSED_LIGHT[name]]
     path = f"{REPO / 'platform'}{os.pathsep}{REPO}"
     env = {**os.environ, "PYTHONPATH": path, "HOME": str(tmp_path), "HEAVY": ",".join(HEAVY)}
-    done = subprocess.run([sys.executable, "-c", LOADED, *argv], cwd=tmp_path, env=env, capture_output=True, text=True)
+    held = lease.Lease(tmp_path / "ray_results", "held")  # this process: a live driver of sweep "held"
+    held.acquire()
+    try:
+        done = subprocess.run([sys.executable, "-c", LOADED, *argv], cwd=tmp_path, env=env, capture_output=True,
+                              text=True)  # fmt: skip
+    finally:
+        held.release()
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and lines[-1] == "loaded: []", done.stderr[-2000:]
     errors = [line for line in lines if ": error: " in line]
     assert len(errors) == 1 and "Traceback" not in done.stderr, done.stderr[-2000:]
     if name == "sweep data row" or name == "job data row":
         assert "ids-sst-train.csv, line 3" in errors[0], errors
+    if name == "second driver":
+        assert "is being run by another driver" in errors[0], errors
+        assert not (tmp_path / "m.db").exists()

@@ -25,7 +25,7 @@ import torch
 import yaml
 from pydantic import TypeAdapter
 
-from peftune import bench, checkpoint, methods, record, services, spaces, train
+from peftune import bench, checkpoint, lease, methods, record, services, spaces, train
 from peftune.backbone import DEFAULT_MODEL, BertConfig, BertModel, check_tokenizer_files, read_config, resolve_model_dir
 from peftune.errors import DiskFullError, UserError, disk_full, one_line, user_errors
 from peftune.model import MultitaskModel
@@ -864,6 +864,7 @@ def main_from_args(args) -> int:
     test_dir = getattr(args, "test_dir", None)
     if test_dir is not None:
         check_test_args(test_dir, definition, args.test_seeds)
+    lease.Lease(lease.lease_dir(record.storage_uri(args.storage_path)), definition.name).check_free()
     prepared = spaces.prepare_data(definition, args.data_dir)
     from analysis.report import on_sweep_finished, read_predictions
     from peftune import console, sweep

@@ -157,6 +157,14 @@ class Lease:
                 return generation, holder
         return None, None
 
+    def check_free(self) -> None:
+        """Raise ``LeaseHeld`` when a live driver holds the lease; nothing is written. A second driver is refused
+        so before it reads the data or loads Ray (seconds); ``acquire`` decides, later, who takes the lease."""
+        _, holder = self.current()
+        now = time.time()
+        if holder is not None and not holder.lapsed(now) and not holder.gone():
+            raise LeaseHeld(self.held_message(holder, now))
+
     def acquire(self) -> None:
         """Take the lease, or raise ``LeaseHeld`` naming the driver that holds it; start renewing it."""
         self.directory.mkdir(parents=True, exist_ok=True)

@@ -58,6 +58,12 @@ SEED_REASON = "peftune.seed_reason"  # on a confirmation run of a seed added to 
 REPORT_REASON = "report"
 
 
+def storage_uri(storage_path: str | Path) -> str:
+    """``--storage-path`` as Ray Tune and the lease name it: an object-store URI as it is, a local path absolute."""
+    text = str(storage_path)
+    return text if "://" in text else str(Path(text).expanduser().resolve())
+
+
 def is_report_run(seed_reason) -> bool:
     return isinstance(seed_reason, str) and seed_reason.startswith(REPORT_REASON)
 

@@ -284,8 +284,9 @@ def one_driver(run: Callable[..., SweepResult]) -> Callable[..., SweepResult]:
 
     @functools.wraps(run)
     def holding_the_lease(definition, data_dir, tracking_uri=None, *, storage_path=DEFAULT_STORAGE_PATH, **options):
-        check_storage_uri(_storage_uri(storage_path))  # before the lease: an object-storage lease is a local folder
-        with lease.held(_storage_uri(storage_path), definition.name):
+        storage = record_names.storage_uri(storage_path)
+        check_storage_uri(storage)  # before the lease: an object-storage lease is a local folder
+        with lease.held(storage, definition.name):
             return run(definition, data_dir, tracking_uri, storage_path=storage_path, **options)
 
     return holding_the_lease
@@ -329,7 +330,7 @@ def run_sweep(
     """
     _set_environment()
     tracking_uri = record_names.resolve_tracking_uri(tracking_uri)
-    storage = _storage_uri(storage_path)
+    storage = record_names.storage_uri(storage_path)
     experiment_path = f"{storage.rstrip('/')}/{definition.name}"
     exists = _check_resume(definition, resume, tracking_uri, experiment_path)
     if prepared is None:  # a bad file or a missing model is refused before Ray starts
@@ -626,11 +627,6 @@ def split_examples(prepared) -> dict[str, dict[str, tuple[list[int], list[float]
 
 def _task_metric_names(tasks: Sequence[str]) -> list[str]:
     return [get_task(t).metric_name for t in tasks]
-
-
-def _storage_uri(storage_path: str | Path) -> str:
-    text = str(storage_path)
-    return text if "://" in text else str(Path(text).expanduser().resolve())
 
 
 def _best_checkpoints(grid) -> dict[str, tuple[float, Any]]:
