@@ -252,3 +252,20 @@ def test_the_lease_renewal_refused_for_space_leaves_no_empty_file(tmp_path, monk
     finally:
         held.release()
     assert not [t for t in threading.enumerate() if t.name == "peftune-lease"]
+
+
+def test_a_state_cut_at_tunes_first_save_is_said_and_not_taken_for_a_new_sweep(tmp_path):
+    """A disk full at Tune's first save leaves no complete copy: the sweep says so (exit 2, nothing started) instead
+    of "already recorded ... but Ray has no state", which named no cause."""
+    from types import SimpleNamespace
+
+    from peftune import sweep
+    from peftune.errors import UserError
+
+    experiment = tmp_path / "sweep"
+    tune_state(experiment, "2026-01-01_00-00-00", trials=1)
+    state = experiment / "experiment_state-2026-01-01_00-00-00.json"
+    state.write_text('{"trial_data": [0, "unterminat')
+    with pytest.raises(UserError, match="was cut off .a full disk.. before a complete copy of it was kept"):
+        sweep._check_resume(SimpleNamespace(name="s"), None, f"sqlite:///{tmp_path}/m.db", str(experiment))
+    assert (experiment / (state.name + ".set-aside")).exists() and not (tmp_path / "m.db").exists()

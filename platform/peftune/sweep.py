@@ -416,9 +416,15 @@ def _set_environment() -> None:
 
 def _check_resume(definition: SweepDefinition, resume: bool | None, tracking_uri: str, experiment_path: str) -> bool:
     """Whether Tune has state for this sweep (a resume), checked against ``resume`` and the MLflow record."""
-    if "://" not in experiment_path:  # a state file a full disk cut off: its previous complete copy comes back
-        repair_state(Path(experiment_path))
+    # a state file a full disk cut off: its previous complete copy comes back
+    aside = repair_state(Path(experiment_path)) if "://" not in experiment_path else []
     exists = tune.Tuner.can_restore(experiment_path)
+    if aside and not exists:  # cut at Tune's first save, before a complete copy of it could be kept
+        raise UserError(
+            f"sweep {definition.name!r}: Ray Tune's state at {experiment_path} was cut off (a full disk?) before "
+            "a complete copy of it was kept (the cut files are kept as *.set-aside), so its trials cannot be "
+            "resumed; free space and run it under another name (--name) to start again"
+        )
     if resume is True and not exists:
         raise UserError(f"nothing to resume: no Ray Tune state for sweep {definition.name!r} at {experiment_path}")
     if resume is False and exists:
