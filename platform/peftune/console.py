@@ -1,10 +1,11 @@
 """What a sweep prints: the lines a person follows, not the libraries' own chatter.
 
-By default a sweep prints, per phase, one line per finished trial with the phase's done / total, the elapsed
-time, an estimate of what is left and the best score per method so far; the confirmation's rounds and
-decisions (``peftune.confirm``), warnings, and at the end where to look. Ray Tune's per-trial status tables
-(thousands of lines for the cpu job) come back with ``--verbose``; MLflow's per-run links and download bars
-are off unless the user sets them (``quiet_libraries``).
+By default a sweep prints, per phase, a progress line with the phase's done / total, the elapsed time, an
+estimate of what is left and the best score per method so far: at the first finished trial, at each tenth of
+the phase, at a failure, at its end and at least once a minute between (every trial's with ``--verbose``);
+the confirmation's rounds and decisions (``peftune.confirm``), warnings, and at the end where to look. Ray
+Tune's per-trial status tables (thousands of lines for the cpu job) come back with ``--verbose``; MLflow's
+per-run links and download bars are off unless the user sets them (``quiet_libraries``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ log = logging.getLogger(__name__)
 QUIET_MLFLOW = {"MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
 TUNE_QUIET, TUNE_TABLES = 0, 1  # Ray Tune's ``verbose``: nothing, or its status tables
 BEST_SHOWN = 3  # methods listed in the "best so far" part of a progress line
+# a progress line is printed at least this often while trials finish, and at each tenth of the phase: a line per
+# trial was 158 of the SST cpu job's 315 lines
+PROGRESS_EVERY_S, PROGRESS_STEPS = 60.0, 10
 
 
 def quiet_libraries() -> None:
@@ -55,14 +59,15 @@ def duration(seconds: float) -> str:
 
 
 class Progress(tune.Callback):
-    """One line per finished trial of a phase: ``search 23/70 (8 stopped early) 12m05s elapsed, ~25m left:
-    lora 0.4109; best so far: full 0.4527, top_k 0.4436, lora_adapter 0.4109``. ``total`` is a number or a
-    callable (the confirmation learns its size as its rounds go); the estimate is the mean time per finished
-    trial so far times the trials left (trials run side by side, so it is a wall-clock rate)."""
+    """The progress line of a phase, as a trial finishes (when due: :meth:`_due`): ``search 23/70 (8 stopped
+    early) 12m05s elapsed, ~25m left: lora 0.4109; best so far: full 0.4527, top_k 0.4436, lora_adapter
+    0.4109``. ``total`` is a number or a callable (the confirmation learns its size as its rounds go); the
+    estimate is the mean time per finished trial so far times the trials left (trials run side by side, so it
+    is a wall-clock rate)."""
 
     def __init__(self, phase: str, total: int | Callable[[], int | None] | None, epochs: int, metric: str = "score"):
         self.phase, self.total, self.epochs, self.metric = phase, total, epochs, metric
-        self.started = time.monotonic()
+        self.started = self.said = time.monotonic()
         self.done = self.stopped_early = self.failed = 0
         self.best: dict[str, float] = {}
 
@@ -83,11 +88,22 @@ class Progress(tune.Callback):
     def on_trial_error(self, iteration, trials, trial, **info):
         self.done += 1
         self.failed += 1
-        self._line(f"{(trial.config or {}).get('method', '?')} {record.FAILED}")
+        self._line(f"{(trial.config or {}).get('method', '?')} {record.FAILED}", failed=True)
 
-    def _line(self, what: str) -> None:
-        elapsed = time.monotonic() - self.started
+    def _due(self, now: float, total: int | None, failed: bool) -> bool:
+        """Whether this trial's line is printed (at info level; the others at debug): see the module docstring."""
+        if failed or self.done == 1 or now - self.said >= PROGRESS_EVERY_S:
+            return True
+        return bool(total) and (self.done >= total or self.done * PROGRESS_STEPS // total > (self.done - 1)
+                                * PROGRESS_STEPS // total)  # fmt: skip
+
+    def _line(self, what: str, failed: bool = False) -> None:
+        now = time.monotonic()
+        elapsed = now - self.started
         total = self._total()
+        due = self._due(now, total, failed)
+        if due:
+            self.said = now
         count = f"{self.done}/{total}" if total else f"{self.done}"
         notes = [f"{n} {w}" for n, w in ((self.stopped_early, "stopped early"), (self.failed, record.FAILED)) if n]
         left = ""
@@ -95,7 +111,8 @@ class Progress(tune.Callback):
             left = f", ~{duration(elapsed / self.done * (total - self.done))} left"
         best = sorted(self.best.items(), key=lambda kv: -kv[1])[:BEST_SHOWN]
         shown = ", ".join(f"{m} {s:.4f}" for m, s in best)
-        log.info(
+        log.log(
+            logging.INFO if due else logging.DEBUG,
             "%s %s%s %s elapsed%s: %s%s",
             self.phase,
             count,
