@@ -94,8 +94,10 @@ class Progress(tune.Callback):
         """Whether this trial's line is printed (at info level; the others at debug): see the module docstring."""
         if failed or self.done == 1 or now - self.said >= PROGRESS_EVERY_S:
             return True
-        return bool(total) and (self.done >= total or self.done * PROGRESS_STEPS // total > (self.done - 1)
-                                * PROGRESS_STEPS // total)  # fmt: skip
+        if not total:
+            return False
+        tenth = self.done * PROGRESS_STEPS // total  # the step this trial reached; a new one is due
+        return self.done >= total or tenth > (self.done - 1) * PROGRESS_STEPS // total
 
     def _line(self, what: str, failed: bool = False) -> None:
         now = time.monotonic()

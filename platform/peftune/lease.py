@@ -68,6 +68,10 @@ class Holder:
     def lapsed(self, now: float) -> bool:
         return now - self.renewed > self.ttl
 
+    def holds(self, now: float) -> bool:
+        """Whether the holder still holds the lease: not lapsed, and not a process of this host that has ended."""
+        return not self.lapsed(now) and not self.gone()
+
     def gone(self) -> bool:
         """Whether the holder is a process of this host that has ended (or whose pid another process now has).
 
@@ -162,7 +166,7 @@ class Lease:
         so before it reads the data or loads Ray (seconds); ``acquire`` decides, later, who takes the lease."""
         _, holder = self.current()
         now = time.time()
-        if holder is not None and not holder.lapsed(now) and not holder.gone():
+        if holder is not None and holder.holds(now):
             raise LeaseHeld(self.held_message(holder, now))
 
     def acquire(self) -> None:
@@ -170,9 +174,9 @@ class Lease:
         self.directory.mkdir(parents=True, exist_ok=True)
         now = time.time()
         generation, holder = self.current()
-        gone = holder is not None and holder.gone()
-        if holder is not None and not holder.lapsed(now) and not gone:
+        if holder is not None and holder.holds(now):
             raise LeaseHeld(self.held_message(holder, now))
+        gone = holder is not None and holder.gone()
         if holder is not None:
             why = "whose process has ended" if gone else "whose lease lapsed"
             log.warning("taking over sweep %s from a driver %s: %s", self.name, why, holder.describe(now))

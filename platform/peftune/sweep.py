@@ -55,7 +55,16 @@ from ray import tune
 from peftune import confirm, console, lease, search, spaces, tracking, tracking_buffer, worker
 from peftune import record as record_names
 from peftune.errors import UserError, disk_full, no_space, one_line
-from peftune.record import BEST_SCORE, COMPLETED, COMPLETED_WITH_FAILURES, FAILED, INTERRUPTED, SCORE, UNFINISHED
+from peftune.record import (
+    BEST_SCORE,
+    COMPLETED,
+    COMPLETED_WITH_FAILURES,
+    DEFAULT_STORAGE_PATH,
+    FAILED,
+    INTERRUPTED,
+    SCORE,
+    UNFINISHED,
+)
 from peftune.resume import GoodState, RunCallbacks, installed, repair_state
 from peftune.spaces import SweepDefinition, prepare_data
 from peftune.stopping import note_sigterm, stopped
@@ -63,7 +72,6 @@ from peftune.tasks import get_task
 
 log = logging.getLogger("peftune.sweep")
 
-DEFAULT_STORAGE_PATH = record_names.DEFAULT_STORAGE_PATH
 MLFLOW_FAIL_FAST = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "1", "MLFLOW_HTTP_REQUEST_BACKOFF_FACTOR": "1",
                     "MLFLOW_HTTP_REQUEST_TIMEOUT": "15"}  # fmt: skip
 PENDING_ENV = "TUNE_MAX_PENDING_TRIALS_PG"  # Tune's bound on trials waiting for a worker (see every_slot_pending)
