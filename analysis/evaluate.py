@@ -452,7 +452,7 @@ def mean_std_table(summary: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFram
         }
     )
     for metric in metrics:
-        name = "Score" if metric == SCORE else plots.TASK_NAMES.get(metric_task(metric)[0], metric)
+        name = "Score" if metric == SCORE else plots.task_name(metric_task(metric)[0], metric)
         table[name] = [
             f"{m:.3f}" if pd.isna(s) else f"{m:.3f} ± {s:.3f}"
             for m, s in zip(summary[f"{metric}_mean"], summary[f"{metric}_std"], strict=True)

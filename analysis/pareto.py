@@ -41,21 +41,6 @@ REFERENCE_SCORE = 0.0
 REFERENCE_COST_FRACTION = 1.0  # 100% of the backbone: what full fine-tuning trains
 LOG_FLOOR = 1e-5  # the hypervolume's log-cost axis starts at 0.001% of the backbone
 
-# the AdaptBert tables' order, then the other methods
-METHOD_ORDER = (
-    "frozen",
-    "full",
-    "lora",
-    "adapter",
-    "lora_adapter",
-    "hyperformer",
-    "bitfit",
-    "layernorm",
-    "top_k",
-    "prefix",
-    "prompt",
-)
-
 
 def pareto_mask(scores: Sequence[float], costs: Sequence[float]) -> np.ndarray:
     """Boolean array: True where the point is on the frontier (see the module docstring; NaN -> False).
@@ -229,7 +214,8 @@ def best_per_method_size(
 
 
 def ordered_methods(methods: Sequence[str] | pd.Series) -> list[str]:
-    """Distinct method names in :data:`METHOD_ORDER`, unknown ones after, alphabetically."""
-    present = list(dict.fromkeys(methods))
-    known = [m for m in METHOD_ORDER if m in present]
-    return known + sorted(m for m in present if m not in METHOD_ORDER)
+    """Distinct method names in the registry's display order (each spec's ``order``), unknown ones after,
+    alphabetically."""
+    from peftune.methods.base import display_order  # deferred: the methods import torch
+
+    return display_order(methods)

@@ -34,21 +34,6 @@ from analysis.figure import Axis, FigureSpec, Key, Series, to_plotly, to_png
 from analysis.runs import EARLY_STOPPED, task_metric_names
 from peftune.record import BACKBONE_PARAMS, BEST_EPOCH, HYPERPARAMETERS, STORED_PARAMS, STORED_PARAMS_PCT, metric_task
 
-TASK_NAMES = {"sst": "SST", "para": "Quora", "sts": "STS", "cfimdb": "CFIMDB"}
-METHOD_COLORS = {
-    "frozen": "#7f7f7f",
-    "full": "#8c564b",
-    "lora": "#1f77b4",
-    "adapter": "#ff7f0e",
-    "lora_adapter": "#2ca02c",
-    "hyperformer": "#d62728",
-    "bitfit": "#9467bd",
-    "layernorm": "#e377c2",
-    "top_k": "#bcbd22",
-    "prefix": "#17becf",
-    "prompt": "#393b79",
-}
-_EXTRA_COLORS = ("#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d")
 REFERENCE_LABEL = "AdaptBert Table 3: bert-base, published figures (another backbone)"
 PCT = pareto.COST_PCT
 FRONTIER_LEGEND = "Pareto frontier (all methods)"
@@ -59,10 +44,27 @@ FRONTIER_MARKS = {"equivalent": "=", "inconclusive": "?", "worse": "?"}
 
 
 def method_color(method: str) -> str:
-    """A fixed colour per registered method; unknown methods get a stable colour from their name."""
-    if method in METHOD_COLORS:
-        return METHOD_COLORS[method]
-    return _EXTRA_COLORS[sum(map(ord, method)) % len(_EXTRA_COLORS)]
+    """The registry's colour of a method (its spec's ``color``); a method it does not know (an old record's, the
+    published table's) gets a stable colour from its name."""
+    from peftune.errors import UnknownNameError
+    from peftune.methods.base import fallback_color, get_method  # deferred: the methods import torch
+
+    try:
+        return get_method(method).display_color
+    except UnknownNameError:
+        return fallback_color(method)
+
+
+def task_name(task: str, unknown: str | None = None) -> str:
+    """A task as the report names it (its spec's ``display_name``: ``SST``, ``Quora``); one the registry does not
+    know as ``unknown`` (default: its name)."""
+    from peftune.errors import UnknownNameError
+    from peftune.tasks import get_task
+
+    try:
+        return get_task(task).display_name
+    except UnknownNameError:
+        return task if unknown is None else unknown
 
 
 def metric_label(objective: str, tasks: Sequence[str] = (), split: str = "dev") -> str:
@@ -73,7 +75,7 @@ def metric_label(objective: str, tasks: Sequence[str] = (), split: str = "dev") 
             return f"{split} score (= {parts[0]})"
         return f"{split} score" + (f" (mean of {', '.join(parts)})" if parts else "")
     task, metric = metric_task(objective)
-    return f"{split} {TASK_NAMES.get(task, task)} {'Pearson r' if metric == 'pearson' else metric}"
+    return f"{split} {task_name(task)} {'Pearson r' if metric == 'pearson' else metric}"
 
 
 def trials_split(trials: pd.DataFrame) -> str:
@@ -88,7 +90,7 @@ def _short_metric(task: str) -> str:
         metric = get_task(task).metric
     except KeyError:
         metric = "metric"
-    return f"{TASK_NAMES.get(task, task)} {'Pearson r' if metric == 'pearson' else 'acc.'}"
+    return f"{task_name(task)} {'Pearson r' if metric == 'pearson' else 'acc.'}"
 
 
 def human_count(n: float) -> str:

@@ -117,7 +117,7 @@ def adaptbert_table(
     """
     columns = {"method": "Method", "size": "Size"}
     for metric in task_metrics:
-        columns[metric] = plots.TASK_NAMES.get(metric_task(metric)[0], metric)
+        columns[metric] = plots.task_name(metric_task(metric)[0], metric)
     columns.update(
         {
             "score": "Average",
@@ -206,7 +206,7 @@ def hypervolume_table(summary: pd.DataFrame, objectives: Sequence[str]) -> pd.Da
     )
     for objective in objectives:
         values = summary[summary["objective"] == objective].set_index("scope").loc[scopes, "hypervolume"]
-        name = "score" if objective == "score" else plots.TASK_NAMES.get(metric_task(objective)[0], objective)
+        name = "score" if objective == "score" else plots.task_name(metric_task(objective)[0], objective)
         table[f"HV {name}"] = values.to_numpy()
     return table
 
@@ -846,9 +846,7 @@ def _frontier_lines(report: Report) -> list[str]:
         on = frontier_rows[frontier_rows["objective"] == metric] if len(frontier_rows) else frontier_rows
         labels = ", ".join(f"{r.label} ({getattr(r, metric):.3f})" for r in on.itertuples()) or "none"
         task = metric_task(metric)[0]
-        lines.append(
-            f"- **{plots.TASK_NAMES.get(task, task)}** ({metric}): {labels} (plot: score_vs_params_{task}.png)"
-        )
+        lines.append(f"- **{plots.task_name(task)}** ({metric}): {labels} (plot: score_vs_params_{task}.png)")
     return lines
 
 

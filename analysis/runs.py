@@ -445,13 +445,6 @@ def _split_list(raw: str) -> list[str]:
     return [part.strip() for part in raw.split(",") if part.strip()]
 
 
-def size_fields(method: str) -> tuple[str, ...]:
-    """The config fields that make a method's size (:func:`peftune.methods.sizes.size_fields`)."""
-    from peftune.methods.sizes import size_fields as fields  # deferred: the methods import torch
-
-    return fields(method)
-
-
 def size_label(method: str, params: dict[str, Any]) -> str:
     """``r=8``, ``m=64``, ``r=8 m=64`` (lora_adapter): the labels the run names use too (peftune.methods.sizes)."""
     from peftune.methods.sizes import size_label as label
@@ -461,6 +454,8 @@ def size_label(method: str, params: dict[str, Any]) -> str:
 
 def size_value(method: str, params: dict[str, Any]) -> float:
     """The registry size field's value (NaN without one), to order a method's sizes."""
-    fields = size_fields(method)
-    value = params.get(f"method.{fields[-1]}") if fields else None
+    from peftune.methods.sizes import size_field  # deferred: the methods import torch
+
+    field = size_field(method)
+    value = params.get(f"method.{field}") if field else None
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else math.nan

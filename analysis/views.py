@@ -42,7 +42,7 @@ from optuna.distributions import CategoricalDistribution, FloatDistribution, Int
 from optuna.importance import PedAnovaImportanceEvaluator
 
 from analysis import pareto
-from analysis.plots import TASK_NAMES, method_color, zero_floor
+from analysis.plots import method_color, task_name, zero_floor
 from peftune.record import COMPLETED, EARLY_STOPPED, HYPERPARAMETERS, metric_task
 
 log = logging.getLogger("analysis.views")
@@ -256,7 +256,7 @@ def importance_target_label(target: str) -> str:
     if target == "pareto":
         return "reaching the frontier (score up, params down)"
     task, metric = metric_task(target)
-    return f"{TASK_NAMES.get(task, task)} {metric}"
+    return f"{task_name(task)} {metric}"
 
 
 def importance_figure(importances: pd.DataFrame, *, sweep: str, backbone: str):

@@ -15,10 +15,7 @@ import dataclasses
 import json
 import os
 import re
-from collections.abc import Callable
-from functools import partial
 from pathlib import Path
-from typing import NamedTuple
 
 import torch
 from safetensors.torch import save_file
@@ -26,9 +23,6 @@ from safetensors.torch import save_file
 from peftune import methods
 from peftune.backbone import BertModel, fingerprint, load_pretrained, read_json, read_safetensors
 from peftune.errors import UserError
-from peftune.methods.ia3 import peft_ia3_config
-from peftune.methods.lora import peft_lora_config
-from peftune.methods.vera import peft_vera_config
 from peftune.model import MultitaskModel
 from peftune.tasks import get_task
 
@@ -194,34 +188,6 @@ def _atomic_write(path: Path, write) -> None:
     os.replace(tmp, path)
 
 
-class PeftFormat(NamedTuple):
-    """How a method's adapter is written in peft's format."""
-
-    config: Callable  # our method config -> peft's config (saved as adapter_config.json)
-    trained: str  # in the names of the backbone parameters peft saves (its tuner's prefix)
-    # peft's keys and values of the tensors it needs beyond those parameters (VeRA's shared projections)
-    extra: Callable[[BertModel], dict[str, torch.Tensor]] = lambda backbone: {}
-
-
-def _vera_projections(backbone: BertModel) -> dict[str, torch.Tensor]:
-    # the shared A and B under the keys peft's VeraModel saves them with ("base_model.vera_A", "base_model.vera_B")
-    return {f"base_model.{name}": buffer for name, buffer in backbone.encoder.vera_projections.named_buffers()}
-
-
-# by method name (not config class: lora_adapter's config is a LoraConfig, but its adapters have no peft format)
-PEFT_FORMATS = {
-    "lora": PeftFormat(peft_lora_config, "lora_"),
-    "dora": PeftFormat(peft_lora_config, "lora_"),  # peft's LoraConfig(use_dora=True)
-    "ia3": PeftFormat(peft_ia3_config, "ia3_l"),
-    # VeRA's frozen A and B are saved (peft's save_projection=True), not left to peft to re-draw from
-    # projection_prng_key: our module draws them exactly as peft does today, but the draw is torch's CPU generator's
-    # (its uniform_ may change between torch versions or platforms; peft warns so when it re-draws), so saving them
-    # is what makes the export load exactly everywhere (and with the very values our model computed with, in its
-    # dtype), for r (max d_in + max d_out) numbers: 1.5 MB at r = 256 on bert-base, beside the vectors' 98 kB
-    "vera": PeftFormat(partial(peft_vera_config, save_projection=True), "vera_lambda_", _vera_projections),
-}
-
-
 def peft_key(name: str) -> str:
     """peft's key in adapter_model.safetensors for our backbone parameter ``name``: under PeftModel's
     "base_model.model.", without the adapter name ("default"), and DoRA's magnitude without its ".weight" (peft
@@ -233,11 +199,11 @@ def peft_key(name: str) -> str:
 def export_peft(model: MultitaskModel, directory: str | Path, base_model_name_or_path: str | None = None) -> Path:
     """Write a lora, dora, ia3 or vera model's adapter in peft's format (adapter_config.json and
     adapter_model.safetensors), loadable with ``PeftModel.from_pretrained`` on ``transformers.BertModel``."""
-    if model.method not in PEFT_FORMATS:
+    form = methods.get_method(model.method).peft_export
+    if form is None:
         raise CheckpointError(
-            f"only {', '.join(PEFT_FORMATS)} models export to peft's format; this model uses {model.method!r}"
+            f"only {', '.join(methods.peft_exports())} models export to peft's format; this model uses {model.method!r}"
         )
-    form = PEFT_FORMATS[model.method]
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     peft_config = form.config(model.method_config)

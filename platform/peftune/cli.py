@@ -17,9 +17,8 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import fields
 from pathlib import Path
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
 import yaml
@@ -37,11 +36,6 @@ if TYPE_CHECKING:
     from peftune.sweep import SweepResult
 
 log = logging.getLogger("peftune.cli")
-
-# method size/options settable by flag: flag dest -> config field name
-SIZE_FLAGS = {name: name for name in train.OPTION_FLAGS}
-# the methods whose adapters export to peft's format (lora, dora, ia3, vera)
-PEFT_EXPORTS = tuple(checkpoint.PEFT_FORMATS)
 
 
 def finite_float(text: str) -> float:
@@ -109,46 +103,90 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
 
 
 def add_method_args(parser: argparse.ArgumentParser) -> None:
+    """``--method`` and a flag per option of every registered method, generated from the methods' config fields
+    (``--rank``, ``--targets``...): a method registered before the parser is built brings its own."""
     parser.add_argument("--method", default="lora", help=f"one of: {', '.join(methods.method_names())}")
-    parser.add_argument("--rank", type=int, help="rank r (lora, lora_adapter, dora, vera)")
-    parser.add_argument("--alpha", type=finite_float, help="LoRA alpha (scale alpha/r)")
-    parser.add_argument("--bottleneck", type=int, help="adapter bottleneck size (adapter, lora_adapter, hyperformer)")
-    parser.add_argument("--prefix-length", type=int, help="prefix length (prefix)")
-    parser.add_argument("--prompt-length", type=int, help="prompt length (prompt)")
-    parser.add_argument("--k", type=int, help="number of top layers to train (top_k)")
+    for name, (first, *rest) in method_flags().items():
+        defaults = ", ".join(f"{method} {_shown(option.default)}" for method, option in [first, *rest])
+        kind = first[1].type if all(option.type == first[1].type for _, option in rest) else None
+        try:
+            parser.add_argument(
+                first[1].flag,
+                dest=_option_dest(name),
+                type=_flag_type(kind),
+                metavar={int: "INT", float: "X"}.get(kind, "VALUE"),
+                help=f"{first[1].help} (default: {defaults})",
+            )
+        except argparse.ArgumentError as error:  # a method's field named like a flag of the command itself
+            raise TypeError(f"method {first[0]!r}: option {name!r} clashes with a flag of peftune: {error}") from None
     parser.add_argument(
         "--option",
         action="append",
         default=[],
         metavar="KEY=VALUE",
-        help="any other option of the method's config, e.g. --option targets=query,value",
+        help="an option of the method's config as KEY=VALUE, as its own flag sets it (the form of the commands "
+        "recorded before every option had a flag), e.g. --option targets=query,value",
     )
 
 
-def method_options(args) -> dict:
-    """Collect the method options given by flag; a flag the method does not have is an error."""
+def method_flags() -> dict[str, list[tuple[str, methods.MethodOption]]]:
+    """Every registered method's options by name: each name is one flag, whichever methods have it."""
+    flags: dict[str, list] = {}
+    for method in methods.method_names():
+        for option in methods.get_method(method).options():
+            flags.setdefault(option.name, []).append((method, option))
+    return flags
 
+
+def _option_dest(name: str) -> str:
+    return f"method.{name}"  # apart from the command's own flags (a method option named like one is refused)
+
+
+def _flag_type(kind) -> Callable[[str], Any]:
+    """How a method option's flag reads its text: numbers as numbers (finite), anything else (a list, a word,
+    true/false, or options of one name but of other types in two methods) as a YAML scalar or flow list."""
+    if kind is int:
+        return int
+    return finite_float if kind is float else _flag_value
+
+
+def _flag_value(text: str):
+    try:
+        return _parse_value(text)
+    except UserError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number, a word, true/false or [a, b], got {text[:80]!r}"
+        ) from None
+
+
+def _shown(default) -> str:
+    return ",".join(map(str, default)) if isinstance(default, (list, tuple)) else str(default)
+
+
+def method_options(args) -> dict:
+    """Collect the method options given by flag or ``--option``; an option the method does not have is an error."""
     spec = methods.get_method(args.method)
-    valid = {f.name: f for f in fields(spec.config_cls)}
+    valid = {option.name for option in spec.options()}
     options = {}
-    for dest, key in SIZE_FLAGS.items():
-        value = getattr(args, dest, None)
+    for name in method_flags():
+        value = getattr(args, _option_dest(name), None)
         if value is None:
             continue
-        if key not in valid:
-            flag = "--" + dest.replace("_", "-")
+        if name not in valid:
+            flag = "--" + name.replace("_", "-")
             raise UserError(f"{flag} does not apply to method {args.method!r} (its options: {', '.join(valid)})")
-        options[key] = value
-    # options a flag of their own sets: as --option they would clash with it (--dropout's default wins)
-    dedicated = {"dropout": "--dropout", **{key: "--" + dest.replace("_", "-") for dest, key in SIZE_FLAGS.items()}}
+        options[name] = value
     for item in args.option:
         key, sep, raw = item.partition("=")
         if not sep:
             raise UserError(f"--option {item!r}: expected KEY=VALUE")
+        if key == "dropout":  # --dropout has a default, which would win over this
+            raise UserError(f"--option {item[:80]!r}: dropout has its own flag; use --dropout {raw[:40]}")
         if key not in valid:
             raise UserError(f"method {args.method!r} has no option {key!r}; valid options: {', '.join(valid)}")
-        if key in dedicated:
-            raise UserError(f"--option {item[:80]!r}: {key} has its own flag; use {dedicated[key]} {raw[:40]}")
+        if key in options:
+            flag = "--" + key.replace("_", "-")
+            raise UserError(f"--option {item[:80]!r}: {key} is given twice; give it once, by {flag} or --option")
         options[key] = _parse_value(raw)
     return options
 
@@ -281,8 +319,9 @@ def check_train_args(args, config: train.TrainConfig, output: Path) -> None:
     check_output_dir("--output", output)
     if (output / checkpoint.META).exists() and not args.overwrite:
         raise UserError(f"{output} already holds a checkpoint; pass --overwrite or another --output")
-    if args.export_peft and config.method not in PEFT_EXPORTS:
-        names = f"{', '.join(PEFT_EXPORTS[:-1])} or {PEFT_EXPORTS[-1]}"
+    exports = methods.peft_exports()
+    if args.export_peft and config.method not in exports:
+        names = f"{', '.join(exports[:-1])} or {exports[-1]}"
         raise UserError(f"--export-peft needs --method {names} (got --method {config.method})")
     check_device(config.device)
     check_model(config, args.model)
@@ -517,7 +556,7 @@ def add_train_parser(sub) -> None:
     )
     p.add_argument("--output", type=path_arg, help="checkpoint directory (default runs/<method>-<time>)")
     p.add_argument("--overwrite", action="store_true", help="replace a checkpoint already in --output")
-    exports = ", ".join(PEFT_EXPORTS)
+    exports = ", ".join(methods.peft_exports())
     p.add_argument("--export-peft", action="store_true", help=f"also export the adapter in peft's format ({exports})")
     p.set_defaults(func=cmd_train)
 

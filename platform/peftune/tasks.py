@@ -34,11 +34,14 @@ class TaskSpec:
     label_max: float = 1.0
     metric: str = "accuracy"  # "accuracy" or "pearson"
     description: str = ""
+    display_name: str = ""  # how the report's tables and plots name it (the papers' column: SST, Quora); "": its name
     # labelled held-out split, same format as dev, read only by `peftune evaluate` (from --test-dir);
     # default: the dev file's name with "-dev" -> "-test" (ids-sst-test.csv, quora-test.csv, sts-test.csv)
     test_file: str | None = None
 
     def __post_init__(self):
+        if not self.display_name:
+            object.__setattr__(self, "display_name", self.name)
         if self.test_file is None:
             test_file = self.dev_file.replace("-dev", "-test")
             object.__setattr__(self, "test_file", test_file if test_file != self.dev_file else f"test-{self.dev_file}")
@@ -153,6 +156,7 @@ register_task(
         num_labels=5,
         label_max=4,
         description="SST-5 sentiment, 5 classes",
+        display_name="SST",
     )
 )
 register_task(
@@ -164,6 +168,7 @@ register_task(
         "is_duplicate",
         kind="binary",
         description="Quora question paraphrase, one logit",
+        display_name="Quora",
     )
 )
 register_task(
@@ -177,6 +182,7 @@ register_task(
         label_max=5.0,
         metric="pearson",
         description="STS-B similarity 0..5",
+        display_name="STS",
     )
 )
 register_task(
@@ -188,5 +194,6 @@ register_task(
         "sentiment",
         kind="binary",
         description="CFIMDB binary movie-review sentiment",
+        display_name="CFIMDB",
     )
 )

@@ -248,9 +248,6 @@ def prepare(
 
 # ----------------------------------------------------------------------------- the command that re-runs a trial
 
-# the method options `peftune train` sets by a flag of their own (--rank 8); any other by --option KEY=VALUE
-OPTION_FLAGS = ("rank", "alpha", "bottleneck", "prefix_length", "prompt_length", "k")
-
 
 def train_command(config: TrainConfig, data: dict, threads: int | None = None) -> str:
     """The ``peftune train`` command line that trains ``config`` on the data ``prepare(**data)`` reads.
@@ -266,7 +263,7 @@ def train_command(config: TrainConfig, data: dict, threads: int | None = None) -
         if value is None:  # the option's default: nothing to pass
             continue
         text = json.dumps(list(value)) if isinstance(value, (list, tuple)) else str(value)  # a YAML flow list
-        argv += [f"--{key.replace('_', '-')}", text] if key in OPTION_FLAGS else ["--option", f"{key}={text}"]
+        argv += [f"--{key.replace('_', '-')}", text]  # every option has a flag (peftune.cli.add_method_args)
     values = {
         "model": data.get("model", DEFAULT_MODEL),
         "tasks": ",".join(config.tasks),

@@ -18,10 +18,15 @@ from peftune.methods import (  # noqa: F401  (registration)
 )
 from peftune.methods.base import (  # noqa: F401
     MethodConfig,
+    MethodOption,
     MethodSpec,
+    PeftFormat,
     TaskContext,
+    display_order,
     get_method,
     make_method_config,
     method_names,
+    option,
+    peft_exports,
     register_method,
 )

@@ -40,6 +40,7 @@ from peftune.methods.base import (
     check_at_most,
     check_positive_int,
     check_range,
+    option,
     register_method,
 )
 from peftune.methods.layernorm import LayerNormConfig, apply_layernorm
@@ -58,7 +59,8 @@ def check_bool(config, key: str) -> None:
 
 @dataclass
 class AdapterConfig(MethodConfig):
-    bottleneck: int = 64  # m; the paper's sweep was {8, 64, 256}, 64 its usual middle
+    # m; the paper's sweep was {8, 64, 256}, 64 its usual middle
+    bottleneck: int = option(64, "adapter bottleneck size m")
     activation: str = "gelu"  # the backbone's own non-linearity
     init_std: float = 1e-3  # near identity; the paper found performance robust below 1e-2
     zero_init_up: bool = False  # True: W_up = 0, so the adapter is exactly the identity at init
@@ -188,5 +190,8 @@ register_method(
         apply_adapter,
         "Houlsby bottleneck adapters, two per layer, one set per task; LayerNorms shared",
         size_field="bottleneck",
+        order=3,
+        color="#ff7f0e",
+        size_symbols={"bottleneck": "m"},
     )
 )

@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import types
+import typing
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, NamedTuple
 
+import torch
 from torch import nn
 
 from peftune.backbone import BertConfig, BertModel
@@ -120,15 +123,95 @@ def check_positive_int(config, key: str) -> None:
 
 ApplyFn = Callable[[BertModel, Any, TaskContext], None]
 
+# colours of a method the registry does not know (one in an old record or the published reference table),
+# picked from its name so that it keeps one colour across reports
+FALLBACK_COLORS = ("#637939", "#8c6d31", "#843c39", "#7b4173", "#3182bd", "#e6550d")
+
+
+def option(default, help: str, **kwargs):
+    """A config field with the help its command-line flag shows (``peftune train --help``); ``kwargs``: as
+    ``dataclasses.field``'s (``default_factory`` for a list: pass ``default=dataclasses.MISSING``)."""
+    if default is not dataclasses.MISSING:
+        kwargs["default"] = default
+    return dataclasses.field(metadata={"help": help}, **kwargs)
+
+
+@dataclass(frozen=True)
+class MethodOption:
+    """One option of a method's config as the command line offers it: generated from the config's field."""
+
+    name: str
+    type: Any  # the field's type, ``None`` stripped from an optional one (``int | None``: int)
+    default: Any
+    help: str
+
+    @property
+    def flag(self) -> str:
+        return "--" + self.name.replace("_", "-")
+
+
+def _no_extra(backbone: BertModel) -> dict[str, torch.Tensor]:
+    return {}
+
+
+class PeftFormat(NamedTuple):
+    """How a method's adapter is written in peft's format (``peftune train --export-peft``)."""
+
+    config: Callable  # our method config -> peft's config (saved as adapter_config.json)
+    trained: str  # in the names of the backbone parameters peft saves (its tuner's prefix)
+    # peft's keys and values of the tensors it needs beyond those parameters (VeRA's shared projections)
+    extra: Callable[[BertModel], dict[str, torch.Tensor]] = _no_extra
+
 
 @dataclass(frozen=True)
 class MethodSpec:
+    """A method's identity, all of it in one place: what it is, how it installs, and how every report shows it."""
+
     name: str
     config_cls: type[MethodConfig]
     apply: ApplyFn
     description: str
     # the config field that sets the method's size (what a sweep searches), if any
     size_field: str | None = None
+    # where the report's tables and plots list it (ascending; the AdaptBert tables' order first); unset: after
+    # every ordered method, alphabetically
+    order: float = math.inf
+    color: str | None = None  # its colour in every plot of every report; None: a stable one from its name
+    # the fields its size label shows, in order, with their symbols (``lora_adapter``: r=8 m=64); default: the
+    # size field under its own name
+    size_symbols: dict[str, str] = dataclasses.field(default_factory=dict, hash=False)
+    peft_export: PeftFormat | None = None  # how its adapters export to peft's format; None: they do not
+
+    def __post_init__(self):
+        if not self.size_symbols and self.size_field:
+            object.__setattr__(self, "size_symbols", {self.size_field: self.size_field})
+
+    @property
+    def display_color(self) -> str:
+        return self.color or fallback_color(self.name)
+
+    def options(self) -> tuple[MethodOption, ...]:
+        """The config's fields as command-line options, ``dropout`` aside (a common hyperparameter, set by
+        ``--dropout`` for the heads and the method alike)."""
+        hints = typing.get_type_hints(self.config_cls)
+        out = []
+        for spec in fields(self.config_cls):
+            if spec.name == "dropout":
+                continue
+            default = spec.default_factory() if spec.default_factory is not dataclasses.MISSING else spec.default
+            help_text = spec.metadata.get("help") or spec.name.replace("_", " ")
+            out.append(MethodOption(spec.name, _without_none(hints[spec.name]), default, help_text))
+        return tuple(out)
+
+
+def _without_none(hint):
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):
+        return next(arg for arg in typing.get_args(hint) if arg is not type(None))
+    return hint
+
+
+def fallback_color(name: str) -> str:
+    return FALLBACK_COLORS[sum(map(ord, name)) % len(FALLBACK_COLORS)]
 
 
 _REGISTRY: dict[str, MethodSpec] = {}
@@ -139,6 +222,10 @@ def register_method(spec: MethodSpec) -> MethodSpec:
         raise UserError(f"method {spec.name!r} is already registered")
     if not (dataclasses.is_dataclass(spec.config_cls) and issubclass(spec.config_cls, MethodConfig)):
         raise TypeError(f"method {spec.name!r}: config_cls must be a MethodConfig dataclass")
+    known = {f.name for f in fields(spec.config_cls)}
+    unknown = [name for name in [spec.size_field, *spec.size_symbols] if name is not None and name not in known]
+    if unknown or (spec.size_field and spec.size_field not in spec.size_symbols):
+        raise TypeError(f"method {spec.name!r}: size fields {unknown or [spec.size_field]} are not in its label")
     _REGISTRY[spec.name] = spec
     return spec
 
@@ -152,6 +239,18 @@ def get_method(name: str) -> MethodSpec:
 
 def method_names() -> list[str]:
     return list(_REGISTRY)
+
+
+def peft_exports() -> list[str]:
+    """The methods whose adapters export to peft's format, in registration order."""
+    return [name for name, spec in _REGISTRY.items() if spec.peft_export is not None]
+
+
+def display_order(names) -> list[str]:
+    """Distinct ``names`` as every report lists methods: by their spec's ``order``, then by name (a method the
+    registry does not know, from an old record, after every registered one)."""
+    present = list(dict.fromkeys(names))
+    return sorted(present, key=lambda n: (_REGISTRY[n].order, 0, n) if n in _REGISTRY else (math.inf, 1, n))
 
 
 def make_method_config(name: str, values: dict | None = None) -> MethodConfig:

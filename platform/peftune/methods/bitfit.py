@@ -16,4 +16,4 @@ def apply_bitfit(backbone, config: BitFitConfig, context) -> None:
             parameter.requires_grad_(True)
 
 
-register_method(MethodSpec("bitfit", BitFitConfig, apply_bitfit, "bias terms only"))
+register_method(MethodSpec("bitfit", BitFitConfig, apply_bitfit, "bias terms only", order=6, color="#9467bd"))

@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from peftune.dropout import dropout
-from peftune.methods.base import MethodSpec, register_method
-from peftune.methods.lora import LoraConfig, LoraLinear, apply_lora
+from peftune.methods.base import MethodSpec, PeftFormat, register_method
+from peftune.methods.lora import LoraConfig, LoraLinear, apply_lora, peft_lora_config
 from peftune.methods.lora_adapter import _TARGET_SHAPES, lora_parameter_count
 
 
@@ -94,5 +94,9 @@ register_method(
         apply_dora,
         "DoRA: LoRA on query/key/value plus a learned magnitude per output row (peft's format), shared by all tasks",
         "rank",
+        order=11,
+        color="#843c39",
+        size_symbols={"rank": "r"},
+        peft_export=PeftFormat(peft_lora_config, "lora_"),  # peft's LoraConfig(use_dora=True)
     )
 )

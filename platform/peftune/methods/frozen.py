@@ -14,4 +14,6 @@ def apply_frozen(backbone, config: FrozenConfig, context) -> None:
     pass  # the backbone arrives frozen; the heads are trained by the model
 
 
-register_method(MethodSpec("frozen", FrozenConfig, apply_frozen, "backbone frozen, task heads only"))
+register_method(
+    MethodSpec("frozen", FrozenConfig, apply_frozen, "backbone frozen, task heads only", order=0, color="#7f7f7f")
+)

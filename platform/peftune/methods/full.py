@@ -14,4 +14,6 @@ def apply_full(backbone, config: FullConfig, context) -> None:
     unfreeze(backbone)
 
 
-register_method(MethodSpec("full", FullConfig, apply_full, "full fine-tuning of the whole backbone"))
+register_method(
+    MethodSpec("full", FullConfig, apply_full, "full fine-tuning of the whole backbone", order=1, color="#8c564b")
+)

@@ -63,6 +63,7 @@ from peftune.methods.base import (
     check_at_most,
     check_positive_int,
     check_range,
+    option,
     register_method,
 )
 from peftune.methods.layernorm import LayerNormConfig, apply_layernorm
@@ -72,7 +73,8 @@ LN_EPS = 1e-6  # the adapters' and the projector's LayerNorms, as in HyperFormer
 
 @dataclass
 class HyperformerConfig(MethodConfig):
-    bottleneck: int = 32  # m; HyperFormer++ used d/32 (24 on T5-base); 32 keeps W^D, W^U near 1.6M each on bert-base
+    # m; HyperFormer++ used d/32 (24 on T5-base); 32 keeps W^D, W^U near 1.6M each on bert-base
+    bottleneck: int = option(32, "adapter bottleneck size m")
     projected_dim: int = 64  # t, the size of I (the paper's t = 64)
     task_embedding_dim: int = 64  # z_τ, l_i, p_j (the paper's text says 512; its released HyperFormer++ config 64)
     projector_hidden: int = 128  # hidden size of the task projector MLP (the paper's 128)
@@ -251,5 +253,8 @@ register_method(
         apply_hyperformer,
         "HyperFormer++: one shared hypernetwork generates task adapters and their LayerNorms from task embeddings",
         size_field="bottleneck",
+        order=5,
+        color="#d62728",
+        size_symbols={"bottleneck": "m"},
     )
 )

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from peftune.backbone import BertConfig, stacked_qkv
-from peftune.methods.base import MethodConfig, MethodSpec, register_method
+from peftune.methods.base import MethodConfig, MethodSpec, PeftFormat, register_method
 
 # (path in a layer, feed-forward?): a feed-forward target scales its linear's input, the others its output
 IA3_TARGETS = (("attention.self.key", False), ("attention.self.value", False), ("output.dense", True))
@@ -91,5 +91,8 @@ register_method(
         IA3Config,
         apply_ia3,
         "(IA)^3: learned rescaling of keys, values and the FFN activation (peft's names), shared by all tasks",
+        order=12,
+        color="#8c6d31",
+        peft_export=PeftFormat(peft_ia3_config, "ia3_l"),
     )
 )

@@ -18,4 +18,8 @@ def apply_layernorm(backbone, config: LayerNormConfig, context) -> None:
             unfreeze(module)
 
 
-register_method(MethodSpec("layernorm", LayerNormConfig, apply_layernorm, "LayerNorm gains and biases only"))
+register_method(
+    MethodSpec(
+        "layernorm", LayerNormConfig, apply_layernorm, "LayerNorm gains and biases only", order=7, color="#e377c2"
+    )
+)

@@ -43,9 +43,11 @@ from peftune.errors import UserError
 from peftune.methods.base import (
     MethodConfig,
     MethodSpec,
+    PeftFormat,
     check_at_most,
     check_positive_int,
     check_range,
+    option,
     register_method,
 )
 
@@ -59,8 +61,8 @@ MAX_LORAPLUS_RATIO = 2**10
 
 @dataclass
 class LoraConfig(MethodConfig):
-    rank: int = 8  # the AdaptBert report's smallest LoRA size
-    alpha: float = 16.0  # scale alpha / r = 2 at r = 8, peft's usual pairing
+    rank: int = option(8, "rank r")  # the AdaptBert report's smallest LoRA size
+    alpha: float = option(16.0, "LoRA alpha (scale alpha/r)")  # scale alpha / r = 2 at r = 8, peft's usual pairing
     # query, key and value as in the AdaptBert report (the LoRA paper prefers q + v at equal budget)
     targets: list[str] = field(default_factory=lambda: ["query", "key", "value"])
     use_rslora: bool = False  # peft's default: the LoRA paper's alpha / r
@@ -218,6 +220,14 @@ _TARGET_PATHS = {
 
 register_method(
     MethodSpec(
-        "lora", LoraConfig, apply_lora, "LoRA on query/key/value (fused, peft's format), shared by all tasks", "rank"
+        "lora",
+        LoraConfig,
+        apply_lora,
+        "LoRA on query/key/value (fused, peft's format), shared by all tasks",
+        "rank",
+        order=2,
+        color="#1f77b4",
+        size_symbols={"rank": "r"},
+        peft_export=PeftFormat(peft_lora_config, "lora_"),
     )
 )

@@ -66,5 +66,8 @@ register_method(
         apply_lora_adapter,
         "shared LoRA on query/key/value plus task-specific Houlsby adapters (AdaptBert)",
         size_field="bottleneck",
+        order=4,
+        color="#2ca02c",
+        size_symbols={"rank": "r", "bottleneck": "m"},
     )
 )

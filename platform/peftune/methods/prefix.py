@@ -52,6 +52,7 @@ from peftune.methods.base import (
     TaskContext,
     check_at_most,
     check_positive_int,
+    option,
     register_method,
 )
 
@@ -62,7 +63,7 @@ DIRECT_INIT_STD = 0.02  # BERT's initializer_range, for a prefix optimised witho
 class PrefixConfig(MethodConfig):
     # Li & Liang's table-to-text length: gains stop near 10 there (200 for summarisation);
     # sentence classification with short inputs sits at the small end.
-    prefix_length: int = 10
+    prefix_length: int = option(10, "prefix length")
     # train through P = MLP(P'), as the paper does (direct optimisation was unstable)
     reparameterize: bool = True
     # the MLP's hidden width; 512 is the mid_dim of Li & Liang's released code
@@ -260,5 +261,8 @@ register_method(
         apply_prefix,
         "prefix tuning: per-task key/value prefixes at every layer, MLP-reparameterised while training",
         size_field="prefix_length",
+        order=9,
+        color="#17becf",
+        size_symbols={"prefix_length": "l"},
     )
 )

@@ -41,6 +41,7 @@ from peftune.methods.base import (
     TaskContext,
     check_at_most,
     check_positive_int,
+    option,
     register_method,
 )
 
@@ -51,7 +52,7 @@ RANDOM_INIT_RANGE = 0.5  # Lester et al.'s random-uniform init: U(-0.5, 0.5)
 @dataclass
 class PromptConfig(MethodConfig):
     # Lester et al.: 20 tokens are close to the best length (100 gains little) at their larger sizes
-    prompt_length: int = 20
+    prompt_length: int = option(20, "prompt length")
     # sampled vocabulary embeddings beat random init in Lester et al.
     init: str = "vocab"
 
@@ -142,5 +143,8 @@ register_method(
         apply_prompt,
         "prompt tuning: per-task trainable vectors inserted after [CLS] in the input embeddings",
         size_field="prompt_length",
+        order=10,
+        color="#393b79",
+        size_symbols={"prompt_length": "l"},
     )
 )

@@ -1,26 +1,31 @@
 """A method's size as the papers' tables write it (``lora r=8``, ``adapter m=64``): one labelling for the
-MLflow run names (``peftune.tracking``) and the report's tables (``analysis.runs``)."""
+MLflow run names (``peftune.tracking``) and the report's tables (``analysis.runs``), from the registry's
+``size_symbols`` of each method."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
+from peftune.errors import UnknownNameError
 from peftune.methods.base import get_method
-
-# Short symbols of the size fields (lora r=8, adapter m=64, prefix l=10, top_k k=2)
-SIZE_SYMBOLS = {"rank": "r", "bottleneck": "m", "prefix_length": "l", "prompt_length": "l", "k": "k"}
-# sizes shown before the registry's size field: LoRA + adapters has a rank and a bottleneck
-EXTRA_SIZE_FIELDS = {"lora_adapter": ("rank",)}
 
 
 def size_fields(method: str) -> tuple[str, ...]:
-    """The config fields that make a method's size: the registry's ``size_field`` (+ LoRA's rank for lora_adapter)."""
+    """The config fields that make a method's size, as its label shows them (LoRA's rank, then the bottleneck,
+    for lora_adapter); none for a method the registry does not know (a record written by another version)."""
     try:
-        spec = get_method(method)
-    except KeyError:
+        return tuple(get_method(method).size_symbols)
+    except UnknownNameError:
         return ()
-    return EXTRA_SIZE_FIELDS.get(method, ()) + ((spec.size_field,) if spec.size_field else ())
+
+
+def size_field(method: str) -> str | None:
+    """The config field a sweep searches as the method's size (what orders its sizes); None without one."""
+    try:
+        return get_method(method).size_field
+    except UnknownNameError:
+        return None
 
 
 def size_label(method: str, params: Mapping[str, Any]) -> str:
@@ -32,7 +37,7 @@ def size_label(method: str, params: Mapping[str, Any]) -> str:
     for name in size_fields(method):
         value = params.get(f"method.{name}")
         if value is not None:
-            parts.append(f"{SIZE_SYMBOLS.get(name, name)}={_format_number(value)}")
+            parts.append(f"{get_method(method).size_symbols[name]}={_format_number(value)}")
     return " ".join(parts)
 
 

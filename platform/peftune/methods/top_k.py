@@ -7,12 +7,12 @@ layers stay frozen, so no gradient flows below layer L - k.
 from dataclasses import dataclass
 
 from peftune.errors import UserError
-from peftune.methods.base import MethodConfig, MethodSpec, check_positive_int, register_method, unfreeze
+from peftune.methods.base import MethodConfig, MethodSpec, check_positive_int, option, register_method, unfreeze
 
 
 @dataclass
 class TopKConfig(MethodConfig):
-    k: int = 2  # the top two layers: a small, common baseline budget
+    k: int = option(2, "number of top layers to train")  # the top two layers: a small, common baseline budget
 
     def __post_init__(self):
         super().__post_init__()
@@ -32,4 +32,15 @@ def apply_top_k(backbone, config: TopKConfig, context) -> None:
     unfreeze(backbone.pooler)
 
 
-register_method(MethodSpec("top_k", TopKConfig, apply_top_k, "the top k layers and the pooler", size_field="k"))
+register_method(
+    MethodSpec(
+        "top_k",
+        TopKConfig,
+        apply_top_k,
+        "the top k layers and the pooler",
+        size_field="k",
+        order=8,
+        color="#bcbd22",
+        size_symbols={"k": "k"},
+    )
+)

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from functools import partial
 
 import torch
 import torch.nn.functional as F
@@ -31,9 +32,11 @@ from peftune.methods.base import (
     MAX_WIDTH_FACTOR,
     MethodConfig,
     MethodSpec,
+    PeftFormat,
     check_at_most,
     check_positive_int,
     check_range,
+    option,
     register_method,
 )
 from peftune.methods.lora import _TARGET_PATHS, LORA_TARGETS, target_regex
@@ -47,7 +50,7 @@ MAX_SEED = 2**63 - 1
 class VeraConfig(MethodConfig):
     # peft's default r; the paper used 1024 on RoBERTa-base (GLUE): the matrices are frozen, so r costs r per
     # linear, not r (d_in + d_out)
-    rank: int = 256
+    rank: int = option(256, "rank r")
     # query and value, as the paper's GLUE runs (after the LoRA paper)
     targets: list[str] = field(default_factory=lambda: ["query", "value"])
     d_initial: float = 0.1  # Lambda_d's initial value: the paper's and peft's
@@ -75,7 +78,7 @@ class VeraConfig(MethodConfig):
 
 def peft_vera_config(config: VeraConfig, save_projection: bool = False):
     """peft's config of ``config``; ``save_projection``: whether peft's checkpoint holds A and B (the export's, see
-    ``peftune.checkpoint.PEFT_FORMATS``) or peft re-draws them from the seed, as our checkpoints do."""
+    its spec's ``peft_export``) or peft re-draws them from the seed, as our checkpoints do."""
     import peft
 
     return peft.VeraConfig(
@@ -86,6 +89,11 @@ def peft_vera_config(config: VeraConfig, save_projection: bool = False):
         d_initial=config.d_initial,
         save_projection=save_projection,
     )
+
+
+def _vera_projections(backbone) -> dict[str, torch.Tensor]:
+    # the shared A and B under the keys peft's VeraModel saves them with ("base_model.vera_A", "base_model.vera_B")
+    return {f"base_model.{name}": buffer for name, buffer in backbone.encoder.vera_projections.named_buffers()}
 
 
 def kaiming_uniform(shape: tuple[int, int], generator: torch.Generator) -> torch.Tensor:
@@ -168,5 +176,15 @@ register_method(
         apply_vera,
         "VeRA: frozen shared random A and B, trained scaling vectors, on query/value, shared by all tasks",
         "rank",
+        order=13,
+        color="#3182bd",
+        size_symbols={"rank": "r"},
+        # VeRA's frozen A and B are saved (peft's save_projection=True), not left to peft to re-draw from
+        # projection_prng_key: our module draws them exactly as peft does today, but the draw is torch's CPU
+        # generator's (its uniform_ may change between torch versions or platforms; peft warns so when it re-draws),
+        # so saving them is what makes the export load exactly everywhere (and with the very values our model
+        # computed with, in its dtype), for r (max d_in + max d_out) numbers: 1.5 MB at r = 256 on bert-base, beside
+        # the vectors' 98 kB
+        peft_export=PeftFormat(partial(peft_vera_config, save_projection=True), "vera_lambda_", _vera_projections),
     )
 )
