@@ -639,7 +639,7 @@ def _budget_unit(params: dict) -> str:
         return "one joint search (no per-method share)"
     if unit == "trials":
         return "equal share per method: trials"
-    return f"equal share per method: {unit} (num_samples full trials' worth each; the fairness table has the spend)"
+    return f"equal share per method: {unit} (trials_per_method full trials' worth each; the fairness table: the spend)"
 
 
 def _skipped_rows_line(params: dict) -> list[str]:

@@ -32,7 +32,7 @@ resources: {cpus_per_trial: 1}
 train: {warmup_ratio: 0.1}
 budget: small
 budgets:
-  small: {num_samples: 2, epochs: 1}
+  small: {trials_per_method: 2, epochs: 1}
 """
 
 
@@ -96,7 +96,7 @@ def test_sweep_fields_refused_while_loading(sweep_dir, old, new, key, message):
 
 
 def test_duplicate_keys_are_an_error_naming_the_line(sweep_dir):
-    text = SWEEP.replace("budgets:\n  small: {num_samples: 2, epochs: 1}", "budgets:\n  small: {epochs: 2, epochs: 50}")
+    text = SWEEP.replace("small: {trials_per_method: 2, epochs: 1}", "small: {epochs: 2, epochs: 50}")
     with pytest.raises(SpaceError, match=r"tiny\.yaml: not valid YAML: line 9, column \d+: duplicate key 'epochs'"):
         spaces.load_sweep(write(sweep_dir / "tiny.yaml", text))
     nested = SWEEP + "seed: 1\n"

@@ -88,16 +88,17 @@ def test_kind1_model_without_its_tokenizer_is_refused_before_training(
     assert not output.exists()
 
 
-# ----------------------------------------------------------------------------- 2. --option KEY of a dedicated flag
+# ----------------------------------------------------------------------------- 2. --option KEY that a flag also sets
 
 
 @pytest.mark.parametrize(
-    "option, flag",
-    [("dropout=0.9", "--dropout"), ("rank=4", "--rank"), ("alpha=8", "--alpha")],
+    "option, flag, also",
+    [("dropout=0.9", "--dropout", []), ("rank=4", "--rank", ["--rank", "8"]), ("alpha=8", "--alpha", ["--alpha", "4"])],
 )
-def test_kind2_option_that_a_flag_sets_is_refused(capsys, tmp_path, tiny_data_dir, no_training, option, flag):
+def test_kind2_option_that_a_flag_sets_is_refused(capsys, tmp_path, tiny_data_dir, no_training, option, flag, also):
+    """--dropout has a default that would win; a method option given by its flag and by --option is given twice."""
     output = tmp_path / "out"
-    code, lines = run(capsys, *train_argv(tiny_data_dir, output, "--option", option))
+    code, lines = run(capsys, *train_argv(tiny_data_dir, output, *also, "--option", option))
     assert_refused(code, lines, option, flag)
     assert not output.exists()
 
@@ -251,7 +252,7 @@ resources: {cpus_per_trial: 1, gpus_per_trial: 0.25}
 train: {warmup_ratio: 0.1}
 budget: small
 budgets:
-  small: {num_samples: 2, epochs: 1, batch_size: 16, max_length: 64}
+  small: {trials_per_method: 2, epochs: 1, batch_size: 16, max_length: 64}
 """
 
 
@@ -269,7 +270,7 @@ budgets:
         ("sweep", "budget: small", "budget: small\nconfirm: {seeds: 1001}", "confirm.seeds", "0 to 1,000"),
         ("sweep", "max_length: 64", "max_length: 100000", "budgets.small.max_length", "8 to 512"),
         ("sweep", "epochs: 1", "epochs: 100000", "budgets.small.epochs", "1 to 1,000"),
-        ("sweep", "num_samples: 2", "num_samples: 1000000000", "budgets.small.num_samples", "1 to 100,000"),
+        ("sweep", "per_method: 2", "per_method: 1000000000", "budgets.small.trials_per_method", "1 to 100,000"),
         ("sweep", "batch_size: 16", "batch_size: 1000000", "budgets.small.batch_size", "1 to 8,192"),
     ],
 )

@@ -123,7 +123,7 @@ methods: [frozen, top_k]
 search: {{allocation: {allocation}, unit: {unit}}}
 budget: tiny
 budgets:
-  tiny: {{num_samples: 4, epochs: 1}}
+  tiny: {{trials_per_method: 2, epochs: 1}}
 """
 
 
@@ -176,7 +176,8 @@ checkpoints_per_method: 0
 confirm: {{seeds: 0}}
 budget: tiny
 budgets:
-  tiny: {{num_samples: 6, epochs: 1, batch_size: 16, max_length: 32, max_train_examples: 32, max_dev_examples: 16}}
+  tiny: {{trials_per_method: 3, epochs: 1, batch_size: 16, max_length: 32, max_train_examples: 32,
+          max_dev_examples: 16}}
 """
 
 

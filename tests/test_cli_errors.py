@@ -59,7 +59,7 @@ CASES = {
     "sweep smoke with budget": ["sweep", "smoke", "--smoke-test", "--budget", "cpu", "--data-dir", "{data}"],
     "sweep garbage uri": ["sweep", "smoke", "--data-dir", "{data}", "--tracking-uri", "garbage://x"],
     "sweep bad invalid-rows": ["sweep", "smoke", "--data-dir", "{data}", "--invalid-rows", "ignore"],
-    "sweep zero samples": ["sweep", "smoke", "--data-dir", "{data}", "--num-samples", "0"],
+    "sweep zero trials": ["sweep", "smoke", "--data-dir", "{data}", "--trials-per-method", "0"],
     "sweep bad name": ["sweep", "smoke", "--data-dir", "{data}", "--name", "a b/c"],
     # issue 34: argparse's own refusals (one line, no usage block), negative numbers as values
     "lr -inf": ["train", "--lr", "-inf"],

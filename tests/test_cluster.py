@@ -100,7 +100,7 @@ def test_a_sweep_runs_trials_on_both_nodes(two_nodes, tiny_data_dir, tmp_path):
     from test_sweep import definition
 
     env, ports = two_nodes
-    definition(tmp_path / "definitions", "two_nodes", num_samples=2, concurrency=2, fits=True)
+    definition(tmp_path / "definitions", "two_nodes", trials_per_method=1, concurrency=2, fits=True)
     work = tmp_path / "work"
     work.mkdir()
     uri = f"sqlite:///{work / 'mlflow.db'}"
@@ -144,7 +144,7 @@ checkpoints_per_method: 1
 confirm: {seeds: 0}  # the search under a node kill; confirmation has its own tests
 budget: tiny
 budgets:
-  tiny: {num_samples: 4, epochs: 6, batch_size: 16, max_length: 32, max_train_examples: 96, max_dev_examples: 32}
+  tiny: {trials_per_method: 4, epochs: 6, batch_size: 16, max_length: 32, max_train_examples: 96, max_dev_examples: 32}
 """
 # waits until a trial runs on the worker node, then kills that node's raylet (the node dies with it). The trial's
 # actor is found among the raylet's own child processes (Ray titles them ray::ImplicitFunc...), which needs no

@@ -166,7 +166,7 @@ checkpoints_per_method: 0
 confirm: {seeds: 0}
 budget: tiny
 budgets:
-  tiny: {num_samples: 2, epochs: 1, batch_size: 16, max_length: 32, max_train_examples: 32, max_dev_examples: 16}
+  tiny: {trials_per_method: 2, epochs: 1, batch_size: 16, max_length: 32, max_train_examples: 32, max_dev_examples: 16}
 """
 FROZEN = "method: frozen\nlr: {low: 1.0e-4, high: 1.0e-2, log: true}\ndropout: 0.1\nweight_decay: 0.0\n"
 EDIT = """\

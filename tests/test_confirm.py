@@ -52,7 +52,8 @@ SWEEP = """\
     confirm: {{top_k: 1, seeds: 2{confirm}}}
     budget: tiny
     budgets:
-      tiny: {{num_samples: 4, epochs: 2, batch_size: 16, max_length: 32, max_train_examples: 48, max_dev_examples: 32}}
+      tiny: {{trials_per_method: 2, epochs: 2, batch_size: 16, max_length: 32, max_train_examples: 48,
+              max_dev_examples: 32}}
 """
 
 

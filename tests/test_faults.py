@@ -63,8 +63,8 @@ SWEEP = """\
     confirm: {confirm}
     budget: tiny
     budgets:
-      tiny: {{num_samples: {num_samples}, epochs: {epochs}, batch_size: 16, max_length: 32, max_train_examples: 64,
-              max_dev_examples: 32}}
+      tiny: {{trials_per_method: {trials_per_method}, epochs: {epochs}, batch_size: 16, max_length: 32,
+              max_train_examples: 64, max_dev_examples: 32}}
 """
 
 
@@ -73,7 +73,7 @@ NO_CONFIRMATION = "{seeds: 0}"
 
 
 def write_definition(
-    directory: Path, name: str, methods: list[str], num_samples: int, epochs: int = 2, seed=0,
+    directory: Path, name: str, methods: list[str], trials_per_method: int, epochs: int = 2, seed=0,
     confirm: str = NO_CONFIRMATION,
 ):  # fmt: skip
     (directory / "methods").mkdir(parents=True, exist_ok=True)
@@ -82,7 +82,12 @@ def write_definition(
         (directory / "methods" / f"{method}.yaml").write_text(textwrap.dedent(text))
     path = directory / f"{name}.yaml"
     text = SWEEP.format(
-        name=name, methods=", ".join(methods), seed=seed, num_samples=num_samples, epochs=epochs, confirm=confirm
+        name=name,
+        methods=", ".join(methods),
+        seed=seed,
+        trials_per_method=trials_per_method,
+        epochs=epochs,
+        confirm=confirm,
     )
     path.write_text(textwrap.dedent(text))
     return path
@@ -162,7 +167,9 @@ def test_diverged_trials_are_results_failed_ones_make_the_sweep_fail(local_ray, 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     storage = tmp_path / "ray_results"
     # seed 1 proposes top_k, frozen, bitfit (Optuna samples at random before its 10 startup trials)
-    path = write_definition(tmp_path / "defs", "faulty", ["frozen", "top_k", "bitfit"], num_samples=3, epochs=1, seed=1)
+    path = write_definition(
+        tmp_path / "defs", "faulty", ["frozen", "top_k", "bitfit"], trials_per_method=1, epochs=1, seed=1
+    )
     spec = spaces.load_sweep(path)
     view = RayView()
     result = sweep.run_sweep(spec, tiny_data_dir, uri, storage_path=storage, callbacks=[view])
@@ -214,7 +221,9 @@ def test_diverged_trials_are_results_failed_ones_make_the_sweep_fail(local_ray, 
         str(storage),
     ]
     # the command line refuses top_k's k = 8 before anything else: its definition names the sweep without it
-    fitting = write_definition(tmp_path / "fitting", "faulty", ["frozen", "bitfit"], num_samples=3, epochs=1, seed=1)
+    fitting = write_definition(
+        tmp_path / "fitting", "faulty", ["frozen", "bitfit"], trials_per_method=1, epochs=1, seed=1
+    )
     capsys.readouterr()
     assert cli.job_main(str(fitting), "a test job", argv=argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -247,7 +256,9 @@ def test_a_stopped_driver_closes_every_run_as_interrupted(tmp_path, tiny_data_di
         server.first_start()
         request.addfinalizer(server.kill)
         uri = server.uri
-    path = write_definition(tmp_path / "defs", "twice", ["bitfit"], num_samples=samples, epochs=3, confirm=confirm)
+    path = write_definition(
+        tmp_path / "defs", "twice", ["bitfit"], trials_per_method=samples, epochs=3, confirm=confirm
+    )
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
     # -v: the line per trial epoch (a trial mid-way through) is a debug line; the console's are per finished trial
@@ -393,7 +404,7 @@ def test_a_tracking_server_outage_stops_no_trial_and_loses_or_duplicates_nothing
     server = MlflowServer(tmp_path)
     try:
         server.first_start()
-        path = write_definition(tmp_path / "defs", "outage", ["bitfit"], num_samples=3, epochs=2)
+        path = write_definition(tmp_path / "defs", "outage", ["bitfit"], trials_per_method=3, epochs=2)
         storage = tmp_path / "ray_results"
         view, outage = RayView(), Outage(server, down_for=3)
         result = sweep.run_sweep(

@@ -138,7 +138,7 @@ _SWEEP_KEYS = sorted(spaces._SWEEP_KEYS) if hasattr(spaces, "_SWEEP_KEYS") else 
 _METHOD_KEYS = ["method", "lr", "dropout", "weight_decay", "options", "description"]
 _VALID_SWEEP = {
     "name": "fz", "tasks": ["sst"], "methods": ["lora"], "seed": 0, "train": {"warmup_ratio": 0.1},
-    "resources": {"cpus_per_trial": 1}, "budget": "s", "budgets": {"s": {"num_samples": 1, "epochs": 1}},
+    "resources": {"cpus_per_trial": 1}, "budget": "s", "budgets": {"s": {"trials_per_method": 1, "epochs": 1}},
 }  # fmt: skip
 _VALID_LORA = {
     "method": "lora", "lr": {"low": 1e-4, "high": 1e-2, "log": True}, "dropout": 0.1, "weight_decay": 0.0,

@@ -31,7 +31,8 @@ checkpoints_per_method: 0
 confirm: {{seeds: 0}}
 budget: tiny
 budgets:
-  tiny: {{num_samples: 4, epochs: 1, batch_size: 16, max_length: 32, max_train_examples: 32, max_dev_examples: 16}}
+  tiny: {{trials_per_method: 4, epochs: 1, batch_size: 16, max_length: 32, max_train_examples: 32,
+          max_dev_examples: 16}}
 """
 
 

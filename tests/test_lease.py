@@ -207,7 +207,8 @@ SWEEP = """\
     confirm: {seeds: 0}
     budget: tiny
     budgets:
-      tiny: {num_samples: 4, epochs: 3, batch_size: 16, max_length: 32, max_train_examples: 64, max_dev_examples: 16}
+      tiny: {trials_per_method: 2, epochs: 3, batch_size: 16, max_length: 32, max_train_examples: 64,
+             max_dev_examples: 16}
 """
 TTL_S = 15.0
 

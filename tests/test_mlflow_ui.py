@@ -58,7 +58,8 @@ SWEEP = """\
     confirm: {{top_k: 1, seeds: 2, defaults: false, max_seeds: 2}}  # no seeds added: a bounded run time
     budget: tiny
     budgets:
-      tiny: {{num_samples: 4, epochs: 1, batch_size: 16, max_length: 32, max_train_examples: 48, max_dev_examples: 32}}
+      tiny: {{trials_per_method: 2, epochs: 1, batch_size: 16, max_length: 32, max_train_examples: 48,
+              max_dev_examples: 32}}
 """
 
 

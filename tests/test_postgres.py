@@ -92,7 +92,7 @@ def test_two_sweeps_a_resume_and_reports_on_postgres(mlflow_server, tiny_data_di
     env.update(PYTHONPATH=f"{REPO / 'platform'}{os.pathsep}{REPO}", RAY_USAGE_STATS_ENABLED="0")
     runs = {}
     for name, seed in (("pg_a", 0), ("pg_b", 1)):
-        definition(tmp_path / "definitions", name, num_samples=2, concurrency=1, seed=seed, fits=True)
+        definition(tmp_path / "definitions", name, trials_per_method=1, concurrency=1, seed=seed, fits=True)
         (tmp_path / name).mkdir()
         runs[name] = (tmp_path / "definitions" / f"{name}.yaml", tmp_path / name)
     # both at once, each with its own local Ray, one MLflow server

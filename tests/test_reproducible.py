@@ -48,7 +48,8 @@ SWEEP = """\
     confirm: {{seeds: 0}}
     budget: tiny
     budgets:
-      tiny: {{num_samples: 6, epochs: 2, batch_size: 16, max_length: 32, max_train_examples: 48, max_dev_examples: 32}}
+      tiny: {{trials_per_method: 3, epochs: 2, batch_size: 16, max_length: 32, max_train_examples: 48,
+              max_dev_examples: 32}}
 """
 
 

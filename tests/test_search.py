@@ -275,7 +275,8 @@ SWEEP = """\
     confirm: {seeds: 0}       # the search alone: confirmation has its own tests
     budget: tiny
     budgets:
-      tiny: {num_samples: 5, epochs: 2, batch_size: 16, max_length: 32, max_train_examples: 32, max_dev_examples: 16}
+      tiny: {trials_per_method: 2, epochs: 2, batch_size: 16, max_length: 32, max_train_examples: 32,
+             max_dev_examples: 16}
 """
 
 
@@ -302,8 +303,8 @@ def test_a_real_sweep_gives_each_method_an_equal_budget_and_a_default_trial(loca
     runs = mlflow.search_runs(experiment_names=["fair"])
     parent = runs[runs["tags.peftune.role"] == "sweep"].iloc[0]
     children = runs[runs["tags.peftune.role"] == "trial"]
-    assert len(children) == 5 and children["tags.peftune.trial_id"].is_unique
-    assert sorted(Counter(children["tags.peftune.method"]).values()) == [2, 3]
+    assert len(children) == 4 and children["tags.peftune.trial_id"].is_unique
+    assert sorted(Counter(children["tags.peftune.method"]).values()) == [2, 2]
     assert (children["tags.peftune.phase"] == "search").all()
     assert children["tags.peftune.config_key"].is_unique
     # both slots worked: trials shorter than a worker's start-up (seconds) still ran side by side
@@ -327,7 +328,7 @@ def test_a_real_sweep_gives_each_method_an_equal_budget_and_a_default_trial(loca
         assert (seconds > 0).all() and parent[f"metrics.budget_compute_s.{method}"] == pytest.approx(seconds.sum())
     # data fidelity: rungs at 1/4 (within the first epoch), 1/2 and all of the run's examples
     assert children["metrics.fidelity_score"].notna().all() and (children["metrics.fidelity_progress"] == 0.25).all()
-    # the studies are in the Optuna storage beside the MLflow store, one per method, each 2-3 trials told
+    # the studies are in the Optuna storage beside the MLflow store, one per method, each 2 trials told
     import optuna
 
     for method, count in Counter(children["tags.peftune.method"]).items():
@@ -372,7 +373,7 @@ def test_a_resumed_per_method_sweep_keeps_the_budgets_and_loses_or_repeats_nothi
     (tmp_path / "methods").mkdir()
     (tmp_path / "methods" / "frozen.yaml").write_text(textwrap.dedent(FROZEN))
     (tmp_path / "methods" / "top_k.yaml").write_text(textwrap.dedent(TOP_K))
-    (tmp_path / "fair.yaml").write_text(textwrap.dedent(SWEEP).replace("num_samples: 5", "num_samples: 6"))
+    (tmp_path / "fair.yaml").write_text(textwrap.dedent(SWEEP).replace("trials_per_method: 2", "trials_per_method: 3"))
     definition = spaces.load_sweep(tmp_path / "fair.yaml")
     uri, storage = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "ray"
     interrupter = Interrupt(after=2)
@@ -455,7 +456,7 @@ def test_a_driver_killed_right_after_a_trial_start_leaves_no_ghost_and_runs_no_c
     (tmp_path / "methods").mkdir()
     (tmp_path / "methods" / "frozen.yaml").write_text(textwrap.dedent(FROZEN))
     (tmp_path / "methods" / "top_k.yaml").write_text(textwrap.dedent(TOP_K))
-    (tmp_path / "fair.yaml").write_text(textwrap.dedent(SWEEP).replace("num_samples: 5", "num_samples: 6"))
+    (tmp_path / "fair.yaml").write_text(textwrap.dedent(SWEEP).replace("trials_per_method: 2", "trials_per_method: 3"))
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     args = [str(tmp_path / "fair.yaml"), str(tiny_data_dir), uri, str(tmp_path / "ray")]
     first = run_driver(args, kill_after_starts=3)

@@ -38,7 +38,7 @@ def test_every_shipped_file_loads_and_validates(path):
     presets = yaml.safe_load(path.read_text())["budgets"]
     for preset in presets:  # every budget preset resolves too
         resolved = spaces.load_sweep(path, budget=preset)
-        assert resolved.budget_name == preset and resolved.budget.num_samples >= 1
+        assert resolved.budget_name == preset and resolved.budget.trials_per_method >= 1
     assert definition.methods and definition.tasks
     assert yaml.safe_load(definition.to_yaml())["spaces"].keys() == set(definition.methods)
 
@@ -51,7 +51,6 @@ def test_job_definitions_tune_every_method_and_have_the_three_presets():
         for preset in ("smoke", "cpu", "gpu"):
             spaces.load_sweep(spaces.resolve_sweep_path(name), budget=preset)
         smoke = spaces.load_sweep(spaces.resolve_sweep_path(name), budget="smoke").budget
-        assert smoke.num_samples >= len(definition.methods)  # every method gets at least one trial
         assert smoke.epochs <= 2 and smoke.max_train_examples <= 64
 
 
@@ -158,7 +157,7 @@ SWEEP_OK = """\
     train: {warmup_ratio: 0.1}
     budget: small
     budgets:
-      small: {num_samples: 2, epochs: 1, max_train_examples: 8}
+      small: {trials_per_method: 2, epochs: 1, max_train_examples: 8}
 """
 
 
@@ -171,10 +170,10 @@ def sweep_dir(tmp_path) -> Path:
 def test_sweep_definition_resolves_budget_and_spaces(sweep_dir):
     definition = spaces.load_sweep(write(sweep_dir / "tiny.yaml", SWEEP_OK))
     assert definition.name == "tiny" and definition.tasks == ("sst",) and definition.methods == ["lora"]
-    assert definition.budget == spaces.Budget(num_samples=2, epochs=1, max_train_examples=8)
+    assert definition.budget == spaces.Budget(trials_per_method=2, epochs=1, max_train_examples=8)
     assert definition.resources.max_concurrent_trials == 2 and definition.train == {"warmup_ratio": 0.1}
-    multi = definition.with_overrides(multi_objective=True, num_samples=5)
-    assert multi.multi_objective and multi.scheduler.type == "none" and multi.budget.num_samples == 5
+    multi = definition.with_overrides(multi_objective=True, trials_per_method=5)
+    assert multi.multi_objective and multi.scheduler.type == "none" and multi.search_trials == 5
     assert multi.fingerprint() != definition.fingerprint()
     assert definition.with_overrides(name="tiny").fingerprint() == definition.fingerprint()
 
@@ -200,6 +199,8 @@ def test_sweep_definition_resolves_budget_and_spaces(sweep_dir):
         ("epochs: 1,", "epochs: 0,", "budgets.small.epochs", "from 1 to 1,000"),
         ("epochs: 1,", "", "budgets.small.epochs", "missing"),
         ("epochs: 1,", "epochs: 1, max_dev: 3,", "budgets.small.max_dev", "unknown key"),
+        # the old total: refused with a pointer to the key that replaced it (one meaning per name)
+        ("trials_per_method: 2,", "num_samples: 2,", "budgets.small.num_samples", "give trials_per_method"),
         (
             "scheduler: {type: asha",
             "search: {objective: multi}\nscheduler: {type: asha",
@@ -282,7 +283,8 @@ def test_the_json_schema_names_the_keys_and_holds_every_shipped_definition(tmp_p
     document = validation.read_yaml(spaces.resolve_sweep_path("smoke"))
     for bad in ({"surprise": 1}, {"seed": -1}, {"seed": "0"}, {"methods": ["lorra"]}, {"tasks": []},
                 {"search": {"sampler": "random"}}, {"budgets": {"smoke": {"epochs": 1}}},
-                {"budgets": {"smoke": {"num_samples": 2, "epochs": 1, "max_length": 4096}}},
+                {"budgets": {"smoke": {"trials_per_method": 2, "epochs": 1, "max_length": 4096}}},
+                {"budgets": {"smoke": {"num_samples": 4, "epochs": 1}}},
                 {"confirm": {"margin": 1.0}}, {"name": "a name"}):  # fmt: skip
         assert not check.is_valid({**document, **bad}), bad
         with pytest.raises(SpaceError):

@@ -29,7 +29,8 @@ SWEEP = """\
     confirm: {{seeds: 0}}
     budget: tiny
     budgets:
-      tiny: {{num_samples: 3, epochs: 1, batch_size: 16, max_length: 32, max_train_examples: 32, max_dev_examples: 16}}
+      tiny: {{trials_per_method: 2, epochs: 1, batch_size: 16, max_length: 32, max_train_examples: 32,
+              max_dev_examples: 16}}
 """
 SEARCHES = {
     "per_method": "{objective: single, sampler: tpe, n_startup_trials: 2, allocation: per_method}",
@@ -55,7 +56,7 @@ def test_every_study_is_stored_and_its_trials_link_ray_and_mlflow(kind, local_ra
     mlflow.set_tracking_uri(uri)
     runs = mlflow.search_runs(experiment_names=[kind])
     children = runs[runs["tags.peftune.role"] == "trial"]
-    assert len(children) == 3
+    assert len(children) == 4
     run_of = dict(zip(children["tags.peftune.trial_id"], children["run_id"], strict=True))
 
     storage = f"sqlite:///{tmp_path / 'optuna.db'}"  # beside the SQLite MLflow store, where dashboard looks

@@ -33,7 +33,8 @@ SWEEP = """\
     scheduler: {{type: none}}
     budget: tiny
     budgets:
-      tiny: {{num_samples: 2, epochs: 1, batch_size: 16, max_length: 32, max_train_examples: 16, max_dev_examples: 8}}
+      tiny: {{trials_per_method: 2, epochs: 1, batch_size: 16, max_length: 32, max_train_examples: 16,
+              max_dev_examples: 8}}
 """
 
 

@@ -787,7 +787,7 @@ def _add_what_runs(parser, definition_default: str | None) -> None:
     parser.add_argument(
         "--budget", help="a budget preset of the definition (e.g. smoke, cpu, gpu; default: the definition's own)"
     )
-    parser.add_argument("--num-samples", type=int, help="number of trials (overrides the budget's)")
+    parser.add_argument("--trials-per-method", type=int, help="each method's trials (overrides the budget's)")
     parser.add_argument(
         "--model",
         type=path_arg,
@@ -881,7 +881,7 @@ def definition_from_args(args) -> spaces.SweepDefinition:
     if args.smoke_test and args.budget not in (None, "smoke"):
         raise UserError(f"--smoke-test uses the smoke budget; it cannot be combined with --budget {args.budget}")
     definition = spaces.load_sweep(spaces.resolve_sweep_path(args.definition), budget=budget)
-    overrides = {"num_samples": args.num_samples} if args.num_samples is not None else {}
+    overrides = {"trials_per_method": args.trials_per_method} if args.trials_per_method is not None else {}
     return definition.with_overrides(
         name=args.name,
         model=args.model,

@@ -6,9 +6,9 @@
   its own seeded TPE (seed + the method's index), in an Optuna storage that outlives the driver
   (SQLite beside the MLflow store by default; ``optuna-dashboard <url>`` opens it). It hands out
   trials round-robin over the methods that still have budget, so every method gets the same
-  number of trials (±1) and no method waits for another's trials. The budget ``num_samples``
-  is the number of trials IN ALL, split equally across the methods; with ``search.unit: steps`` or
-  ``tokens`` it is that many full trials' worth of optimizer steps or training tokens (``Allocation``):
+  number of trials (±1) and no method waits for another's trials. The budget's ``trials_per_method``
+  is each method's number of trials; with ``search.unit: steps`` or ``tokens`` it is that many full trials'
+  worth of optimizer steps or training tokens (``Allocation``):
   a trial stopped early leaves its method budget for another, a costlier configuration buys fewer.
 - Each study's first trial is the method's published default (the ``default:`` block of its
   space, enqueued with ``study.enqueue_trial``): the control arm, and a point TPE learns from.
@@ -182,7 +182,7 @@ def allocation(definition: spaces.SweepDefinition, steps_per_run: int = 0, token
     full_cost = {"trials": 1.0, "steps": float(steps_per_run), "tokens": float(tokens_per_run)}[unit]
     if full_cost <= 0:
         raise UserError(f"search.unit {unit}: a full trial's {unit} are unknown (no training rows?)")
-    budget = budget_split(definition.budget.num_samples, definition.methods)
+    budget = dict.fromkeys(definition.methods, definition.budget.trials_per_method)
     return Allocation(unit, budget, full_cost, min_fraction(definition, steps_per_run), steps_per_run)
 
 
@@ -621,14 +621,14 @@ def make_searcher(
 ):
     """``storage_url``: the Optuna storage of the sweep's studies (needed with ``allocation: per_method``; without
     it the joint or multi-objective study stays in memory, which only a test that never resumes should want);
-    ``budgets``: the per-method budget (:func:`allocation`; default: ``num_samples`` trials split equally)."""
+    ``budgets``: the per-method budget (:func:`allocation`; default: ``trials_per_method`` trials each)."""
     if per_method(definition):
         if storage_url is None:
             raise UserError("a per-method search needs an Optuna storage URL")
         return PerMethodSearcher(
             definition.spaces,
             sweep=definition.name,
-            num_samples=definition.budget.num_samples,
+            num_samples=definition.search_trials,
             storage_url=storage_url,
             seed=definition.seed,
             n_startup_trials=definition.search.n_startup_trials,
@@ -644,7 +644,7 @@ def make_searcher(
     if definition.multi_objective:
         metric, mode = (list(x) for x in zip(*spaces.MULTI_OBJECTIVE, strict=True))
         if search.sampler == "nsga2":
-            population = max(4, min(50, definition.budget.num_samples // 4))
+            population = max(4, min(50, definition.search_trials // 4))
             sampler = optuna.samplers.NSGAIISampler(seed=seed, population_size=population)
         else:
             sampler = optuna.samplers.TPESampler(seed=seed, n_startup_trials=search.n_startup_trials)

@@ -235,9 +235,10 @@ SPLIT = "a sane bound on a split"
 
 @section()
 class Budget(Section):
-    """How much each trial trains, on how much data, and how many trials run."""
+    """How much each trial trains, on how much data, and how many trials each method runs."""
 
-    num_samples: count(1, 100_000, "a sane bound on a sweep's trials")
+    # each method's trials (its default first): a method added to a sweep brings its own, taking none from the others
+    trials_per_method: count(1, 100_000, "a sane bound on a method's trials")
     epochs: count(1, 1_000, "a sane bound on a trial's epochs")
     batch_size: count(1, 8_192, "a sane bound on a batch") = 32
     max_length: count(8, BertConfig.max_position_embeddings, "BERT's position embeddings") = 128
@@ -246,6 +247,13 @@ class Budget(Section):
     selection_examples: count(1, 100_000_000, SPLIT) | None = (
         None  # per task, train rows that judge the trials (None: as dev)
     )
+
+    @classmethod
+    def renamed_keys(cls) -> dict[str, str]:
+        # the total of all methods' trials: a method added to the list silently took trials from the others
+        return {"num_samples": "no longer taken (it was all methods' trials together); give trials_per_method, each "
+                "method's trials (70 for 14 methods: trials_per_method: 5)"}  # fmt: skip
+
     # per task, further train rows the confirmation decides on (the best per budget, a cheaper one not worse,
     # which configurations get more seeds); dev only reports. 0: none (the confirmation then decides nothing)
     decision_examples: count(0, 1_000_000, SPLIT) = 0
@@ -258,7 +266,7 @@ class SearchSettings(Section):
     n_startup_trials: count(1, 100_000, "at most a sweep's trials") = 10  # random trials before TPE models the space
     allocation: one_of(("per_method", "joint")) = "per_method"  # a TPE study per method (equal trials), or one
     asynchronous: StrictBool = False  # false: a method's trial waits for its earlier ones (reproducible)
-    # per_method's equal share: num_samples trials, or num_samples full trials' worth of optimizer steps or of
+    # per_method's equal share: trials_per_method trials, or that many full trials' worth of optimizer steps or of
     # training tokens (a trial stopped early leaves its method budget for more; a long prompt buys fewer trials)
     unit: one_of(("trials", "steps", "tokens")) = "trials"
 
@@ -369,6 +377,11 @@ class SweepDefinition(_Settings):
 
     methods = property(lambda self: list(self.spaces), doc="the methods, in the order listed")
     multi_objective = property(lambda self: self.search.objective == "multi")
+
+    @property
+    def search_trials(self) -> int:
+        """The search's trials in all (Tune's ``num_samples``): each method's ``trials_per_method``."""
+        return self.budget.trials_per_method * len(self.spaces)
 
     def to_dict(self) -> dict:
         """The resolved definition (chosen budget, method spaces inlined): what the sweep really ran."""

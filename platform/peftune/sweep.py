@@ -283,7 +283,7 @@ def tokens_per_run(definition: SweepDefinition, prepared) -> int:
 def search_over(definition: SweepDefinition, grid, budgets: search.Allocation) -> bool:
     """Whether the search has run its whole budget (``grid``: Tune's results of the search trials)."""
     if budgets.unit == "trials":
-        return len(grid) >= definition.budget.num_samples
+        return len(grid) >= definition.search_trials
     return search.search_finished(budgets, [(result.config.get("method"), result.metrics or {}) for result in grid])
 
 
@@ -474,7 +474,7 @@ def _open_record(definition: SweepDefinition, prepared, tracking_uri: str, exper
 
 def _search_trials(definition: SweepDefinition, budgets) -> int:
     """The search's trials as Tune counts them (per method: the allocation's bound; else the budget's)."""
-    return budgets.trials_bound() if search.per_method(definition) else definition.budget.num_samples
+    return budgets.trials_bound() if search.per_method(definition) else definition.search_trials
 
 
 def _tuner(definition, runnable, storage: str, exists: bool, optuna_url: str, history, budgets, verbose):

@@ -388,7 +388,7 @@ def sweep_params(definition, skipped_rows: int) -> dict[str, Any]:
     return {
         "tasks": definition.tasks,
         "methods": definition.methods,
-        "num_samples": budget.num_samples,
+        "num_samples": definition.search_trials,  # Tune's name: the search's trials in all (as before)
         "scheduler": definition.scheduler.type,
         "objective": search.objective,
         "sampler": search.sampler,

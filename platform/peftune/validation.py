@@ -291,10 +291,18 @@ def names_of(what: str, valid):
 class Section:
     """A mapping of known keys: an unknown one is refused, naming those it knows."""
 
+    @classmethod
+    def renamed_keys(cls) -> dict[str, str]:
+        """Keys the section no longer takes -> what replaces them: a pointer, not the list of known keys (a
+        method, not a class attribute: dataclasses list an annotated one among the keys)."""
+        return {}
+
     @model_validator(mode="before")
     @classmethod
     def _known_keys(cls, data: Any):
         for key in data if isinstance(data, dict) else ():
+            if key in cls.renamed_keys():
+                fail(cls.renamed_keys()[key], key)
             if key not in cls.__dataclass_fields__:
                 fail(f"unknown key; expected one of {', '.join(cls.__dataclass_fields__)}", key)
         return data
