@@ -140,7 +140,7 @@ def _to_yaml(param: Param):
 class _MethodFile(Section):
     """A method's search space as written; its parameters are parsed once the method's fields are known."""
 
-    method: one_of(methods.method_names(), "method")
+    method: one_of(methods.method_names, "method")
     lr: Any
     dropout: Any
     weight_decay: Any
@@ -353,7 +353,7 @@ class SweepFile(_Settings):
     """A sweep definition as written (``peftune schema`` prints its JSON Schema)."""
 
     tasks: validation.names_of("task", task_names())
-    methods: validation.names_of("method", methods.method_names())
+    methods: validation.names_of("method", methods.method_names)
     budgets: Annotated[dict[_Preset, Budget], Field(min_length=1)]
     budget: StrictStr | None = None  # the preset a run uses unless told another
     confirm: Annotated[_ConfirmSection, EMPTY] = dataclasses.field(default_factory=_ConfirmSection)

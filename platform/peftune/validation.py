@@ -273,11 +273,30 @@ def count(low: int, high: int | None = None, why: str = ""):
 
 
 def one_of(names, what: str = ""):
-    """A string among ``names``, which the JSON Schema lists (an editor completes them); ``what`` they name."""
-    names, schema = tuple(names), WithJsonSchema({"type": "string", "enum": list(names)})
-    listed = ", ".join(names)
-    message = f"unknown {what} {{}}; expected one of {listed}" if what else f"expected one of {listed}, got {{}}"
-    return Annotated[StrictStr, rule(names.__contains__, message), schema]
+    """A string among ``names``, which the JSON Schema lists (an editor completes them); ``what`` they name.
+
+    ``names``: the names, or a function that returns them (a registry's, read when a value is checked: a method
+    registered after this module's import is valid)."""
+    current = names if callable(names) else (lambda fixed=tuple(names): fixed)
+
+    def check(value):
+        if value not in current():
+            listed = ", ".join(current())
+            fail(f"unknown {what} {show(value)}; expected one of {listed}" if what else
+                 f"expected one of {listed}, got {show(value)}")  # fmt: skip
+        return value
+
+    return Annotated[StrictStr, AfterValidator(check), _NamesSchema(current)]
+
+
+@dataclasses.dataclass(frozen=True)
+class _NamesSchema:
+    """The JSON Schema of :func:`one_of`: ``enum``, the names as they are when the schema is written."""
+
+    names: Any
+
+    def __get_pydantic_json_schema__(self, core_schema, handler):
+        return {"type": "string", "enum": list(self.names())}
 
 
 def names_of(what: str, valid):
