@@ -110,5 +110,20 @@ def test_plots_and_report_show_a_new_method_by_its_spec(tiny):
     assert record.run_label("tiny", runs.size_label("tiny", {"method.width": 2}), "search") == "tiny w=2 · search"
 
 
+def test_every_methods_recorded_command_parses_back_through_the_generated_flags(tiny):
+    """``train_command`` writes each option as its flag; the command line reads it back to the same config."""
+    import shlex
+
+    from peftune import methods, train
+
+    for method in methods.method_names():
+        config = train.TrainConfig(method=method, tasks=["sst"])
+        argv = shlex.split(train.train_command(config, {"data_dir": "d"}))[1:]
+        assert "--option" not in argv
+        back = cli.config_from_args(cli.build_parser().parse_args(argv))
+        expected = methods.make_method_config(method, config.method_options_with_dropout())
+        assert methods.make_method_config(method, back.method_options_with_dropout()) == expected, method
+
+
 def test_the_registry_is_back_without_it_after_a_test():
     assert "tiny" not in base.method_names()
