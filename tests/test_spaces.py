@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import textwrap
 from pathlib import Path
@@ -52,6 +53,19 @@ def test_job_definitions_tune_every_method_and_have_the_three_presets():
             spaces.load_sweep(spaces.resolve_sweep_path(name), budget=preset)
         smoke = spaces.load_sweep(spaces.resolve_sweep_path(name), budget="smoke").budget
         assert smoke.epochs <= 2 and smoke.max_train_examples <= 64
+
+
+@pytest.mark.parametrize(
+    "preset, fingerprint", [("smoke", "e8196ed4ebc10ddd"), ("cpu", "d2942091181d139a"), ("gpu", "79917ae6ac1662bd")]
+)
+def test_a_sweep_begun_with_num_samples_resumes_under_trials_per_method(preset, fingerprint):
+    """The shipped SST job's fingerprints as 0507cb1's code computed them (num_samples 14, 70, 112 over 14
+    methods): the same sweep spelled with trials_per_method (1, 5, 8) is the same sweep to a resume."""
+    definition = spaces.load_sweep(spaces.resolve_sweep_path("sst_tuning"), budget=preset)
+    assert definition.fingerprint() == fingerprint
+    assert dataclasses.replace(definition, description="another").fingerprint() == fingerprint
+    more = definition.with_overrides(trials_per_method=definition.budget.trials_per_method + 1)
+    assert more.fingerprint() != fingerprint
 
 
 # ----------------------------------------------------------------------------- method spaces: errors

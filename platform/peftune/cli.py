@@ -129,6 +129,11 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
     )
 
 
+# options never recorded as --option KEY=VALUE, so there a mistake: dropout (whose flag's default would win) and
+# the sizes that had their own flag before every option did (each recorded command spells them so)
+FLAG_ONLY = ("dropout", "rank", "alpha", "bottleneck", "prefix_length", "prompt_length", "k")
+
+
 def method_flags() -> dict[str, list[tuple[str, methods.MethodOption]]]:
     """Every registered method's options by name: each name is one flag, whichever methods have it."""
     flags: dict[str, list] = {}
@@ -180,8 +185,9 @@ def method_options(args) -> dict:
         key, sep, raw = item.partition("=")
         if not sep:
             raise UserError(f"--option {item!r}: expected KEY=VALUE")
-        if key == "dropout":  # --dropout has a default, which would win over this
-            raise UserError(f"--option {item[:80]!r}: dropout has its own flag; use --dropout {raw[:40]}")
+        if key in FLAG_ONLY:
+            flag = "--" + key.replace("_", "-")
+            raise UserError(f"--option {item[:80]!r}: {key} has its own flag; use {flag} {raw[:40]}")
         if key not in valid:
             raise UserError(f"method {args.method!r} has no option {key!r}; valid options: {', '.join(valid)}")
         if key in options:

@@ -399,6 +399,9 @@ class SweepDefinition(_Settings):
     def fingerprint(self) -> str:
         """What must not change when a sweep resumes (everything but the description)."""
         data = {k: v for k, v in self.to_dict().items() if k != "description"}
+        # the budget's trials as sweeps spelled them before trials_per_method (all methods' in one number), so that
+        # a sweep begun then resumes under the same fingerprint
+        data["budget_num_samples"] = data.pop("budget_trials_per_method") * len(self.spaces)
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def with_overrides(self, *, name=None, model=None, multi_objective=None, invalid_rows=None, **budget):
