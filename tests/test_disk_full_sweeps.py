@@ -113,7 +113,7 @@ def test_a_full_disk_interrupts_the_sweep_and_the_same_command_resumes_it(full, 
         uri = f"sqlite:///{db}"
         frozen = {"frozen": FROZEN_AND_TOP_K["frozen"]}  # lr and dropout searched: each trial its own configuration
         write_definition(tmp_path / "defs", "diskfull", frozen, SWEEP, methods="frozen", seed=0, confirm="{seeds: 0}",
-                         num_samples=samples, epochs=2)  # fmt: skip
+                         trials_per_method=samples, epochs=2)  # fmt: skip
         definition = tmp_path / "defs" / "diskfull.yaml"
         command = [sys.executable, "-m", "peftune.cli", "-v", "sweep", str(definition), "--data-dir",
                    str(tiny_data_dir), "--tracking-uri", uri, "--storage-path", str(storage), "--reports-dir",
