@@ -70,7 +70,8 @@ from peftune.record import (
     metric_task,
 )
 from peftune.tasks import get_task, overall_score
-from peftune.train import TrainConfig, evaluate, prepare, run_trial, select_device
+from peftune.train import TrainConfig, evaluate, run_trial, select_device
+from peftune.trial_spec import DataSettings
 
 log = logging.getLogger("analysis.evaluate")
 
@@ -312,9 +313,8 @@ def _evaluation_data(sweep: SweepRuns, client, data_dir, test_dir, invalid_rows:
     p = sweep.parent_params
     model = str(p.get("model") or sweep.backbone)
     max_length = int(p.get("max_length") or 128)
-    prepared = prepare(
-        data_dir,
-        sweep.tasks,
+    data = DataSettings(
+        data_dir=str(data_dir),
         model=model,
         max_length=max_length,
         max_train_examples=p.get("max_train_examples"),
@@ -325,6 +325,7 @@ def _evaluation_data(sweep: SweepRuns, client, data_dir, test_dir, invalid_rows:
         selection_examples=p.get("selection_examples") if "selection_examples" in p else False,
         decision_examples=int(p.get("decision_examples") or 0),
     )
+    prepared = data.prepare(sweep.tasks)
     recorded = _artifact_text(client, sweep.parent_run_id, "data_hashes.json")
     definition = yaml.safe_load(_artifact_text(client, sweep.parent_run_id, "sweep.yaml") or "{}") or {}
     tokenizer = load_tokenizer(resolve_model_dir(model))

@@ -18,7 +18,7 @@ import mlflow
 import pytest
 import ray
 
-from peftune import record, sweep
+from peftune import record, sweep, trial_spec
 from tiny_sweep import write_definition
 
 FROZEN = """\
@@ -95,7 +95,8 @@ def test_one_or_two_workers_give_the_same_trials_stops_and_scores(tmp_path, tiny
 
 
 def assert_record_reruns(uri: str, parent_run_id: str, output: Path) -> None:
-    """A completed search trial's recorded ``peftune train`` command scores what the trial scored, epoch by epoch."""
+    """A completed search trial's recorded ``peftune train`` command scores what the trial scored, epoch by epoch;
+    so does ``peftune train --spec`` of its ``trial_spec.json``, the same trial as the command."""
     client = mlflow.MlflowClient(uri)
     experiment = client.get_run(parent_run_id).info.experiment_id
     runs = client.search_runs(
@@ -104,10 +105,13 @@ def assert_record_reruns(uri: str, parent_run_id: str, output: Path) -> None:
     run = next(r for r in runs if r.data.tags[record.STATUS] == "completed")
     argv = shlex.split(run.data.tags[record.TRAIN_COMMAND])
     assert argv[:2] == ["peftune", "train"] and "--threads" in argv and "--selection-examples" in argv
-    command = [sys.executable, "-m", "peftune.cli", *argv[1:], "--output", str(output), "--device", "cpu"]
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300)
-    assert done.returncode == 0, done.stderr[-2000:]
-    rerun = {int(e): float(v) for e, v in re.findall(r"^epoch (\d+): .*?  score ([0-9.]+)", done.stdout, re.M)}
+    spec_file = client.download_artifacts(run.info.run_id, trial_spec.ARTIFACT, str(output.parent))
+    assert trial_spec.read(spec_file).command() == run.data.tags[record.TRAIN_COMMAND]
     history = client.get_metric_history(run.info.run_id, "score")
     trial = {int(m.step): round(m.value, 4) for m in history if float(m.step).is_integer() and m.step >= 1}
-    assert rerun and rerun == {e: v for e, v in trial.items() if e in rerun}, (rerun, trial)
+    for way, args in (("command", argv[1:]), ("spec", ["train", "--spec", spec_file])):
+        command = [sys.executable, "-m", "peftune.cli", *args, "--output", str(output / way), "--device", "cpu"]
+        done = subprocess.run(command, capture_output=True, text=True, timeout=300)
+        assert done.returncode == 0, done.stderr[-2000:]
+        rerun = {int(e): float(v) for e, v in re.findall(r"^epoch (\d+): .*?  score ([0-9.]+)", done.stdout, re.M)}
+        assert rerun and rerun == {e: v for e, v in trial.items() if e in rerun}, (way, rerun, trial)

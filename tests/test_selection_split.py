@@ -18,6 +18,7 @@ from peftune import train
 from peftune.backbone import DEFAULT_MODEL, load_tokenizer, resolve_model_dir
 from peftune.data import DataError, carve, load_tasks
 from peftune.tasks import parse_tasks
+from peftune.trial_spec import DataSettings
 
 
 @pytest.fixture(scope="module")
@@ -113,7 +114,7 @@ def test_a_one_epoch_confirmation_run_evaluates_dev_once_and_names_its_numbers_d
                                     train={"report_fractions": [1 / 3]})  # fmt: skip
     config = settings.train_config("frozen", {"lr": 1e-3, "dropout": 0.0, "weight_decay": 0.0})
     assert config.eval_splits == ["dev"] and config.predictions_of == ("dev",) and config.report_fractions == []
-    decided = dataclasses.replace(settings, data={"decision_examples": 8}).train_config(
+    decided = dataclasses.replace(settings, data=DataSettings("data", decision_examples=8)).train_config(
         "frozen", {"lr": 1e-3, "dropout": 0.0, "weight_decay": 0.0}
     )
     assert decided.eval_splits == ["dev", "decision"] and decided.predictions_of == ("decision", "dev")

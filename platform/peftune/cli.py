@@ -24,7 +24,7 @@ import torch
 import yaml
 from pydantic import TypeAdapter
 
-from peftune import bench, checkpoint, lease, methods, record, services, spaces, train
+from peftune import bench, checkpoint, lease, methods, record, services, spaces, train, trial_spec
 from peftune.backbone import DEFAULT_MODEL, BertConfig, BertModel, check_tokenizer_files, read_config, resolve_model_dir
 from peftune.errors import DiskFullError, UserError, disk_full, one_line, user_errors
 from peftune.model import MultitaskModel
@@ -258,24 +258,14 @@ def _parse_value(raw: str):
 
 
 def cmd_train(args) -> int:
-    config = config_from_args(args)
+    spec = spec_from_args(args)
+    config = spec.config
     output = Path(args.output or f"runs/{config.method}-{time.strftime('%Y%m%d-%H%M%S')}")
-    check_train_args(args, config, output)  # all a user can get wrong, before the data is read
-    if args.threads is not None:
-        torch.set_num_threads(args.threads)
-    logging.info("reading and tokenizing %s from %s", ",".join(config.tasks), args.data_dir)
-    prepared = train.prepare(
-        args.data_dir,
-        config.tasks,
-        model=args.model,
-        max_length=args.max_length,
-        max_train_examples=args.max_train_examples,
-        max_dev_examples=args.max_dev_examples,
-        seed=args.seed if args.data_seed is None else args.data_seed,
-        invalid_rows=args.invalid_rows,
-        selection_examples=_selection_examples(args.selection_examples),
-        decision_examples=args.decision_examples,
-    )
+    check_train_args(args, spec, output)  # all a user can get wrong, before the data is read
+    if spec.threads is not None:
+        torch.set_num_threads(spec.threads)
+    logging.info("reading and tokenizing %s from %s", ",".join(config.tasks), spec.data.data_dir)
+    prepared = spec.data.prepare(config.tasks)
     best = {record.SCORE: float("-inf")}
 
     def report(metrics, save):
@@ -291,12 +281,61 @@ def cmd_train(args) -> int:
         f"({counts[record.TRAINABLE_PER_TASK_PCT]:.2f}% of the backbone), "
         f"stored {counts[record.STORED_PARAMS]:,} ({counts[record.STORED_PARAMS_PCT]:.2f}%)"
     )
-    print(f"checkpoint (best epoch): {output}")
+    trial_spec.write(spec, output / trial_spec.ARTIFACT)  # `peftune train --spec` of it runs this again
+    print(f"checkpoint (best epoch): {output}; the run's spec: {output / trial_spec.ARTIFACT}")
     if args.export_peft:
         model = checkpoint.load_checkpoint(output, backbone=prepared.backbone.build())
-        path = checkpoint.export_peft(model, output / "peft", base_model_name_or_path=args.model)
+        path = checkpoint.export_peft(model, output / "peft", base_model_name_or_path=spec.data.model)
         print(f"peft {config.method} adapter: {path}")
     return 0
+
+
+# what goes with --spec: where the trial runs and what is kept of it (the spec gives everything it trains)
+SPEC_COMPANIONS = ("spec", "data_dir", "device", "threads", "output", "overwrite", "export_peft")
+
+
+def spec_from_args(args) -> trial_spec.TrialSpec:
+    """The trial ``peftune train`` runs: the file of ``--spec`` (with the data directory, device and threads
+    given beside it), or the trial its flags spell (the inverse of ``TrialSpec.command``)."""
+    if args.spec is None:
+        if args.data_dir is None:
+            raise UserError("--data-dir is required (or --spec FILE, a trial's specification)")
+        return trial_spec.TrialSpec(config_from_args(args), data_from_args(args), args.threads)
+    defaults = build_parser().parse_args(["train", "--spec", args.spec])
+    given = [name for name, value in vars(args).items() if value != getattr(defaults, name, value)]
+    extra = [name for name in given if name not in SPEC_COMPANIONS]
+    if extra:
+        flag = "--" + extra[0].removeprefix("method.").replace("_", "-")
+        raise UserError(f"{flag} with --spec: the spec gives the whole trial; beside it only --data-dir, "
+                        "--device, --threads, --output, --overwrite and --export-peft")  # fmt: skip
+    spec = trial_spec.read(args.spec)
+    data_dir = str(args.data_dir) if args.data_dir is not None else spec.data.data_dir
+    if data_dir is None:
+        raise UserError(f"{args.spec}: the trial's data directory is not recorded; pass --data-dir")
+    config = dataclasses.replace(spec.config, device=args.device) if "device" in given else spec.config
+    threads = args.threads if args.threads is not None else spec.threads
+    return trial_spec.TrialSpec(config, dataclasses.replace(spec.data, data_dir=data_dir), threads)
+
+
+def data_from_args(args) -> trial_spec.DataSettings:
+    """The data settings ``peftune train``'s flags spell; a value out of range names its flag."""
+    try:
+        return trial_spec.DataSettings(
+            data_dir=str(args.data_dir),
+            model=args.model,
+            max_length=args.max_length,
+            max_train_examples=args.max_train_examples,
+            max_dev_examples=args.max_dev_examples,
+            seed=args.seed if args.data_seed is None else args.data_seed,
+            invalid_rows=args.invalid_rows,
+            selection_examples=_selection_examples(args.selection_examples),
+            decision_examples=args.decision_examples,
+        )
+    except UserError as error:
+        text = str(error)
+        key = text.removeprefix("DataSettings.").partition(":")[0].partition(" ")[0]
+        flag = "--data-seed" if key == "seed" else "--" + key.replace("_", "-")
+        raise UserError(flag + text.removeprefix(f"DataSettings.{key}")) from None
 
 
 def config_from_args(args) -> train.TrainConfig:
@@ -313,11 +352,8 @@ def config_from_args(args) -> train.TrainConfig:
     )
 
 
-def check_train_args(args, config: train.TrainConfig, output: Path) -> None:
-    if args.decision_examples and (args.decision_examples < 0 or args.selection_examples is None):
-        raise UserError(
-            f"--decision-examples {args.decision_examples}: expected a count >= 0, with --selection-examples"
-        )
+def check_train_args(args, spec: trial_spec.TrialSpec, output: Path) -> None:
+    config = spec.config
     if args.threads is not None and args.threads < 1:
         raise UserError(f"--threads {args.threads}: expected an integer >= 1")
     if output.exists() and not output.is_dir():
@@ -330,7 +366,7 @@ def check_train_args(args, config: train.TrainConfig, output: Path) -> None:
         names = f"{', '.join(exports[:-1])} or {exports[-1]}"
         raise UserError(f"--export-peft needs --method {names} (got --method {config.method})")
     check_device(config.device)
-    check_model(config, args.model)
+    check_model(config, spec.data.model)
 
 
 def _selection_examples(text: str | None):
@@ -512,7 +548,13 @@ def add_train_parser(sub) -> None:
     add_method_args(p)
     add_model_args(p)
     p.add_argument("--tasks", default="sst,para,sts", help="comma-separated task names (default sst,para,sts)")
-    p.add_argument("--data-dir", type=path_arg, required=True, help="directory holding the task files")
+    p.add_argument(
+        "--spec",
+        type=path_arg,
+        help="re-run a trial's specification (a sweep run's trial_spec.json) exactly; beside it only --data-dir "
+        "(default: the spec's), --device, --threads, --output, --overwrite and --export-peft",
+    )
+    p.add_argument("--data-dir", type=path_arg, help="directory holding the task files (required without --spec)")
     p.add_argument("--epochs", type=int, default=3)
     p.add_argument("--lr", type=finite_float, default=1e-4)
     p.add_argument("--head-lr", type=finite_float, help="the task heads' learning rate (default: --lr)")

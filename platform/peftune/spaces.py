@@ -27,7 +27,8 @@ from peftune.data import INVALID_ROW_POLICIES
 from peftune.errors import PeftuneError
 from peftune.record import HYPERPARAMETERS, SCORE, TRAINABLE_PER_TASK
 from peftune.tasks import task_names
-from peftune.train import RATES, SEED, TrainConfig, prepare
+from peftune.train import RATES, SEED, TrainConfig
+from peftune.trial_spec import DataSettings
 from peftune.validation import EMPTY, Bound, Section, SpaceError, at, count, fail, named, one_of, rule, section, show
 
 log = logging.getLogger("peftune.spaces")
@@ -476,11 +477,15 @@ def _check_train(sweep: SweepFile) -> None:
 
 def prepare_data(definition: SweepDefinition, data_dir: str | Path):
     """The sweep's data, read and tokenized once, and the model's weights: what every trial trains on."""
-    budget = definition.budget
     log.info("reading and tokenizing %s from %s (model %s)", ",".join(definition.tasks), data_dir, definition.model)
-    return prepare(
-        data_dir,
-        list(definition.tasks),
+    return data_settings(definition, data_dir).prepare(definition.tasks)
+
+
+def data_settings(definition: SweepDefinition, data_dir: str | Path | None) -> DataSettings:
+    """What every trial of ``definition`` reads: its budget's rows and splits, its model, seed and row policy."""
+    budget = definition.budget
+    return DataSettings(
+        data_dir=str(data_dir) if data_dir is not None else None,
         model=definition.model,
         max_length=budget.max_length,
         max_train_examples=budget.max_train_examples,

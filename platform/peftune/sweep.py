@@ -253,17 +253,7 @@ def trial_settings(
     and, for the record's ``peftune train`` command, the data read (``data_dir``) and the threads."""
     budget = definition.budget
     train = {**definition.train, **search.fidelity_settings(definition, steps_per_run)}
-    data = {
-        "data_dir": str(data_dir) if data_dir is not None else None,
-        "model": definition.model,
-        "max_length": budget.max_length,
-        "max_train_examples": budget.max_train_examples,
-        "max_dev_examples": budget.max_dev_examples,
-        "selection_examples": budget.selection_examples,
-        "decision_examples": budget.decision_examples,
-        "seed": definition.seed,
-        "invalid_rows": definition.invalid_rows,
-    }
+    data = spaces.data_settings(definition, data_dir)
     return worker.TrialSettings(definition.name, tuple(definition.tasks), budget.epochs, budget.batch_size,
                                 definition.seed, train, data=data,
                                 threads=max(1, int(definition.resources.cpus_per_trial)))  # fmt: skip

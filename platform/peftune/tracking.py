@@ -75,6 +75,7 @@ and an epoch already logged is not logged twice. Re-running a sweep also retries
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -91,6 +92,7 @@ import mlflow
 from mlflow.entities import Metric, Param
 from ray import tune
 
+from peftune import trial_spec
 from peftune.errors import DiskFullError, UserError
 from peftune.methods.sizes import size_label
 from peftune.record import (
@@ -740,9 +742,9 @@ class TrialLogger(tune.Callback):
         params["seed"] = self.settings.for_trial(trial.config).seed  # a confirmation trial's own seed
         # a confirmation trial's seed and origin; every trial's phase, default mark and config key; its size
         tags = {**trial_tags(trial.config), **search_tags(trial.config, method, sampled)}
-        command = self._command(trial.config, method, sampled)
-        if command:
-            tags[TRAIN_COMMAND] = command
+        spec = self._spec(trial.config, method, sampled)
+        if spec is not None:
+            tags[TRAIN_COMMAND] = spec.command()
         tags[SIZE_TAG] = size_label(method, params)
         phase = tags[PHASE]
         name = run_label(method, tags[SIZE_TAG], phase, params["seed"], default=tags[DEFAULT] == "true")
@@ -751,11 +753,13 @@ class TrialLogger(tune.Callback):
             params={k: _param_value(v) for k, v in params.items()}, tags=tags,
             datasets=inputs_of(phase, self.record.datasets),
         )  # fmt: skip
+        if spec is not None:  # the trial's specification, which `peftune train --spec` re-runs
+            self._write("artifact", trial_id=trial_id, path=trial_spec.ARTIFACT, text=spec.to_json())
         self._runs[trial_id] = None
 
-    def _command(self, config: dict, method: str, sampled: dict) -> str | None:
+    def _spec(self, config: dict, method: str, sampled: dict) -> trial_spec.TrialSpec | None:
         try:
-            return self.settings.for_trial(config).command(method, sampled)
+            return self.settings.for_trial(config).spec(method, sampled)
         except (ValueError, TypeError, KeyError):  # an invalid config: `_params` says so, the trial fails on it
             return None
 
@@ -792,7 +796,9 @@ class TrialLogger(tune.Callback):
             "threads": self.settings.threads,
         }
         params.update({f"method.{key}": value for key, value in options.items()})
-        params.update({f"data.{key}": value for key, value in self.settings.data.items() if key != "data_dir"})
+        if self.settings.data is not None:
+            data = dataclasses.asdict(self.settings.data)
+            params.update({f"data.{key}": value for key, value in data.items() if key != "data_dir"})
         return params
 
     def _adopt(self, trial, known: set[str]) -> None:

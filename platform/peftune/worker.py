@@ -24,7 +24,8 @@ import torch
 from ray import tune
 
 from peftune import console, methods, record
-from peftune.train import TrainConfig, TrainingDiverged, run_trial, select_device, train_command
+from peftune.train import TrainConfig, TrainingDiverged, run_trial, select_device
+from peftune.trial_spec import DataSettings, TrialSpec
 
 log = logging.getLogger("peftune.worker")
 
@@ -40,7 +41,7 @@ class TrialSettings:
     seed: int
     train: dict[str, Any] = field(default_factory=dict)
     phase: str = record.SEARCH  # a confirmation run also evaluates dev and keeps its predictions
-    data: dict[str, Any] = field(default_factory=dict)  # what the sweep's `prepare` read (train.train_command)
+    data: DataSettings | None = None  # what the sweep's data was read with (None: unknown to these settings)
     threads: int | None = None  # torch's threads in a trial: its CPUs (a trial re-runs exactly on as many)
     reporting: bool = False  # a report run (``record.REPORT_REASON``): dev only, no decision split, no predictions
 
@@ -77,7 +78,8 @@ class TrialSettings:
         epoch to choose. No scheduler stops a confirmation run, so it evaluates at no rung, and with one epoch
         a selection pass would choose nothing: each would cost an evaluation for nothing."""
         if self.phase == record.CONFIRM:
-            decided = [record.DECISION] if self.data.get("decision_examples") and not self.reporting else []
+            decision = self.data is not None and self.data.decision_examples > 0
+            decided = [record.DECISION] if decision and not self.reporting else []
             # the first split is the one the run is judged on: selection picks the epoch; with one epoch there is
             # nothing to pick, and dev's numbers keep their plain names
             splits = [record.SELECTION, *decided, record.DEV] if self.epochs > 1 else [record.DEV, *decided]
@@ -85,11 +87,12 @@ class TrialSettings:
             return {"eval_splits": splits, "predictions_of": kept, "report_fractions": []}
         return {"eval_splits": [record.SELECTION]}
 
-    def command(self, method: str, sampled: dict[str, Any]) -> str | None:
-        """The ``peftune train`` command that re-runs this trial (None without the sweep's data settings)."""
-        if not self.data.get("data_dir"):
+    def spec(self, method: str, sampled: dict[str, Any]) -> TrialSpec | None:
+        """The trial's whole specification (None without the sweep's data settings): its record keeps it, as
+        a file (``trial_spec.ARTIFACT``) and as the ``peftune train`` command line."""
+        if self.data is None or not self.data.data_dir:
             return None
-        return train_command(self.train_config(method, sampled), self.data, self.threads)
+        return TrialSpec(self.train_config(method, sampled), self.data, self.threads)
 
     @staticmethod
     def method_fields(config) -> dict[str, Any]:

@@ -1,0 +1,162 @@
+"""One trial's specification: what it trains and on what data, in one validated object.
+
+A ``TrialSpec`` is a ``TrainConfig`` (the method, its options, the hyperparameters, the splits it is judged
+and reported on), the ``DataSettings`` its data is read with (``train.prepare``'s arguments) and the threads
+it ran on. It has one way in and out of each of its forms:
+
+- a JSON file (``to_json`` / ``read``): every sweep run stores it as the artifact ``trial_spec.json`` and
+  ``peftune train --spec FILE`` re-runs it;
+- the ``peftune train`` command line (``command``): the run's ``peftune.train_command`` tag, the same trial
+  spelled as flags (``peftune.cli`` reads the flags back into a spec);
+- the data it reads (``DataSettings.prepare``): the sweep, the command line and the evaluation read their
+  data through it, so the same settings carve the same train, selection and decision rows everywhere.
+
+The same spec, on the same code, data and threads, gives the same epoch scores.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from peftune import methods
+from peftune.backbone import DEFAULT_MODEL, BertConfig
+from peftune.data import INVALID_ROW_POLICIES
+from peftune.errors import PeftuneError, UserError, one_line
+from peftune.train import SEED, TrainConfig, prepare, train_command
+from peftune.validation import Bound, checked
+
+# DataSettings' intervals (a sweep's budget checks the same in its file: peftune.spaces.Budget)
+ROWS = Bound(1, 100_000_000, "a sane bound on a split")
+COUNTS = {"max_length": Bound(8, BertConfig.max_position_embeddings, "BERT's position embeddings"),
+          "max_train_examples": ROWS, "max_dev_examples": ROWS, "seed": SEED,
+          "decision_examples": Bound(0, 1_000_000, "a sane bound on a split")}  # fmt: skip
+FORMAT = 1  # the JSON form's version: a file of another is refused, naming both
+ARTIFACT = "trial_spec.json"  # the spec of a sweep run, among its artifacts
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """What ``train.prepare`` reads: the data directory, the model, the rows kept, the splits carved from train."""
+
+    data_dir: str | None  # None: a trial recorded without its data directory (only its record re-reads nothing)
+    model: str = DEFAULT_MODEL
+    max_length: int = 128
+    max_train_examples: int | None = None
+    max_dev_examples: int | None = None
+    seed: int = 0  # the data's seed: which rows are kept and carved into selection and decision
+    invalid_rows: str = "raise"
+    selection_examples: int | None | bool = False  # False: no selection split; None: as many as dev
+    decision_examples: int = 0
+
+    def __post_init__(self):
+        for key, bound in COUNTS.items():
+            if getattr(self, key) is not None:  # None: every row
+                checked("DataSettings", key, bound, getattr(self, key), integer=True)
+        if self.selection_examples not in (False, None):
+            checked("DataSettings", "selection_examples", ROWS, self.selection_examples, integer=True)
+        if self.decision_examples and self.selection_examples is False:
+            raise UserError(f"DataSettings.decision_examples {self.decision_examples}: expected 0 without a selection "
+                            "split (selection_examples)")  # fmt: skip
+        if self.invalid_rows not in INVALID_ROW_POLICIES:
+            raise UserError(f"DataSettings.invalid_rows {self.invalid_rows!r}, expected one of {INVALID_ROW_POLICIES}")
+        if not isinstance(self.model, str) or not (self.data_dir is None or isinstance(self.data_dir, str)):
+            raise UserError(f"DataSettings: model {self.model!r}, data_dir {self.data_dir!r}: expected paths")
+
+    def prepare(self, tasks, data_dir: str | Path | None = None):
+        """The tokenized data and the backbone these settings read (``data_dir``: read from there instead)."""
+        where = data_dir if data_dir is not None else self.data_dir
+        if where is None:
+            raise UserError("the trial's data directory is not recorded; pass --data-dir")
+        settings = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "data_dir"}
+        return prepare(where, list(tasks), **settings)
+
+
+@dataclass(frozen=True)
+class TrialSpec:
+    config: TrainConfig
+    data: DataSettings
+    threads: int | None = None  # torch's threads (a trial re-runs exactly on as many)
+
+    def __post_init__(self):
+        # the method's options resolved (its defaults written out, its dropout the config's): one spec, one form
+        resolved = dataclasses.asdict(
+            methods.make_method_config(self.config.method, self.config.method_options_with_dropout())
+        )
+        resolved.pop("dropout")
+        if resolved != self.config.method_options:
+            object.__setattr__(self, "config", dataclasses.replace(self.config, method_options=resolved))
+
+    def command(self) -> str:
+        """The ``peftune train`` command line of this trial."""
+        return train_command(self.config, dataclasses.asdict(self.data), self.threads)
+
+    def to_dict(self) -> dict[str, Any]:
+        config = dataclasses.asdict(self.config)
+        config["predictions_of"] = list(config["predictions_of"])
+        return {"format": FORMAT, "train": config, "data": dataclasses.asdict(self.data), "threads": self.threads}
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2) + "\n"
+
+    @classmethod
+    def from_dict(cls, raw: Any, source: str = "trial spec") -> TrialSpec:
+        """The spec of ``raw`` (``to_dict``'s form), each part validated by its own class; an error names
+        ``source`` and the key."""
+        if not isinstance(raw, dict):
+            raise UserError(f"{source}: expected a JSON object with format, train, data and threads")
+        if raw.get("format") != FORMAT:
+            raise UserError(f"{source}: format {raw.get('format')!r}; this version of peftune reads format {FORMAT}")
+        unknown = sorted(set(raw) - {"format", "train", "data", "threads"})
+        if unknown:
+            raise UserError(f"{source}: unknown key {unknown[0]!r}; expected format, train, data, threads")
+        threads = raw.get("threads")
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise UserError(f"{source}: threads {threads!r}, expected a count >= 1 or null")
+        train = raw.get("train")
+        if isinstance(train, dict) and isinstance(train.get("predictions_of"), list):
+            train = {**train, "predictions_of": tuple(train["predictions_of"])}  # JSON has no tuples
+        config = _build(TrainConfig, train, f"{source}: train")
+        data = _build(DataSettings, raw.get("data"), f"{source}: data")
+        return cls(config, data, threads)
+
+
+def write(spec: TrialSpec, path: str | Path) -> Path:
+    """``spec`` as the JSON file ``path``, written whole or not at all (a temporary file renamed)."""
+    path = Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(spec.to_json())
+    os.replace(tmp, path)
+    return path
+
+
+def read(path: str | Path) -> TrialSpec:
+    """The spec in the JSON file ``path`` (a sweep run's ``trial_spec.json``)."""
+    path = Path(path)
+    try:
+        raw = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"{path}: no such file") from None
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserError(f"{path}: cannot be read: {error}") from None
+    except json.JSONDecodeError as error:
+        raise UserError(f"{path}: not valid JSON: line {error.lineno}, column {error.colno}: {error.msg}") from None
+    return TrialSpec.from_dict(raw, str(path))
+
+
+def _build(cls, values: Any, where: str):
+    """``cls(**values)`` with an unknown or missing key, or a value the class refuses, named after ``where``."""
+    if not isinstance(values, dict):
+        raise UserError(f"{where}: expected a JSON object of {cls.__name__}'s fields")
+    names = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - names)
+    if unknown:
+        raise UserError(f"{where}: unknown key {unknown[0]!r}; expected some of {', '.join(sorted(names))}")
+    try:
+        return cls(**values)
+    except (PeftuneError, TypeError) as error:  # a value the class refuses; a required field missing
+        raise UserError(f"{where}: {one_line(error)}") from None
