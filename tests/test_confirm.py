@@ -12,7 +12,6 @@ import dataclasses
 import os
 import signal
 import statistics
-import threading
 import time
 from pathlib import Path
 
@@ -312,19 +311,29 @@ def test_the_time_cap_counts_from_the_first_rounds_end(local_ray, workdir, tiny_
 
 
 @pytest.mark.slow
-def test_the_report_replays_the_seeds_the_confirmation_used(local_ray, workdir, tiny_data_dir):
+def test_the_report_replays_the_seeds_the_confirmation_used(local_ray, workdir, tiny_data_dir, monkeypatch):
     """With the real procedure and a decision split: the report's replay (the same code) uses exactly the seeds
-    the confirmation trained, and says why each configuration stopped."""
+    the confirmation trained, and says why each configuration stopped. The rounds decide on what the driver kept
+    of its trials, never reading the record back (issue 31: each round re-read every run), and that is the very
+    frame the record holds."""
     from analysis import report, runs
 
     uri = f"sqlite:///{workdir / 'mlflow.db'}"
     spec = definition(workdir / "defs", "adaptive_real", concurrency=2, confirm=", max_seeds: 3")
     spec = dataclasses.replace(spec, budget=dataclasses.replace(spec.budget, decision_examples=16))
+    reads, frames = [], []
+    decide = confirm.decide_round
+    monkeypatch.setattr(confirm, "decide_round", lambda frame, *args: frames.append(frame) or decide(frame, *args))
     result = sweep.run_sweep(
         spec, tiny_data_dir, uri, storage_path=workdir / "ray_results", verbose=0,
-        read_predictions=report.read_predictions,
+        read_predictions=lambda *where: reads.append(where) or report.read_predictions(*where),
     )  # fmt: skip
     assert result.status == "completed"
+    assert frames and not reads, "a round read the record back"
+    columns = ["config_key", "seed", "task", "example_id", "prediction", "label"]
+    kept = frames[-1][columns].sort_values(columns).reset_index(drop=True)
+    recorded = report.read_predictions(uri, "adaptive_real")[columns].sort_values(columns).reset_index(drop=True)
+    assert len(kept) and kept.equals(recorded)
     built = report.build_report(runs.read_sweep_record("adaptive_real", uri), reference=False)
     outcome = built.decisions.outcome
     trained = {key: len(seeds) for key, seeds in seeds_by_config(uri, result.parent_run_id).items()}
@@ -456,56 +465,19 @@ def test_rounds_start_the_next_round_only_when_every_trial_of_the_last_has_finis
     assert [c["seed"] for c in handed] == [1, 2, 3, 4, 5]
 
 
-def test_rounds_read_the_record_ahead_while_a_slot_waits_and_finish_before_the_decision():
-    """Once per round, when a slot waits for the round's last trials, ``warm`` reads what the decision will
-    read; the decision is asked for only after that read is over, and a failing read changes nothing."""
-    events = []
-    release = threading.Event()
-
-    def warm():
-        events.append("warm")
-        release.wait(5)  # still reading when the round ends
-        events.append("warmed")
-        raise ConnectionError("the tracking server went away")  # met again by the decision, not here
-
-    rounds = confirm.Rounds([{"seed": 1}, {"seed": 2}], lambda: events.append("decide") or None, warm=warm)
-    rounds.suggest("t1")
-    assert events == []  # no slot waits yet: the second config is still to hand out
-    rounds.suggest("t2")
-    assert rounds.suggest("t3") is None and rounds.suggest("t3") is None  # a slot waits, asked twice
-    rounds.on_trial_complete("t1")
-    rounds.on_trial_complete("t2")
-    threading.Timer(0.2, release.set).start()
-    assert rounds.suggest("t3") == Searcher.FINISHED
-    assert events == ["warm", "warmed", "decide"]
-
-
-def test_a_read_ahead_that_hangs_does_not_hold_the_decision_up():
-    hung = threading.Event()
-    rounds = confirm.Rounds([{"seed": 1}], lambda: None, warm=lambda: hung.wait(30))
-    rounds.warm_wait_s = 0.2
-    rounds.suggest("t1")
-    assert rounds.suggest("t2") is None  # a slot waits: the read ahead starts, and hangs
-    rounds.on_trial_complete("t1")
-    started = time.monotonic()
-    assert rounds.suggest("t2") == Searcher.FINISHED
-    assert time.monotonic() - started < 5
-    hung.set()
-
-
 def test_a_resume_counts_the_seeds_an_earlier_run_added(monkeypatch):
     """Issue 34, item 9: resumed after a fault, the sweep said "confirmation: 14/14" where the record held 21
     runs; the seeds the first run had added were in no count. The decisions read them: they are counted."""
     from types import SimpleNamespace as NS
 
     import numpy as np
+    import pandas as pd
 
     def run(key: str, seed: int):
         tags = {record.CONFIG_KEY: key, record.SEED: str(seed), record.STATUS: record.COMPLETED}
         return NS(data=NS(tags=tags), info=NS(run_id=f"{key}-{seed}"))
 
     runs = [run("a", 1), run("a", 2), run("a", 3), run("b", 1), run("b", 2)]  # seed 3 of a: added before the fault
-    monkeypatch.setattr(confirm, "confirmation_runs", lambda client, rec: runs)
     final = {key: decisions.Values(seeds, {"sst": np.zeros((len(seeds), 4))}) for key, seeds in
              (("a", (1, 2, 3)), ("b", (1, 2)))}  # fmt: skip
     outcome = decisions.Outcome([], {"a": 3, "b": 2}, {}, {}, 2, "decided", final)
@@ -514,9 +486,10 @@ def test_a_resume_counts_the_seeds_an_earlier_run_added(monkeypatch):
     settings = NS(max_seconds=None, report_seeds=0, max_seeds=4)
     confirmation = confirm.Confirmation(
         definition=NS(confirm=settings, tasks=("sst",), seed=0, name="s"), record=NS(tracking_uri=""),
-        runnable=None, client=None, trial_logger=NS(flush=lambda wait_s: True), storage="", callbacks=(),
-        verbose=0, flush_s=0.0,
-        read_predictions=lambda uri, name: None, searched=candidates, candidates=list(candidates.values()),
+        runnable=None, client=None, trial_logger=NS(flush=lambda wait_s: True, confirmed={}), storage="",
+        callbacks=(), verbose=0, flush_s=0.0, read_predictions=lambda uri, name: pd.DataFrame(),
+        searched=candidates, candidates=list(candidates.values()),
+        earlier={(run.data.tags[record.CONFIG_KEY], run.data.tags[record.SEED]): run for run in runs},
     )  # fmt: skip
     result = confirmation.run([(candidates[k], seed, "") for k in "ab" for seed in (1, 2)])
     assert (result.wanted, result.finished, result.ran, result.added) == (5, 5, 0, 1)

@@ -45,7 +45,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -207,7 +206,7 @@ def trial_config(candidate: Candidate, seed: int, why: str = "") -> dict:
 class ConfirmationResult:
     status: str  # completed | interrupted | skipped (confirm.seeds or top_k is 0)
     wanted: int  # confirmation trials asked for: candidates x seeds, and the seeds added for open decisions
-    finished: int  # of those, with a final status (completed or failed) in the record
+    finished: int  # of those, with a final status (completed or failed)
     ran: int  # trials started by this call
     deleted: list[str]  # partial runs of interrupted or failed pairs, deleted before they ran again
     added: int = 0  # seeds added to configurations of inconclusive decisions (in ``wanted`` too)
@@ -222,34 +221,17 @@ class Rounds(Searcher):
     So the rounds of added seeds run in ONE Tune experiment: no experiment is set up again per round, and
     a trial actor stays alive between rounds (``reuse_actors``). A ``Searcher`` (not a variant generator)
     so that Tune applies ``max_concurrent_trials`` to it; between rounds it answers None (not ready yet).
-
-    ``warm()``, when given, runs in a thread once per round, as soon as a slot waits for the round's last
-    trials: it reads what the next decision will read, so that reading what the finished trials wrote is
-    done while a core is free (the decision itself waits for every trial of the round).
     """
 
-    # the longest the decision waits for warm(): a read held up by an unreachable tracking server (MLflow
-    # retries for minutes) must not hold it up too; the decision meets the same outage and handles it
-    warm_wait_s = 30.0
-
-    def __init__(
-        self,
-        first: Sequence[dict],
-        next_round: Callable[[], list[dict] | None],
-        warm: Callable[[], object] | None = None,
-    ):
+    def __init__(self, first: Sequence[dict], next_round: Callable[[], list[dict] | None]):
         super().__init__(metric=SCORE, mode="max")
-        self.queue, self.next_round, self.warm = [dict(c) for c in first], next_round, warm
+        self.queue, self.next_round = [dict(c) for c in first], next_round
         self.running: set[str] = set()
         self.over = False
         self.round_ended = 0.0  # when the round's last trial was reported complete (time.monotonic)
-        self.warming: threading.Thread | None = None  # this round's warm(), once started
 
     def suggest(self, trial_id: str):
         while not self.queue and not self.running and not self.over:
-            if self.warming is not None:
-                self.warming.join(self.warm_wait_s)
-            self.warming = None
             more = self.next_round()  # the round is over: every one of its trials has finished
             self.queue, self.over = [dict(c) for c in more or []], more is None
             log.info(
@@ -258,9 +240,6 @@ class Rounds(Searcher):
         if self.over:
             return Searcher.FINISHED
         if not self.queue:
-            if self.warm is not None and self.warming is None:
-                self.warming = threading.Thread(target=_quietly, args=(self.warm,), name="warm-record", daemon=True)
-                self.warming.start()
             return None  # the round's last trials are still running
         self.running.add(trial_id)
         return self.queue.pop(0)
@@ -268,20 +247,6 @@ class Rounds(Searcher):
     def on_trial_complete(self, trial_id: str, result=None, error: bool = False) -> None:
         self.running.discard(trial_id)
         self.round_ended = time.monotonic()
-
-
-def _quietly(work: Callable[[], object]) -> None:
-    # a head start only: a failure here is met again, and reported, by the decision that needs the record
-    try:
-        work()
-    except Exception as error:  # noqa: BLE001
-        log.debug("confirmation: reading the record ahead of the decision failed: %s", error)
-
-
-def confirmation_runs(client, record) -> list:
-    """The confirmation child runs of the sweep (active ones)."""
-    runs = child_runs(client, record.experiment_id, record.parent_run_id)
-    return [r for r in runs if run_phase(r.data.tags) == CONFIRM]
 
 
 def run_confirmation(
@@ -306,9 +271,9 @@ def run_confirmation(
     (:func:`peftune.decisions.replay`, the one the report and ``peftune decide`` use) replays the looks on
     them; the configurations it still wants seeds for get one more each, all of a round as parallel trials of
     the same Tune experiment, until every budget is decided, the rest is futile, ``confirm.max_seeds`` or
-    ``confirm.max_seconds``. The record holds the seeds, so a resume replays to the same point. It is also
-    called in a thread once a slot waits for a round's last trials, its answer unused: what it reads of the
-    finished runs is then kept (``analysis.runs``) for the decision.
+    ``confirm.max_seconds``. The record holds the seeds, so a resume replays to the same point. It is
+    called once, on a resume, for the runs an earlier run of the sweep completed: the rounds decide on what the
+    trial logger kept of this run's trials (``TrialLogger.confirmed``), not on the record read back.
     """
     settings = definition.confirm
     if settings.seeds == 0 or (settings.top_k == 0 and not settings.defaults):
@@ -319,8 +284,9 @@ def run_confirmation(
     first = [(c, s, "") for c in candidates for s in confirm_seeds(definition.seed, settings.seeds)]
     log.info("confirmation: %d configuration(s) x %d seed(s)", len(candidates), settings.seeds)
     searched = {c.config_key: c for c in map(_candidate, runs) if c is not None}
+    earlier = {(run_config_key(r), r.data.tags.get(SEED)): r for r in runs if run_phase(r.data.tags) == CONFIRM}
     confirmation = Confirmation(definition, record, runnable, client, trial_logger, storage, callbacks, verbose,
-                                flush_s, read_predictions, searched, candidates)  # fmt: skip
+                                flush_s, read_predictions, searched, candidates, earlier)  # fmt: skip
     return confirmation.run(first)
 
 
@@ -356,9 +322,10 @@ class Confirmation:
     (every candidate x seed), then one seed more for every configuration of an open decision, while
     the decision procedure wants them, under ``confirm.max_seeds`` and ``confirm.max_seconds``.
 
-    Each round skips the pairs the record has completed and replaces the partial runs of the others (see the
-    module docstring); the decisions read the record of completed rounds only, as when each round was an
-    experiment of its own."""
+    Each round skips the pairs completed (in this run, or in the record an earlier run left) and replaces the
+    partial runs of the others (see the module docstring). A round is decided once every write of its trials
+    reached the record (a tracking outage holds the next round back), on the same predictions the record holds:
+    the record is read once, at the start, however many rounds and runs there are."""
 
     definition: object
     record: object
@@ -372,6 +339,11 @@ class Confirmation:
     read_predictions: Callable[[str, str], object] | None
     searched: Mapping[str, Candidate]  # config key -> its search trial (the seeds added re-train it)
     candidates: Sequence[Candidate] = ()  # the configurations confirmed
+    # (config key, seed as tagged) -> the confirmation run an earlier run of the sweep left in the record, read
+    # once at the start; what this run trains, the trial logger keeps (``TrialLogger.confirmed``): no round reads
+    # the record back
+    earlier: Mapping[tuple[str, str], object] = dataclasses.field(default_factory=dict)
+    earlier_predictions: object = None  # their decision-split predictions, read once when first needed
     wanted: list = dataclasses.field(default_factory=list)  # every (candidate, seed, why) asked for so far
     deleted: list = dataclasses.field(default_factory=list)
     ran: int = 0
@@ -387,7 +359,7 @@ class Confirmation:
         while todo == []:  # nothing left to train in this round (a resume): the next one, if any
             todo = self.next_round()
         if todo:
-            self._fit(Rounds(todo, self.next_round, warm=self.read_ahead))
+            self._fit(Rounds(todo, self.next_round))
         finished = self.finished()
         status = COMPLETED if finished == len(self.wanted) and not self.held_back else INTERRUPTED
         stopped_by = self.stopped_by if self.added else ""
@@ -395,13 +367,14 @@ class Confirmation:
 
     def todo(self, wanted: Sequence[tuple[Candidate, int, str]]) -> list[dict]:
         """The trial configs of ``wanted`` still to train, longest first; the partial runs among them deleted."""
-        existing = {(run_config_key(r), r.data.tags.get(SEED)): r for r in confirmation_runs(self.client, self.record)}
         todo, deleted = [], []
         for candidate, seed, why in longest_first(wanted):
-            run = existing.get((candidate.config_key, str(seed)))
-            if run is not None and run.data.tags.get(STATUS) == COMPLETED:
+            pair = (candidate.config_key, seed)
+            run = self.earlier.get((candidate.config_key, str(seed)))
+            if self.status(pair) == COMPLETED:
                 continue
-            if run is not None:  # interrupted or failed: it trains again from the start, in one run only
+            if run is not None and pair not in self.trial_logger.confirmed:
+                # interrupted or failed in an earlier run: it trains again from the start, in one run only
                 self.client.delete_run(run.info.run_id)
                 deleted.append(run.info.run_id)
             todo.append(trial_config(candidate, seed, why))
@@ -418,8 +391,7 @@ class Confirmation:
         start = time.monotonic()
         flushed = self.trial_logger.flush(self.flush_s)
         flushed_at = time.monotonic()
-        runs = confirmation_runs(self.client, self.record)  # read once: the round is over, nothing writes
-        if not flushed or self.finished(runs) < len(self.wanted):
+        if not flushed or self.finished() < len(self.wanted):
             self.held_back = True
             return None
         if self.read_predictions is None:
@@ -427,13 +399,13 @@ class Confirmation:
         if self.adding_since is None:
             self.adding_since = time.monotonic()
         read_at = time.monotonic()
-        frame = self.read_predictions(self.record.tracking_uri, self.definition.name)
+        frame = self.decision_frame()
         settings = self.definition.confirm
         outcome = decide_round(frame, self.definition.tasks, self.candidates, settings)
         decided_at = time.monotonic()
         # the slots wait for this: its parts say which one to make cheaper
         log.info(
-            "confirmation: round decided in %.1f s (writes flushed %.1f s, runs read %.1f s, decisions %.1f s)",
+            "confirmation: round decided in %.1f s (writes flushed %.1f s, predictions %.1f s, decisions %.1f s)",
             decided_at - start,
             flushed_at - start,
             read_at - flushed_at,
@@ -495,20 +467,40 @@ class Confirmation:
         self.wanted += wanted
         return self.todo(wanted)
 
-    def read_ahead(self) -> None:
-        """What the next decision reads, read now: the finished runs' predictions stay in this process
-        (``analysis.runs``), so after the round only the last runs' are read."""
-        if self.read_predictions is not None:
-            self.read_predictions(self.record.tracking_uri, self.definition.name)
+    def status(self, pair: tuple[str, int]) -> str | None:
+        """How the confirmation trial of (config key, seed) ended: in this run, else in the record an earlier run
+        left (None: it has not ended)."""
+        if pair in self.trial_logger.confirmed:
+            return self.trial_logger.confirmed[pair].status
+        run = self.earlier.get((pair[0], str(pair[1])))
+        return run.data.tags.get(STATUS) if run is not None else None
 
-    def finished(self, runs: list | None = None) -> int:
-        """How many of the wanted pairs have a final status (completed or failed) in the record (``runs``: the
-        confirmation runs, read from it when None)."""
-        runs = confirmation_runs(self.client, self.record) if runs is None else runs
-        final = {
-            (run_config_key(r), r.data.tags.get(SEED)) for r in runs if r.data.tags.get(STATUS) in (COMPLETED, FAILED)
-        }
-        return sum((c.config_key, str(s)) in final for c, s, _ in self.wanted)
+    def finished(self) -> int:
+        """How many of the wanted pairs have a final status (completed or failed)."""
+        return sum(self.status((c.config_key, s)) in (COMPLETED, FAILED) for c, s, _ in self.wanted)
+
+    def decision_frame(self):
+        """The decision-split predictions of every completed pair (``read_predictions``' columns): those of an
+        earlier run of the sweep read from the record once, this run's as its trial logger kept them."""
+        import io
+
+        import pandas as pd
+
+        if self.earlier_predictions is None:
+            done = {(key, int(seed)) for (key, seed), run in self.earlier.items()
+                    if run.data.tags.get(STATUS) == COMPLETED}  # fmt: skip
+            read = self.read_predictions(self.record.tracking_uri, self.definition.name) if done else pd.DataFrame()
+            if len(read):  # the record holds this run's pairs too by now: they are the trial logger's
+                read = read[[(k, int(s)) in done for k, s in zip(read["config_key"], read["seed"], strict=True)]]
+            self.earlier_predictions = read
+        frames = [self.earlier_predictions] if len(self.earlier_predictions) else []
+        for (key, _), pair in self.trial_logger.confirmed.items():
+            if pair.status == COMPLETED and pair.decision is not None:
+                frames.append(pd.read_csv(io.StringIO(pair.decision)).assign(config_key=key))
+        if not frames:
+            return pd.DataFrame()
+        frame = pd.concat(frames, ignore_index=True)
+        return frame.assign(seed=frame["seed"].astype(int))
 
     def _fit(self, rounds: Rounds) -> None:
         definition = self.definition

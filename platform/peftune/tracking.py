@@ -106,6 +106,7 @@ from peftune.record import (
     CONFIRM,
     COUNT_METRICS,
     DATA_FINGERPRINT,
+    DECISION,
     DEFAULT,
     DEFINITION_FINGERPRINT,
     DIVERGED,
@@ -619,6 +620,15 @@ def error_text(raw: str | None) -> str:
     return f"{summary}\n\n{body[-room:]}" if summary else body[-MAX_TAG_CHARS:]
 
 
+@dataclass
+class ConfirmedPair:
+    """A confirmation trial's outcome as the driver saw it end: its final status and, completed, the decision
+    split's predictions of its kept epoch (the text of its ``predictions/decision.csv.gz``)."""
+
+    status: str
+    decision: str | None = None
+
+
 class TrialLogger(tune.Callback):
     """Logs each trial as a child run of the sweep's parent run (see the module docstring).
 
@@ -643,6 +653,9 @@ class TrialLogger(tune.Callback):
         # per split (decision, dev), per task: (example ids, labels), in the order of a trial's predictions
         self.examples = examples or {}
         self.buffer = None
+        # (config key, seed) -> how each confirmation trial of this driver ended: what the confirmation decides on
+        # between its rounds, instead of reading back the record it wrote (kept across Tune experiments)
+        self.confirmed: dict[tuple[str, int], ConfirmedPair] = {}
         self._reset()
 
     def _reset(self):
@@ -655,6 +668,7 @@ class TrialLogger(tune.Callback):
         self._partials: dict[str, set[int]] = {}  # trial id -> examples_seen of the rungs logged within epochs
         self._unfinished: dict[str, tuple[str, str]] = {}  # config key -> (trial id, run id) of unfinished runs
         self._predicted: dict[str, float] = {}  # trial id -> score of the epoch whose predictions are logged
+        self._decision: dict[str, str] = {}  # trial id -> those predictions on the decision split (CSV text)
         self._full: DiskFullError | None = None  # a trial's write refused for space: the sweep stops on it
 
     def __getstate__(self):  # Ray pickles callbacks with the experiment; the client is rebuilt in setup()
@@ -669,6 +683,7 @@ class TrialLogger(tune.Callback):
     def __setstate__(self, state):
         self.__dict__.update(state)
         self.buffer = None
+        self.confirmed = {}
         self._reset()
 
     def open_buffer(self, timeout: float = 600.0) -> None:
@@ -880,6 +895,8 @@ class TrialLogger(tune.Callback):
         for split, predictions in result["predictions"].items():
             text = predictions_csv(predictions, self.examples[split], int(seed))
             self._write("artifact", trial_id=trial.trial_id, path=predictions_artifact(split), text=text)
+            if split == DECISION:
+                self._decision[trial.trial_id] = text
 
     def _log_partial(self, trial_id: str, result: dict) -> None:
         """A rung within an epoch, once: ``fidelity_<score|steps|progress>`` at step = examples seen."""
@@ -942,6 +959,10 @@ class TrialLogger(tune.Callback):
             task_metrics=self.task_metrics,
         )  # fmt: skip
         self._finished.add(trial.trial_id)
+        marks = trial.config.get("peftune") or {}
+        if marks.get("phase") == CONFIRM:
+            decision = self._decision.get(trial.trial_id) if status == COMPLETED else None
+            self.confirmed[(str(marks["config_key"]), int(marks["seed"]))] = ConfirmedPair(status, decision)
 
     def on_experiment_end(self, trials, **info):
         self.close_open_runs()
