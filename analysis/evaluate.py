@@ -51,7 +51,8 @@ import pandas as pd
 import yaml
 
 from analysis import confirmed, pareto, plots
-from analysis.report import ARTIFACT_PATH, to_markdown
+from analysis.publish import ARTIFACT_PATH
+from analysis.render import to_markdown
 from analysis.runs import SweepRuns, read_sweep_record
 from peftune.backbone import load_tokenizer, resolve_model_dir
 from peftune.checkpoint import CheckpointError, load_checkpoint, load_trainable

@@ -316,7 +316,7 @@ def test_the_report_replays_the_seeds_the_confirmation_used(local_ray, workdir, 
     the confirmation trained, and says why each configuration stopped. The rounds decide on what the driver kept
     of its trials, never reading the record back (issue 31: each round re-read every run), and that is the very
     frame the record holds."""
-    from analysis import report, runs
+    from analysis import render, report, runs
 
     uri = f"sqlite:///{workdir / 'mlflow.db'}"
     spec = definition(workdir / "defs", "adaptive_real", concurrency=2, confirm=", max_seeds: 3")
@@ -344,7 +344,7 @@ def test_the_report_replays_the_seeds_the_confirmation_used(local_ray, workdir, 
     assert built.own_world.startswith("sst ") and " examples (effect sd " in built.own_world
     sizes = {len(a.members) for a in outcome.answers if len(a.members) >= 2}
     assert {f"K={k} false 'better' (global null)" for k in sizes} <= set(built.own_rates["what"])
-    assert "How often this procedure errs at this sweep's sizes" in "\n".join(report.answer_lines(built))
+    assert "How often this procedure errs at this sweep's sizes" in "\n".join(render.answer_lines(built))
     predictions = runs.load_predictions(runs.read_sweep_record("adaptive_real", uri))
     assert set(predictions["split"]) == {"decision", "dev"}
 

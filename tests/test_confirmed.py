@@ -17,7 +17,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from analysis import confirmed, report, runs
+from analysis import confirmed, publish, render, report, runs
 from sweep_record import TrialSpec, counts, record_sweep
 
 BACKBONE = 1_000_000
@@ -120,7 +120,7 @@ def record(tmp_path_factory):
 @pytest.fixture(scope="module")
 def built(record):
     uri, tmp = record
-    return report.write_report(runs.read_sweep_record("noise", uri), tmp / "report", reference=False)
+    return publish.write_report(runs.read_sweep_record("noise", uri), tmp / "report", reference=False)
 
 
 def seed_means() -> dict[str, float]:
@@ -176,7 +176,7 @@ def test_the_pick_is_the_cheapest_configuration_not_worse_than_the_best(built):
     # under 0.1% only r=1 and bitfit fit; r=1 is the best there and shown better than the cheaper bitfit
     assert rec.loc[0.1, "label"] == "lora r=1" and rec.loc[0.1, "best"] == "lora r=1"
     assert rec.loc[0.1, "decision"] == "better" and 0 < rec.loc[0.1, "p_best"] <= 1
-    text = report.markdown_report(built)
+    text = render.markdown_report(built)
     assert "| ≤ 1% | lora r=1 | not worse |" in text
 
 
@@ -204,14 +204,14 @@ def test_the_tuning_gain_is_shown_with_its_interval_also_when_the_default_won(bu
     assert fair.loc["lora", "default_source"] == "search" and fair.loc["lora", "default_score"] == pytest.approx(0.30)
     assert math.isnan(fair.loc["lora", "gain_ci_low"]) and fair.loc["lora", "tuning_gain"] > 0
     assert fair.loc["lora", "trials"] == 3 and fair.loc["lora", "steps"] == 1200  # from the parent's budget metrics
-    text = report.markdown_report(built)
+    text = render.markdown_report(built)
     sections = [line for line in text.splitlines() if line.startswith("## ")]
     assert sections[:3] == [
         "## Recommendation per parameter budget",
         "## Fairness per method",
         "## Confirmed configurations (seed means)",
     ]
-    page = report.html_report(built)
+    page = render.html_report(built)
     assert page.index("Recommendation per parameter budget") < page.index("Fairness per method")
 
 
@@ -251,7 +251,7 @@ def test_without_predictions_every_decision_stays_open(tmp_path):
     assert rec.loc[1.0, "label"] == "lora r=8" and rec.loc[1.0, "decision"] == "cannot tell"
     assert "no decision-split predictions" in rec.loc[1.0, "needs"]
     assert not len(built.decisions.table)
-    assert "No confirmation runs recorded" in report.markdown_report(built)
+    assert "No confirmation runs recorded" in render.markdown_report(built)
 
 
 def test_evaluate_reuses_the_confirmed_configurations_and_seeds(record):
@@ -273,7 +273,7 @@ def test_what_tuning_buys_starts_at_the_default(built, record):
     assert curve[2] == pytest.approx((0.45 + 0.44) / 2)  # the default or one searched draw, whichever is better
     assert curve.is_monotonic_increasing and curve[3] <= 0.45
     assert (tmp / "report" / "expected_max.png").stat().st_size > 10_000
-    assert "### What tuning buys" in report.markdown_report(built)
+    assert "### What tuning buys" in render.markdown_report(built)
 
 
 class CountingClient(mlflow.MlflowClient):

@@ -222,7 +222,7 @@ def test_the_sweep_hook_never_fails_a_finished_sweep(store, tmp_path, caplog):
     """``on_sweep_finished`` runs at the end of a job: a failing report is logged with the retry command."""
     from types import SimpleNamespace
 
-    from analysis.report import on_sweep_finished
+    from analysis.publish import on_sweep_finished
 
     uri, parent_id, _ = store
     result = SimpleNamespace(name="missing", tracking_uri=uri, report_dir=tmp_path / "r", parent_run_id=parent_id)
@@ -243,7 +243,7 @@ def test_reading_a_sweep_never_imports_ray():
     import subprocess
     import sys
 
-    code = "import sys, analysis.runs, analysis.report; print('ray' in sys.modules)"
+    code = "import sys, analysis.runs, analysis.publish; print('ray' in sys.modules)"
     assert (
         subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.strip()
         == "False"
@@ -268,7 +268,7 @@ def test_a_sweep_without_a_completed_trial_is_refused_in_one_line_and_nothing_is
 
 def test_a_report_that_fails_midway_leaves_its_folder_as_it_was(store, tmp_path, monkeypatch):
     """The files are written beside the folder and moved in once all are written: a failure leaves no half report."""
-    from analysis import report
+    from analysis import publish
 
     uri, _, _ = store
     sweep = runs.read_sweep_record("unit_sweep", uri)
@@ -278,23 +278,23 @@ def test_a_report_that_fails_midway_leaves_its_folder_as_it_was(store, tmp_path,
 
     output = tmp_path / "reports" / "unit_sweep"
     with monkeypatch.context() as patched:
-        patched.setattr(report, "html_report", fails)  # the last file written
+        patched.setattr(publish, "html_report", fails)  # the last file written
         with pytest.raises(RuntimeError, match="the last file failed"):
-            report.write_report(sweep, output, reference=False)
+            publish.write_report(sweep, output, reference=False)
     assert not (tmp_path / "reports").exists()  # nothing, not even the folder above
 
-    written = report.write_report(sweep, output, reference=False)
+    written = publish.write_report(sweep, output, reference=False)
     assert {p.name for p in output.iterdir()} == {p.name for p in written.files}
     (output / "evaluation").mkdir()  # peftune evaluate's, and a user's own file: a new report keeps both
     (output / "evaluation" / "evaluation.md").write_text("# Final evaluation\n\n| score |\n|---|\n| 0.5 |\n")
     (output / "notes.txt").write_text("mine")
     (output / "report.md").write_text("the earlier report")
     with monkeypatch.context() as patched:
-        patched.setattr(report, "html_report", fails)
+        patched.setattr(publish, "html_report", fails)
         with pytest.raises(RuntimeError):
-            report.write_report(sweep, output, reference=False)
+            publish.write_report(sweep, output, reference=False)
     assert (output / "report.md").read_text() == "the earlier report"  # not half replaced
     assert [p.name for p in (tmp_path / "reports").iterdir()] == ["unit_sweep"]  # no temporary folder left
-    report.write_report(sweep, output, reference=False)
+    publish.write_report(sweep, output, reference=False)
     assert "## Held-out test split" in (output / "report.md").read_text()
     assert (output / "notes.txt").read_text() == "mine" and (output / "evaluation" / "evaluation.md").is_file()

@@ -13,7 +13,8 @@ import subprocess
 
 import pytest
 
-from analysis.report import build_report, html_report
+from analysis.render import html_report
+from analysis.report import build_report
 from analysis.runs import read_sweep_record
 from sweep_record import TrialSpec, counts, record_sweep
 

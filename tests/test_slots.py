@@ -57,7 +57,7 @@ def test_the_sweep_row_counts_the_hand_over_between_the_phases_as_outside():
 
 
 def test_the_report_shows_spans_in_minutes_with_one_decimal():
-    from analysis.report import _slot_lines
+    from analysis.render import _slot_lines
 
     lines = _slot_lines(slots.slot_table(runs((0, 318, 300, 10)), runs((320, 1116, 700, 90))))
     table = lines[-1]  # the Markdown table, one string

@@ -474,7 +474,7 @@ def cmd_decide(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from analysis.report import report_sweep
+    from analysis.publish import report_sweep
     from peftune.console import quiet_libraries
 
     quiet_libraries()  # no download bar per artifact read
@@ -953,7 +953,8 @@ def main_from_args(args) -> int:
         check_test_args(test_dir, definition, args.test_seeds)
     lease.Lease(lease.lease_dir(record.storage_uri(args.storage_path)), definition.name).check_free()
     prepared = spaces.prepare_data(definition, args.data_dir)
-    from analysis.report import on_sweep_finished, read_predictions
+    from analysis.publish import on_sweep_finished
+    from analysis.report import read_predictions
     from peftune import console, sweep
 
     _warn_relative_paths_in_job(args)

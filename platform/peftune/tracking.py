@@ -35,7 +35,7 @@ Parent run (run name ``<sweep>``):
 - dataset inputs: every data file (name = file name, digest = its sha256's first 12 hex digits, profile
   ``{"sha256": ...}``, context ``training`` or ``dev``);
 - once the report is written: ``mlflow.note.content`` (the run's description: the report's headline,
-  ``analysis.report.description``).
+  ``analysis.publish.description``).
 
 Child run per trial (run name ``<method> <size> · <phase>[ s<seed>][ default]``: ``peftune.record.run_label``):
 
