@@ -114,7 +114,8 @@ def test_a_one_epoch_confirmation_run_evaluates_dev_once_and_names_its_numbers_d
                                     train={"report_fractions": [1 / 3]})  # fmt: skip
     config = settings.train_config("frozen", {"lr": 1e-3, "dropout": 0.0, "weight_decay": 0.0})
     assert config.eval_splits == ["dev"] and config.predictions_of == ("dev",) and config.report_fractions == []
-    decided = dataclasses.replace(settings, data=DataSettings("data", decision_examples=8)).train_config(
+    data = DataSettings("data", selection_examples=8, decision_examples=8)
+    decided = dataclasses.replace(settings, data=data).train_config(
         "frozen", {"lr": 1e-3, "dropout": 0.0, "weight_decay": 0.0}
     )
     assert decided.eval_splits == ["dev", "decision"] and decided.predictions_of == ("decision", "dev")
