@@ -1,0 +1,707 @@
+"""The sweep driver's own cost as a sweep grows: CPU seconds and MLflow calls per trial, window by window.
+
+What runs: the real driver (``peftune.sweep.run_sweep``: the lease, the MLflow record, ``_tuner`` with the
+per-method Optuna searcher and per-method ASHA of ``peftune.search``, ``tracking.TrialLogger`` and its write
+buffer, ``search.RunLinks``, ``console.Progress``, ``resume.GoodState``, ``tracking.RecordedResults``, the
+closing reads) on the shipped SST sweep (``sst_tuning``, budget ``cpu``: 14 methods, data-fidelity ASHA; 3 epochs
+so that a trial reports up to 4 results), with real Ray Tune, Optuna and MLflow, a throwaway SQLite tracking store
+and a temporary Ray storage path. One thing is replaced: the trainable (``sweep._runnable``). The benchmark's
+:func:`cheap_trainable` trains nothing; it reports at once what ``peftune.worker.trainable`` reports (the same
+keys: task metrics, ``score``, ``selection_score``, the fidelity counters, timings, parameter counts, granted
+resources; a data-fidelity rung within an epoch without a checkpoint, an epoch's end with one), with a score that
+depends on the configuration, so the searchers and the schedulers do their real work. The confirmation is off
+in the sweep (``confirm.seeds: 0``); its reads are measured apart (below).
+
+What is measured, in the driver process only (``resource.getrusage(RUSAGE_SELF)``: every thread of it, Tune's
+loop, the MLflow write buffer's thread and the in-process SQLite store; not Ray's raylet, GCS or workers):
+
+- per window of ``--window`` finished trials (from the first trial's start): driver CPU seconds per finished
+  trial and per reported result, MLflow calls per trial, the wall time, the writes still queued in the buffer
+  at the window's end, and the buffer thread's CPU per operation;
+- the end of the sweep (from the last trial's end to ``run_sweep``'s return: the flush and the closing reads);
+- the confirmation's reads against the runs in the record: the sweep's own record copied (SQLite backup, in a
+  child process) when ``--record-sizes`` trials had finished; on each copy the confirmation's opening reads
+  (``child_runs``, ``select_candidates``, ``Confirmation.todo``), then its first round's confirmation runs written
+  through the real ``TrialLogger`` (synthetic decision predictions), then a round's reads (``read_ahead`` and
+  ``next_round`` with ``analysis.report.read_predictions``, as ``peftune sweep`` passes it), the added seeds'
+  runs written, and a second round's reads.
+
+MLflow calls are counted at one place: every public method of ``mlflow.MlflowClient``, patched in this process
+(outermost calls only: a client method calling another counts once). That is every call the driver makes to
+the tracking store or its artifact store (the record's writes from the buffer thread included); a paged
+``search_runs`` counts once per page, as the code calls it.
+
+``--profile``: cProfile of the driver's main thread (Tune's loop and the callbacks) and of the buffer's thread
+over the first and the last window, written to ``--out`` (``first.prof``, ``last.prof``, ``*-buffer.prof``),
+and the functions whose time per trial grows the most printed. The profile slows the driver: its CPU figures
+are not the table's.
+
+Run: ``python -m peftune.bench_driver --trials 2000 [--out DIR]`` (HF_HUB_OFFLINE=1, ``--data-dir`` or
+``PEFTUNE_DATA_DIR``). It starts a local Ray of this machine's CPUs; it is a measurement, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import dataclasses
+import functools
+import inspect
+import json
+import math
+import os
+import pstats
+import random
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import zlib
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+from ray import tune
+
+from peftune import confirm, console, record, spaces, sweep, tracking, tracking_buffer, worker
+from peftune.tasks import get_task
+
+SWEEP_NAME = "driver_bench"
+WINDOW = 200
+RECORD_SIZES = (200, 1000, 2000)
+BACKBONE_PARAMS = 22_713_216  # all-minilm-l6-v2's encoder
+
+
+# ----------------------------------------------------------------------------- the cheap trainable
+
+
+def synthetic_score(method: str, sampled: dict, seed: int) -> float:
+    """A configuration's final selection score: best near lr 1e-3, a per-method offset, a little seed noise."""
+    lr = float(sampled.get("lr") or 1e-3)
+    offset = (zlib.crc32(method.encode()) % 7) * 0.01
+    noise = random.Random(f"{method}|{sorted(sampled.items())}|{seed}").gauss(0.0, 0.01)
+    return 0.25 + offset + 0.15 * math.exp(-((math.log10(lr) + 3.0) ** 2)) + noise
+
+
+def synthetic_counts(method: str) -> dict[str, float]:
+    """Parameter counts in the keys of ``params.ParameterCounts.summary`` (a fixed size per method)."""
+    trainable = 10 ** (3 + zlib.crc32(method.encode()) % 4)
+    pct = 100.0 * trainable / BACKBONE_PARAMS
+    return {
+        record.BACKBONE_PARAMS: BACKBONE_PARAMS,
+        record.TRAINABLE_PER_TASK: trainable,
+        record.TRAINABLE_PER_TASK_PCT: pct,
+        record.STORED_PARAMS: trainable,
+        record.STORED_PARAMS_PCT: pct,
+        record.CHECKPOINT_PARAMS: trainable,
+        record.HEAD_PARAMS: 1925,
+    }
+
+
+def evaluated(task_metrics: list[str], split: str, score: float) -> dict[str, float]:
+    """What ``train.evaluate_splits`` returns for a search trial (one split, the one it is judged on)."""
+    return {**dict.fromkeys(task_metrics, score), record.SCORE: score, record.split_metric(split, record.SCORE): score}
+
+
+def cheap_trainable(config: dict, settings: worker.TrialSettings, steps_per_run: int) -> None:
+    """A trial that trains nothing and reports at once what ``worker.trainable`` would (``run_trial``'s reports)."""
+    console.quiet_trial_logs()
+    settings = settings.for_trial(config)
+    method, sampled = settings.split(config)
+    train_config = settings.train_config(method, sampled)
+    granted = worker.granted_resources()
+    tasks = [get_task(t).metric_name for t in train_config.tasks]
+    epochs, batch = train_config.epochs, train_config.batch_size
+    steps_per_epoch = max(1, steps_per_run // epochs)
+    examples_per_run, final = steps_per_run * batch, synthetic_score(method, sampled, settings.seed)
+    split = train_config.eval_splits[0]
+
+    def progress(steps: int) -> dict:
+        seen = steps * batch
+        return {"steps": steps, "examples_seen": seen, "tokens_seen": seen * 24, "progress": seen / examples_per_run}
+
+    for epoch in range(epochs):
+        for fraction in sorted(train_config.report_fractions):  # a data-fidelity rung within this epoch
+            if epoch / epochs < fraction < (epoch + 1) / epochs:
+                steps = round(fraction * steps_per_run)
+                timings = {"train_time_s": 0.01 * steps, "eval_total_s": 0.001 * steps, "startup_s": 0.5}
+                score = final * (0.6 + 0.4 * fraction)
+                result = {record.EPOCH: epoch, **evaluated(tasks, split, score), **progress(steps), **timings}
+                tune.report({**result, record.PARTIAL: True, **granted})
+        steps = (epoch + 1) * steps_per_epoch
+        score = final * (0.6 + 0.4 * (epoch + 1) / epochs)
+        result = {
+            record.EPOCH: epoch + 1,
+            **evaluated(tasks, split, score),
+            "train_loss": 1.5 - score,
+            "epoch_time_s": 0.01 * steps_per_epoch,
+            "train_time_s": 0.01 * steps,
+            "tokens_per_s": 2400.0,
+            **progress(steps),
+            "precision": "fp32",
+            "startup_s": 0.5,
+            "eval_time_s": 0.05,
+            "eval_total_s": 0.05 * (epoch + 1),
+            "checkpoint_time_s": 0.001 * epoch,
+            **synthetic_counts(method),
+            **granted,
+        }
+        with tempfile.TemporaryDirectory(prefix="peftune-bench-ckpt-") as directory:
+            (Path(directory) / "trainable.safetensors").write_bytes(b"\0" * 4096)
+            (Path(directory) / "peftune.json").write_text(json.dumps({"method": method, "epoch": epoch + 1}))
+            tune.report(result, checkpoint=tune.Checkpoint.from_directory(directory))
+
+
+def cheap_runnable(definition, prepared, settings):
+    """Stands in for ``sweep._runnable``: the cheap trainable, with the sweep's resources per trial."""
+    trainable = tune.with_parameters(
+        cheap_trainable, settings=settings, steps_per_run=sweep.steps_per_run(definition, prepared)
+    )
+    return tune.with_resources(trainable, sweep.trial_resources(definition.resources))
+
+
+# ----------------------------------------------------------------------------- counting
+
+
+class MlflowCalls:
+    """Counts the calls of every public ``MlflowClient`` method in this process (outermost ones only)."""
+
+    def __init__(self):
+        self.calls: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._inside = threading.local()
+        self._originals: dict[str, object] = {}
+
+    def install(self) -> None:
+        from mlflow import MlflowClient
+
+        for name, function in list(vars(MlflowClient).items()):
+            if inspect.isfunction(function) and not name.startswith("_"):
+                self._originals[name] = function
+                setattr(MlflowClient, name, self._counted(name, function))
+
+    def uninstall(self) -> None:
+        from mlflow import MlflowClient
+
+        for name, function in self._originals.items():
+            setattr(MlflowClient, name, function)
+        self._originals.clear()
+
+    def _counted(self, name: str, function):
+        @functools.wraps(function)
+        def counted(*args, **kwargs):
+            if getattr(self._inside, "depth", 0) == 0:
+                with self._lock:
+                    self.calls[name] += 1
+            self._inside.depth = getattr(self._inside, "depth", 0) + 1
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self._inside.depth -= 1
+
+        return counted
+
+    def snapshot(self) -> Counter[str]:
+        with self._lock:
+            return Counter(self.calls)
+
+
+class BufferOps:
+    """The write buffer thread's CPU seconds and count per operation (``WriteBuffer._apply`` wrapped), and a
+    cProfile of that thread while ``profiler`` is set."""
+
+    def __init__(self):
+        self.seconds: Counter[str] = Counter()
+        self.count: Counter[str] = Counter()
+        self.profiler: cProfile.Profile | None = None
+        self._lock = threading.Lock()
+        self._original = None
+
+    def install(self) -> None:
+        self._original = original = tracking_buffer.WriteBuffer._apply
+
+        def timed(buffer, item):
+            started, profiler = time.thread_time(), self.profiler
+            try:
+                if profiler is None:
+                    return original(buffer, item)
+                return profiler.runcall(original, buffer, item)
+            finally:
+                with self._lock:
+                    self.seconds[item["op"]] += time.thread_time() - started
+                    self.count[item["op"]] += 1
+
+        tracking_buffer.WriteBuffer._apply = timed
+
+    def uninstall(self) -> None:
+        if self._original is not None:
+            tracking_buffer.WriteBuffer._apply = self._original
+
+    def snapshot(self) -> tuple[Counter, Counter]:
+        with self._lock:
+            return Counter(self.seconds), Counter(self.count)
+
+
+def cpu_seconds() -> float:
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+@dataclasses.dataclass
+class Mark:
+    """The driver's counters when ``finished`` trials had finished."""
+
+    finished: int
+    results: int
+    cpu_s: float
+    wall_s: float
+    calls: Counter
+    pending: int
+    buffer_s: Counter
+    buffer_ops: Counter
+
+
+class Meter(tune.Callback):
+    """Installed among the sweep's callbacks: marks the counters at the first trial's start and every ``window``
+    finished trials; copies the record at ``snapshot_at`` finished trials; profiles the first and last window."""
+
+    def __init__(
+        self,
+        window: int,
+        trials: int,
+        calls: MlflowCalls,
+        ops: BufferOps,
+        logger_holder: dict,
+        snapshot_at: dict[int, Path],
+        db: Path,
+        profile_dir: Path | None,
+    ):
+        self.window, self.trials, self.calls, self.ops = window, trials, calls, ops
+        self.logger_holder, self.snapshot_at, self.db = logger_holder, snapshot_at, db
+        self.profile_dir = profile_dir
+        self.results = self.finished = 0
+        self.marks: list[Mark] = []  # at the first trial's start, then every window
+        self.ended: Mark | None = None  # when Tune's experiment ended (the sweep's closing follows)
+        self.copies: list[subprocess.Popen] = []
+        self.profiler: cProfile.Profile | None = None
+        self.profiled: dict[str, int] = {}  # name -> finished trials at its start
+        last = (trials // window - 1) * window
+        self.profile_starts = {0: "first", last: "last"} if profile_dir is not None and last > 0 else {}
+
+    def mark(self) -> Mark:
+        logger = self.logger_holder.get("logger")
+        pending = logger.buffer.pending() if logger is not None and logger.buffer is not None else 0
+        seconds, ops = self.ops.snapshot()
+        return Mark(
+            self.finished, self.results, cpu_seconds(), time.monotonic(), self.calls.snapshot(), pending, seconds, ops
+        )
+
+    def on_trial_start(self, iteration, trials, trial, **info):
+        if not self.marks:
+            self.marks.append(self.mark())
+            self._profile()
+
+    def on_trial_result(self, iteration, trials, trial, result, **info):
+        self.results += 1
+
+    def on_trial_complete(self, iteration, trials, trial, **info):
+        self._finished()
+
+    def on_trial_error(self, iteration, trials, trial, **info):
+        self._finished()
+
+    def _finished(self) -> None:
+        self.finished += 1
+        if self.finished % self.window == 0:
+            self._stop_profile()
+            self.marks.append(self.mark())
+            self._profile()
+        if self.finished in self.snapshot_at:  # SQLite's online backup, in a child process: not the driver's CPU
+            script = "import sqlite3, sys; sqlite3.connect(sys.argv[1]).backup(sqlite3.connect(sys.argv[2]))"
+            target = self.snapshot_at[self.finished]
+            self.copies.append(subprocess.Popen([sys.executable, "-c", script, str(self.db), str(target)]))
+
+    def on_experiment_end(self, trials, **info):
+        self.ended = self.mark()
+
+    def _profile(self) -> None:
+        name = self.profile_starts.get(self.finished) if self.marks else None
+        if name is None or self.profiler is not None:
+            return
+        self.profiler, self.ops.profiler = cProfile.Profile(), cProfile.Profile()
+        self.profiled[name] = self.finished
+        self.profiler.enable()
+
+    def _stop_profile(self) -> None:
+        if self.profiler is None:
+            return
+        self.profiler.disable()
+        name = next(n for n, start in self.profiled.items() if start == self.finished - self.window)
+        self.profiler.dump_stats(self.profile_dir / f"{name}.prof")
+        self.ops.profiler.dump_stats(self.profile_dir / f"{name}-buffer.prof")
+        self.profiler = self.ops.profiler = None
+
+    def wait_for_copies(self) -> None:
+        for copy in self.copies:
+            copy.wait()
+
+
+# ----------------------------------------------------------------------------- the sweep
+
+
+def bench_definition(trials: int, confirmation: bool = False, epochs: int = 3) -> spaces.SweepDefinition:
+    """The shipped SST sweep at its cpu budget, ``trials`` search trials of ``epochs`` epochs; without
+    ``confirmation``, no confirmation (``confirm.seeds: 0``)."""
+    definition = spaces.load_sweep(spaces.resolve_sweep_path("sst_tuning"), budget="cpu")
+    definition = definition.with_overrides(name=SWEEP_NAME, num_samples=trials, epochs=epochs)
+    if confirmation:
+        return definition
+    return dataclasses.replace(definition, confirm=dataclasses.replace(definition.confirm, seeds=0))
+
+
+@contextlib.contextmanager
+def patched(obj, name: str, value):
+    original = getattr(obj, name)
+    setattr(obj, name, value)
+    try:
+        yield
+    finally:
+        setattr(obj, name, original)
+
+
+def run_bench_sweep(trials: int, work: Path, data_dir: Path, *, window: int, record_sizes, profile_dir, prepared):
+    """Run the sweep with the meter installed; returns (meter, the mark at ``run_sweep``'s return, its result)."""
+    definition = bench_definition(trials)
+    db = work / "mlflow.db"
+    calls, ops, holder = MlflowCalls(), BufferOps(), {}
+    snapshot_at = {n: work / f"record-{n}.db" for n in record_sizes if n < trials}
+    meter = Meter(window, trials, calls, ops, holder, snapshot_at, db, profile_dir)
+
+    def keeping_the_logger(*args, **kwargs):
+        holder["logger"] = logger = original_trial_logger(*args, **kwargs)
+        return logger
+
+    original_trial_logger = sweep._trial_logger
+    calls.install()
+    ops.install()
+    try:
+        with patched(sweep, "_runnable", cheap_runnable), patched(sweep, "_trial_logger", keeping_the_logger):
+            result = sweep.run_sweep(
+                definition,
+                data_dir,
+                f"sqlite:///{db}",
+                storage_path=work / "ray_results",
+                reports_dir=work / "reports",
+                callbacks=[meter],
+                prepared=prepared,
+            )
+        returned = meter.mark()  # the end of the sweep: its flush and closing reads
+    finally:
+        ops.uninstall()
+        calls.uninstall()
+    meter.wait_for_copies()
+    if trials in record_sizes:
+        shutil.copy(db, work / f"record-{trials}.db")
+    return meter, returned, result
+
+
+# ----------------------------------------------------------------------------- the confirmation's reads
+
+
+def fake_trial(trial_id: str, config: dict, result: dict | None = None) -> SimpleNamespace:
+    """What ``TrialLogger`` reads of a Tune trial."""
+    return SimpleNamespace(
+        trial_id=trial_id, config=config, last_result=result, num_failures=0, path=None, error_file=None
+    )
+
+
+def write_confirmation_runs(logger, configs: list[dict], examples: dict, tasks: list[str], epochs: int) -> None:
+    """Completed confirmation runs of ``configs`` (``confirm.trial_config``) through the real ``TrialLogger``, each
+    with one final result and synthetic decision and dev predictions (right at about its search score)."""
+    metric_names = [get_task(t).metric_name for t in tasks]
+    for config in configs:
+        marks = config["peftune"]
+        trial = fake_trial(f"cf_{zlib.crc32(json.dumps(config, sort_keys=True).encode()):08x}", config)
+        method = config["method"]
+        score = synthetic_score(method, config[method], int(marks["seed"]))
+        rng = random.Random(f"{marks['config_key']}|{marks['seed']}")
+        predictions = {
+            split: {
+                task: [label if rng.random() < score + 0.3 else (int(label) + 1) % 5 for label in labels]
+                for task, (_, labels) in by_task.items()
+            }
+            for split, by_task in examples.items()
+        }
+        result = {
+            record.EPOCH: epochs,
+            **evaluated(metric_names, record.SELECTION, score),
+            **{record.split_metric(s, record.SCORE): score for s in (record.DECISION, record.DEV)},
+            **{record.split_metric(record.DEV, m): score for m in metric_names},
+            "predictions": predictions,
+            **synthetic_counts(method),
+        }
+        logger.on_trial_start(0, [], trial)
+        logger.on_trial_result(0, [], trial, result)
+        trial.last_result = {k: v for k, v in result.items() if k != "predictions"}
+        logger.on_trial_complete(0, [], trial)
+    if not logger.flush(600):
+        raise RuntimeError("the confirmation runs were not written")
+
+
+def confirmation_reads(db: Path, definition, prepared, data_dir: Path, work: Path, calls: MlflowCalls) -> dict:
+    """The confirmation's MLflow calls on a copy of the record (see the module docstring): its opening reads and
+    two rounds' reads, with the runs the record held."""
+    from analysis.report import read_predictions
+
+    uri = f"sqlite:///{db}"
+    client = confirm._mlflow_client(uri)
+    experiment_id = tracking.find_experiment_id(client, definition.name)
+    parent = tracking.find_parent_run(client, experiment_id, definition.name)
+    sweep_record = tracking.SweepRecord(
+        uri, experiment_id, parent.info.run_id, True, tuple(tracking.data_inputs(prepared))
+    )
+    settings = sweep.trial_settings(definition, sweep.steps_per_run(definition, prepared), data_dir)
+    storage = tempfile.mkdtemp(prefix="confirm-", dir=work)
+    logger = sweep._trial_logger(definition, sweep_record, settings, prepared, storage, exists=True)
+    examples = sweep.split_examples(prepared)
+    plan = definition.confirm
+    out: dict = {"record": db.name}
+
+    def counted(what: str, read):
+        before, cpu = calls.snapshot(), time.process_time()
+        value = read()
+        spent = calls.snapshot() - before
+        out[what] = {"calls": sum(spent.values()), "by_method": dict(spent), "cpu_s": time.process_time() - cpu}
+        return value
+
+    calls.install()
+    try:
+        runs = tracking.child_runs(client, experiment_id, sweep_record.parent_run_id)
+        out["search_runs"] = sum(record.run_phase(r.data.tags) == record.SEARCH for r in runs)
+
+        def opening():  # run_confirmation: the record, the candidates; Confirmation.run: the first round's todo
+            runs = tracking.child_runs(client, experiment_id, sweep_record.parent_run_id)
+            candidates = confirm.select_candidates(runs, plan.top_k, plan.defaults)
+            searched = {c.config_key: c for c in map(confirm._candidate, runs) if c is not None}
+            first = [(c, s, "") for c in candidates for s in confirm.confirm_seeds(definition.seed, plan.seeds)]
+            confirmation = confirm.Confirmation(
+                definition,
+                sweep_record,
+                None,
+                client,
+                logger,
+                storage,
+                (),
+                0,
+                600.0,
+                read_predictions,
+                searched,
+                candidates,
+            )
+            confirmation.wanted = list(first)
+            return confirmation, confirmation.todo(first)
+
+        confirmation, todo = counted("opening", opening)
+        out["confirm_runs"] = len(todo)
+        for n in (1, 2):
+            write_confirmation_runs(logger, todo, examples, list(definition.tasks), definition.budget.epochs)
+            todo = counted(f"round_{n}", lambda: (confirmation.read_ahead(), confirmation.next_round())[1])
+            out[f"round_{n}"]["seeds_added"] = len(todo or [])
+            if not todo:
+                break
+    finally:
+        calls.uninstall()
+        if logger.buffer is not None:
+            logger.buffer.stop()
+    return out
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+def window_rows(marks: list[Mark]) -> list[dict]:
+    """One row per window: between consecutive marks."""
+    rows = []
+    for a, b in zip(marks[:-1], marks[1:], strict=False):
+        trials, results = b.finished - a.finished, b.results - a.results
+        cpu, calls = b.cpu_s - a.cpu_s, sum((b.calls - a.calls).values())
+        buffer_s = b.buffer_s - a.buffer_s
+        rows.append(
+            {
+                "from": a.finished + 1,
+                "to": b.finished,
+                "results": results,
+                "cpu_s": cpu,
+                "wall_s": b.wall_s - a.wall_s,
+                "cpu_ms_per_trial": 1000 * cpu / trials,
+                "cpu_ms_per_result": 1000 * cpu / max(1, results),
+                "calls_per_trial": calls / trials,
+                "pending": b.pending,
+                "buffer_cpu_ms_per_trial": 1000 * sum(buffer_s.values()) / trials,
+                "buffer_ms_per_trial_by_op": {op: 1000 * s / trials for op, s in sorted(buffer_s.items())},
+                "calls_by_method": dict(b.calls - a.calls),
+            }
+        )
+    return rows
+
+
+def format_table(rows: list[dict], end: dict, confirmations: list[dict], trials: int, window: int) -> str:
+    lines = [
+        f"driver cost per window of {window} finished trials ({trials} trials; CPU: the driver process only)",
+        f"{'trials':>11} {'results':>7} {'cpu s':>7} {'wall s':>7} {'ms/trial':>9} {'ms/result':>9} "
+        f"{'mlflow/trial':>12} {'buffer ms/trial':>15} {'queued':>6}",
+    ]
+    for r in rows:
+        lines.append(
+            f"{r['from']:>5}-{r['to']:<5} {r['results']:>7} {r['cpu_s']:>7.1f} {r['wall_s']:>7.1f} "
+            f"{r['cpu_ms_per_trial']:>9.1f} {r['cpu_ms_per_result']:>9.1f} {r['calls_per_trial']:>12.2f} "
+            f"{r['buffer_cpu_ms_per_trial']:>15.1f} {r['pending']:>6}"
+        )
+    if len(rows) >= 2:
+        first, last = rows[0], rows[-1]
+        for key, label in (
+            ("cpu_ms_per_trial", "CPU per trial"),
+            ("cpu_ms_per_result", "CPU per result"),
+            ("calls_per_trial", "MLflow calls per trial"),
+            ("buffer_cpu_ms_per_trial", "buffer thread CPU per trial"),
+            ("wall_s", "wall time per window"),
+        ):
+            ratio = last[key] / first[key] if first[key] else math.nan
+            second = last[key] / rows[1][key] if len(rows) > 2 and rows[1][key] else math.nan
+            lines.append(f"last/first {label}: {ratio:.2f} (last/second: {second:.2f})")
+        ops = sorted(set(first["buffer_ms_per_trial_by_op"]) | set(last["buffer_ms_per_trial_by_op"]))
+        before, after = first["buffer_ms_per_trial_by_op"], last["buffer_ms_per_trial_by_op"]
+        shown = ", ".join(f"{op} {before.get(op, 0):.1f}->{after.get(op, 0):.1f}" for op in ops)
+        lines.append(f"buffer thread CPU ms/trial by operation, first->last window: {shown}")
+        methods = sorted(set(first["calls_by_method"]) | set(last["calls_by_method"]))
+        shown = ", ".join(
+            f"{m} {first['calls_by_method'].get(m, 0) / window:.2f}->{last['calls_by_method'].get(m, 0) / window:.2f}"
+            for m in methods
+        )
+        lines.append(f"MLflow calls/trial by method, first->last window: {shown}")
+    lines.append(
+        f"end of sweep (flush and closing reads): {end['cpu_s']:.1f} s CPU, {end['wall_s']:.1f} s wall, "
+        f"{end['calls']} MLflow calls ({', '.join(f'{k} {v}' for k, v in sorted(end['by_method'].items()))})"
+    )
+    if confirmations:
+        lines.append("confirmation reads: MLflow calls against the runs in the record")
+        lines.append(
+            f"{'search runs':>11} {'confirm runs':>12} {'opening':>8} {'round 1':>8} {'round 2':>8}  round 2 by method"
+        )
+        for c in confirmations:
+            second = c.get("round_2", {})
+            by = ", ".join(f"{k} {v}" for k, v in sorted(second.get("by_method", {}).items()))
+            lines.append(
+                f"{c['search_runs']:>11} {c['confirm_runs']:>12} {c['opening']['calls']:>8} "
+                f"{c['round_1']['calls']:>8} {second.get('calls', '-'):>8}  {by}"
+            )
+        for c in confirmations:
+            first = ", ".join(f"{k} {v}" for k, v in sorted(c["round_1"]["by_method"].items()))
+            opening = ", ".join(f"{k} {v}" for k, v in sorted(c["opening"]["by_method"].items()))
+            lines.append(f"  {c['search_runs']} search runs: opening {opening}; round 1 {first}")
+    return "\n".join(lines)
+
+
+def growing_functions(profile_dir: Path, window: int, suffix: str = "", top: int = 15) -> str:
+    """The functions whose time per finished trial grew the most from the first to the last window's profile."""
+
+    def per_function(path: Path) -> dict:
+        stats = pstats.Stats(str(path)).stats  # (file, line, name) -> (cc, nc, tottime, cumtime, callers)
+        return {key: (nc / window, 1000 * tt / window, 1000 * ct / window) for key, (_, nc, tt, ct, _) in stats.items()}
+
+    first = per_function(profile_dir / f"first{suffix}.prof")
+    last = per_function(profile_dir / f"last{suffix}.prof")
+    lines = []
+    for column, label in ((2, "cumulative"), (1, "own")):
+        growth = sorted(last, key=lambda k: -(last[k][column] - first.get(k, (0, 0, 0))[column]))[:top]
+        lines.append(f"{label} ms per trial, first -> last window (calls per trial):")
+        for key in growth:
+            a, b = first.get(key, (0.0, 0.0, 0.0)), last[key]
+            where = f"{_short(key[0])}:{key[1]}({key[2]})"
+            lines.append(f"  {a[column]:8.2f} -> {b[column]:8.2f}  ({a[0]:.1f} -> {b[0]:.1f})  {where}")
+    return "\n".join(lines)
+
+
+def _short(path: str) -> str:
+    for marker in ("site-packages/", "platform/"):
+        if marker in path:
+            return path.split(marker, 1)[1]
+    return path
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> str:
+    parser = argparse.ArgumentParser(prog="python -m peftune.bench_driver", description=__doc__.split("\n")[0])
+    parser.add_argument("--trials", type=int, default=2000, help="search trials of the synthetic sweep")
+    parser.add_argument("--window", type=int, default=WINDOW, help="finished trials per row of the table")
+    parser.add_argument(
+        "--record-sizes",
+        default=",".join(map(str, RECORD_SIZES)),
+        help="finished trials at which the confirmation's reads are measured ('' for none)",
+    )
+    parser.add_argument("--data-dir", default=os.environ.get("PEFTUNE_DATA_DIR"), help="the SST files (sst_tuning)")
+    parser.add_argument("--out", help="a directory for the table, the windows as JSON and the profiles")
+    parser.add_argument("--profile", action="store_true", help="cProfile the first and the last window (--out)")
+    args = parser.parse_args(argv)
+    if not args.data_dir:
+        parser.error("--data-dir (or PEFTUNE_DATA_DIR) is needed")
+    if args.trials < 2 * args.window or args.trials % args.window:
+        parser.error(f"--trials must be a multiple of --window ({args.window}), at least two windows")
+    out = Path(args.out) if args.out else None
+    if args.profile and out is None:
+        parser.error("--profile writes its profiles to --out")
+    if out is not None:
+        out.mkdir(parents=True, exist_ok=True)
+    sizes = sorted({int(n) for n in args.record_sizes.split(",") if n.strip() and int(n) <= args.trials})
+    data_dir = Path(args.data_dir)
+
+    work = Path(tempfile.mkdtemp(prefix="peftune-bench-driver-"))
+    try:
+        definition = bench_definition(args.trials)
+        prepared = spaces.prepare_data(definition, data_dir)
+        meter, returned, result = run_bench_sweep(
+            args.trials,
+            work,
+            data_dir,
+            window=args.window,
+            record_sizes=sizes,
+            profile_dir=out if args.profile else None,
+            prepared=prepared,
+        )
+        rows = window_rows(meter.marks)
+        ended = meter.ended or meter.marks[-1]
+        end = {
+            "cpu_s": returned.cpu_s - ended.cpu_s,
+            "wall_s": returned.wall_s - ended.wall_s,
+            "calls": sum((returned.calls - ended.calls).values()),
+            "by_method": dict(returned.calls - ended.calls),
+        }
+        confirmations = [
+            confirmation_reads(
+                work / f"record-{n}.db", bench_definition(args.trials, True), prepared, data_dir, work, MlflowCalls()
+            )
+            for n in sizes
+        ]
+        table = f"sweep {result.status}: {result.num_trials} trials, {dict(result.statuses)}\n"
+        table += format_table(rows, end, confirmations, args.trials, args.window)
+        if args.profile:
+            for suffix, what in (("", "the driver's main thread"), ("-buffer", "the write buffer's thread")):
+                table += f"\nprofile of {what}:\n" + growing_functions(out, args.window, suffix)
+        print(table, flush=True)
+        if out is not None:
+            (out / "table.txt").write_text(table + "\n")
+            windows = {"windows": rows, "end": end, "confirmation": confirmations, "trials": args.trials}
+            (out / "windows.json").write_text(json.dumps(windows, indent=1, default=str))
+        return table
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
