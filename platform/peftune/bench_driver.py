@@ -19,8 +19,9 @@ loop, the MLflow write buffer's thread and the in-process SQLite store; not Ray'
   trial and per reported result, MLflow calls per trial, the wall time, the writes still queued in the buffer
   at the window's end, and the buffer thread's CPU per operation;
 - the end of the sweep (from the last trial's end to ``run_sweep``'s return: the flush and the closing reads);
-- the confirmation's reads against the runs in the record: the sweep's own record copied (SQLite backup, in a
-  child process) when ``--record-sizes`` trials had finished; on each copy the confirmation's opening reads
+- the reads of the record against the runs in it: the sweep's own record copied (SQLite backup, in a child
+  process) when ``--record-sizes`` trials had finished; on each copy what a resumed driver reads before its first
+  trial (``TrialLogger.setup``, the scheduler's refill ``RecordedResults.results``), the confirmation's opening reads
   (``child_runs``, ``select_candidates``, ``Confirmation.todo``), then its first round's confirmation runs written
   through the real ``TrialLogger`` (synthetic decision predictions), then a round's reads (``read_ahead`` and
   ``next_round`` with ``analysis.report.read_predictions``, as ``peftune sweep`` passes it), the added seeds'
@@ -452,9 +453,10 @@ def write_confirmation_runs(logger, configs: list[dict], examples: dict, tasks: 
         raise RuntimeError("the confirmation runs were not written")
 
 
-def confirmation_reads(db: Path, definition, prepared, data_dir: Path, work: Path, calls: MlflowCalls) -> dict:
-    """The confirmation's MLflow calls on a copy of the record (see the module docstring): its opening reads and
-    two rounds' reads, with the runs the record held."""
+def record_reads(db: Path, definition, prepared, data_dir: Path, work: Path, calls: MlflowCalls) -> dict:
+    """The MLflow calls of the reads that scale with the record, on a copy of it (see the module docstring): a
+    resumed driver's (``TrialLogger.setup``, ``RecordedResults.results``), then the confirmation's opening reads
+    and two rounds' reads; with the runs the record held."""
     from analysis.report import read_predictions
 
     uri = f"sqlite:///{db}"
@@ -505,6 +507,10 @@ def confirmation_reads(db: Path, definition, prepared, data_dir: Path, work: Pat
             confirmation.wanted = list(first)
             return confirmation, confirmation.todo(first)
 
+        # what a resumed driver reads before its first trial: TrialLogger.setup (every child run, and its score
+        # histories) and the scheduler's refill (tracking.RecordedResults: every search run's histories)
+        counted("resume_logger", logger.setup)
+        counted("resume_rungs", tracking.RecordedResults(sweep_record).results)
         confirmation, todo = counted("opening", opening)
         out["confirm_runs"] = len(todo)
         for n in (1, 2):
@@ -588,21 +594,17 @@ def format_table(rows: list[dict], end: dict, confirmations: list[dict], trials:
         f"{end['calls']} MLflow calls ({', '.join(f'{k} {v}' for k, v in sorted(end['by_method'].items()))})"
     )
     if confirmations:
-        lines.append("confirmation reads: MLflow calls against the runs in the record")
-        lines.append(
-            f"{'search runs':>11} {'confirm runs':>12} {'opening':>8} {'round 1':>8} {'round 2':>8}  round 2 by method"
-        )
+        lines.append("reads of the record: MLflow calls against the runs in it (a resume's; the confirmation's)")
+        parts = ("resume_logger", "resume_rungs", "opening", "round_1", "round_2")
+        lines.append(f"{'search runs':>11} {'confirm runs':>12} " + " ".join(f"{p:>13}" for p in parts))
         for c in confirmations:
-            second = c.get("round_2", {})
-            by = ", ".join(f"{k} {v}" for k, v in sorted(second.get("by_method", {}).items()))
-            lines.append(
-                f"{c['search_runs']:>11} {c['confirm_runs']:>12} {c['opening']['calls']:>8} "
-                f"{c['round_1']['calls']:>8} {second.get('calls', '-'):>8}  {by}"
-            )
+            counts = " ".join(f"{c[p]['calls'] if p in c else '-':>13}" for p in parts)
+            lines.append(f"{c['search_runs']:>11} {c['confirm_runs']:>12} {counts}")
         for c in confirmations:
-            first = ", ".join(f"{k} {v}" for k, v in sorted(c["round_1"]["by_method"].items()))
-            opening = ", ".join(f"{k} {v}" for k, v in sorted(c["opening"]["by_method"].items()))
-            lines.append(f"  {c['search_runs']} search runs: opening {opening}; round 1 {first}")
+            for p in parts:
+                if p in c:
+                    by = ", ".join(f"{k} {v}" for k, v in sorted(c[p]["by_method"].items()))
+                    lines.append(f"  {c['search_runs']} search runs, {p}: {by} ({c[p]['cpu_s']:.1f} s CPU)")
     return "\n".join(lines)
 
 
@@ -683,7 +685,7 @@ def main(argv: list[str] | None = None) -> str:
             "by_method": dict(returned.calls - ended.calls),
         }
         confirmations = [
-            confirmation_reads(
+            record_reads(
                 work / f"record-{n}.db", bench_definition(args.trials, True), prepared, data_dir, work, MlflowCalls()
             )
             for n in sizes

@@ -1,0 +1,37 @@
+"""The driver benchmark runs end to end on a small sweep and prints its table (its numbers are not checked)."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO, SHARED_DATA
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (SHARED_DATA / "ids-sst-train.csv").exists(), reason="the shared data is not here")
+def test_the_driver_benchmark_prints_a_row_per_window_and_the_confirmation_reads(tmp_path):
+    paths = [str(REPO / "platform"), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
+    command = [sys.executable, "-m", "peftune.bench_driver", "--trials", "20", "--window", "10",
+               "--record-sizes", "20", "--data-dir", str(SHARED_DATA), "--out", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("sweep completed: 20 trials")
+    rows = [line.split() for line in lines if line.strip().startswith(("1-10", "11-20"))]
+    assert [row[0] for row in rows] == ["1-10", "11-20"]
+    # trials, results, cpu s, wall s, ms/trial, ms/result, MLflow calls/trial, buffer ms/trial, queued
+    assert all(len(row) == 9 for row in rows)
+    assert any(line.startswith("last/first CPU per trial: ") for line in lines)
+    assert any(line.startswith("end of sweep (flush and closing reads): ") for line in lines)
+
+    windows = json.loads((tmp_path / "windows.json").read_text())
+    assert [(w["from"], w["to"]) for w in windows["windows"]] == [(1, 10), (11, 20)]
+    assert all(w["calls_per_trial"] > 0 and w["cpu_ms_per_trial"] > 0 for w in windows["windows"])
+    (reads,) = windows["confirmation"]
+    assert reads["search_runs"] == 20 and reads["confirm_runs"] > 0
+    assert reads["round_1"]["by_method"]["get_metric_history"] >= 20  # the first read of every run's history
