@@ -23,8 +23,8 @@ loop, the MLflow write buffer's thread and the in-process SQLite store; not Ray'
   process) when ``--record-sizes`` trials had finished; on each copy what a resumed driver reads before its first
   trial (``TrialLogger.setup``, the scheduler's refill ``RecordedResults.results``), the confirmation's opening reads
   (``child_runs``, ``select_candidates``, ``Confirmation.todo``), then its first round's confirmation runs written
-  through the real ``TrialLogger`` (synthetic decision predictions), then a round's reads (``read_ahead`` and
-  ``next_round`` with ``analysis.report.read_predictions``, as ``peftune sweep`` passes it), the added seeds'
+  through the real ``TrialLogger`` (synthetic decision predictions), then a round's reads (``next_round``, with
+  ``analysis.report.read_predictions`` as ``peftune sweep`` passes it), the added seeds'
   runs written, and a second round's reads.
 
 MLflow calls are counted at one place: every public method of ``mlflow.MlflowClient``, patched in this process
@@ -37,7 +37,7 @@ over the first and the last window, written to ``--out`` (``first.prof``, ``last
 and the functions whose time per trial grows the most printed. The profile slows the driver: its CPU figures
 are not the table's.
 
-Run: ``python -m peftune.bench_driver --trials 2000 [--out DIR]`` (HF_HUB_OFFLINE=1, ``--data-dir`` or
+Run: ``python -m peftune.bench_driver --trials 2800 [--out DIR]`` (HF_HUB_OFFLINE=1, ``--data-dir`` or
 ``PEFTUNE_DATA_DIR``). It starts a local Ray of this machine's CPUs; it is a measurement, not a test.
 """
 
@@ -73,7 +73,7 @@ from peftune.tasks import get_task
 
 SWEEP_NAME = "driver_bench"
 WINDOW = 200
-RECORD_SIZES = (200, 1000, 2000)
+RECORD_SIZES = (200, 1400, 2800)
 BACKBONE_PARAMS = 22_713_216  # all-minilm-l6-v2's encoder
 
 
@@ -358,7 +358,8 @@ def bench_definition(trials: int, confirmation: bool = False, epochs: int = 3) -
     """The shipped SST sweep at its cpu budget, ``trials`` search trials of ``epochs`` epochs; without
     ``confirmation``, no confirmation (``confirm.seeds: 0``)."""
     definition = spaces.load_sweep(spaces.resolve_sweep_path("sst_tuning"), budget="cpu")
-    definition = definition.with_overrides(name=SWEEP_NAME, num_samples=trials, epochs=epochs)
+    per_method = trials // len(definition.methods)  # main() asks for a multiple of the methods
+    definition = definition.with_overrides(name=SWEEP_NAME, trials_per_method=per_method, epochs=epochs)
     if confirmation:
         return definition
     return dataclasses.replace(definition, confirm=dataclasses.replace(definition.confirm, seeds=0))
@@ -503,7 +504,9 @@ def record_reads(db: Path, definition, prepared, data_dir: Path, work: Path, cal
                 read_predictions,
                 searched,
                 candidates,
-            )
+                {(record.run_config_key(r), r.data.tags.get(record.SEED)): r for r in runs
+                 if record.run_phase(r.data.tags) == record.CONFIRM},
+            )  # fmt: skip
             confirmation.wanted = list(first)
             return confirmation, confirmation.todo(first)
 
@@ -515,7 +518,7 @@ def record_reads(db: Path, definition, prepared, data_dir: Path, work: Path, cal
         out["confirm_runs"] = len(todo)
         for n in (1, 2):
             write_confirmation_runs(logger, todo, examples, list(definition.tasks), definition.budget.epochs)
-            todo = counted(f"round_{n}", lambda: (confirmation.read_ahead(), confirmation.next_round())[1])
+            todo = counted(f"round_{n}", confirmation.next_round)
             out[f"round_{n}"]["seeds_added"] = len(todo or [])
             if not todo:
                 break
@@ -640,7 +643,9 @@ def _short(path: str) -> str:
 
 def main(argv: list[str] | None = None) -> str:
     parser = argparse.ArgumentParser(prog="python -m peftune.bench_driver", description=__doc__.split("\n")[0])
-    parser.add_argument("--trials", type=int, default=2000, help="search trials of the synthetic sweep")
+    parser.add_argument(
+        "--trials", type=int, default=2800, help="search trials (a multiple of the 14 methods and of --window)"
+    )
     parser.add_argument("--window", type=int, default=WINDOW, help="finished trials per row of the table")
     parser.add_argument(
         "--record-sizes",
@@ -655,6 +660,9 @@ def main(argv: list[str] | None = None) -> str:
         parser.error("--data-dir (or PEFTUNE_DATA_DIR) is needed")
     if args.trials < 2 * args.window or args.trials % args.window:
         parser.error(f"--trials must be a multiple of --window ({args.window}), at least two windows")
+    methods = len(spaces.load_sweep(spaces.resolve_sweep_path("sst_tuning"), budget="cpu").methods)
+    if args.trials % methods:
+        parser.error(f"--trials must be a multiple of the sweep's {methods} methods (each runs as many trials)")
     out = Path(args.out) if args.out else None
     if args.profile and out is None:
         parser.error("--profile writes its profiles to --out")
