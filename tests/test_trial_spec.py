@@ -34,6 +34,13 @@ def test_a_spec_comes_back_unchanged_from_its_file_and_its_command(tmp_path):
     assert cli.spec_from_args(cli.build_parser().parse_args(argv[1:])) == spec
 
 
+def test_verbose_goes_with_spec(tmp_path):
+    """``peftune -v train --spec FILE``: debug logging is no flag of the trial (it was refused as one)."""
+    spec = spec_of(tmp_path)
+    path = trial_spec.write(spec, tmp_path / "spec.json")
+    assert cli.spec_from_args(cli.build_parser().parse_args(["-v", "train", "--spec", str(path)])) == spec
+
+
 def run(capsys, *argv):
     code = cli.main([str(a) for a in argv])
     out, err = capsys.readouterr()

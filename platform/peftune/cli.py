@@ -301,7 +301,9 @@ def spec_from_args(args) -> trial_spec.TrialSpec:
         if args.data_dir is None:
             raise UserError("--data-dir is required (or --spec FILE, a trial's specification)")
         return trial_spec.TrialSpec(config_from_args(args), data_from_args(args), args.threads)
-    defaults = build_parser().parse_args(["train", "--spec", args.spec])
+    parser = Parser(prog="peftune")  # train's flags alone: the top-level -v (debug logging) goes with --spec
+    add_train_parser(parser.add_subparsers(dest="command", required=True))
+    defaults = parser.parse_args(["train", "--spec", args.spec])
     given = [name for name, value in vars(args).items() if value != getattr(defaults, name, value)]
     extra = [name for name in given if name not in SPEC_COMPANIONS]
     if extra:
