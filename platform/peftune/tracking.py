@@ -780,7 +780,7 @@ class TrialLogger(tune.Callback):
         """The trial's hyperparameters as its TrainConfig resolves them (method defaults included)."""
         try:
             config = self.settings.train_config(method, sampled)
-            options = self.settings.method_fields(config)
+            options = trial_spec.method_fields(config)
         except (ValueError, TypeError, KeyError) as error:
             # the trial will fail on the same error and be recorded so; the sweep must go on
             log.warning("trial config %s %s is invalid: %s", method, sampled, error)

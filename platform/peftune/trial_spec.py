@@ -84,10 +84,7 @@ class TrialSpec:
 
     def __post_init__(self):
         # the method's options resolved (its defaults written out, its dropout the config's): one spec, one form
-        resolved = dataclasses.asdict(
-            methods.make_method_config(self.config.method, self.config.method_options_with_dropout())
-        )
-        resolved.pop("dropout")
+        resolved = method_fields(self.config)
         if resolved != self.config.method_options:
             object.__setattr__(self, "config", dataclasses.replace(self.config, method_options=resolved))
 
@@ -123,6 +120,13 @@ class TrialSpec:
         config = _build(TrainConfig, train, f"{source}: train")
         data = _build(DataSettings, raw.get("data"), f"{source}: data")
         return cls(config, data, threads)
+
+
+def method_fields(config: TrainConfig) -> dict[str, Any]:
+    """The method's resolved options (defaults included) except its dropout, which is ``config.dropout``."""
+    values = dataclasses.asdict(methods.make_method_config(config.method, config.method_options_with_dropout()))
+    values.pop("dropout", None)
+    return values
 
 
 def write(spec: TrialSpec, path: str | Path) -> Path:

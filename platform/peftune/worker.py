@@ -23,7 +23,7 @@ import ray
 import torch
 from ray import tune
 
-from peftune import console, methods, record
+from peftune import console, record
 from peftune.train import TrainConfig, TrainingDiverged, run_trial, select_device
 from peftune.trial_spec import DataSettings, TrialSpec
 
@@ -93,13 +93,6 @@ class TrialSettings:
         if self.data is None or not self.data.data_dir:
             return None
         return TrialSpec(self.train_config(method, sampled), self.data, self.threads)
-
-    @staticmethod
-    def method_fields(config) -> dict[str, Any]:
-        """The method's resolved options (defaults included) except its dropout, which is ``dropout``."""
-        values = dataclasses.asdict(methods.make_method_config(config.method, config.method_options_with_dropout()))
-        values.pop("dropout", None)
-        return values
 
 
 @dataclass(frozen=True)
