@@ -80,6 +80,7 @@ from peftune.record import (
     run_phase,
     trial_name,
 )
+from peftune.resume import CheckpointPruner
 from peftune.tasks import get_task
 from peftune.tracking import child_runs
 
@@ -521,10 +522,10 @@ class Confirmation:
                 callbacks=[
                     self.trial_logger,
                     console.Progress("confirmation", lambda: self.ran, definition.budget.epochs),
+                    CheckpointPruner(score=None),  # a retry needs the latest checkpoint, nothing else
                     *self.callbacks,
                 ],
                 failure_config=tune.FailureConfig(max_failures=definition.max_failures),
-                checkpoint_config=tune.CheckpointConfig(num_to_keep=1),
                 verbose=self.verbose,
             ),
         )

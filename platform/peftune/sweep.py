@@ -65,7 +65,7 @@ from peftune.record import (
     SCORE,
     UNFINISHED,
 )
-from peftune.resume import GoodState, RunCallbacks, installed, repair_state
+from peftune.resume import CheckpointPruner, GoodState, RunCallbacks, checkpoint_exists, installed, repair_state
 from peftune.spaces import SweepDefinition, prepare_data
 from peftune.stopping import note_sigterm, stopped
 from peftune.tasks import get_task
@@ -350,8 +350,8 @@ def run_sweep(
         tuner = _tuner(definition, runnable, storage, exists, optuna_url, tracking.RecordedResults(record),
                        budgets, verbose)  # fmt: skip
         progress = console.Progress("search", _search_trials(definition, budgets), definition.budget.epochs)
-        kept = GoodState(experiment_path)
-        with installed([trial_logger, links, progress, kept, *callbacks]), every_slot_pending(definition.resources):
+        state = [GoodState(experiment_path), CheckpointPruner(SCORE)]  # Tune's saved state and the checkpoints
+        with installed([trial_logger, links, progress, *state, *callbacks]), every_slot_pending(definition.resources):
             grid = tuner.fit()
         if not trial_logger.flush(tracking_wait_s):
             return _unrecorded(definition, record, *where, trial_logger, len(grid))
@@ -403,7 +403,8 @@ def _runnable(definition: SweepDefinition, prepared, settings: worker.TrialSetti
 
 
 def _set_environment() -> None:
-    # num_to_keep=1 makes Tune snapshot its state at each checkpoint, as resuming needs; that is cheap here
+    # a sweep begun with num_to_keep=1 (before peftune.resume.CheckpointPruner) makes Tune snapshot its state at
+    # each checkpoint when it resumes: a cost at thousands of trials, not something to warn about each time
     os.environ.setdefault("TUNE_WARN_EXCESSIVE_EXPERIMENT_CHECKPOINT_SYNC_THRESHOLD_S", "0")
     # MLflow's own retries (7, with backoff: minutes) would hold every write of a tracking outage; the write
     # buffer (peftune.tracking_buffer) retries instead, so a write fails fast into it. A user's setting wins.
@@ -492,9 +493,9 @@ def _tuner(definition, runnable, storage: str, exists: bool, optuna_url: str, hi
             storage_path=storage,
             callbacks=[RunCallbacks()],
             failure_config=tune.FailureConfig(max_failures=definition.max_failures),
-            checkpoint_config=tune.CheckpointConfig(
-                num_to_keep=1, checkpoint_score_attribute=SCORE, checkpoint_score_order="max"
-            ),
+            # no num_to_keep: Tune would snapshot the whole experiment after every checkpoint;
+            # peftune.resume.CheckpointPruner deletes the superseded ones instead
+            checkpoint_config=tune.CheckpointConfig(checkpoint_score_attribute=SCORE, checkpoint_score_order="max"),
             verbose=verbose,
         ),
     )
@@ -640,7 +641,7 @@ def _best_checkpoints(grid) -> dict[str, tuple[float, Any]]:
         best = [
             (metrics.get(SCORE), checkpoint)
             for checkpoint, metrics in (result.best_checkpoints or [])
-            if metrics.get(SCORE) is not None
+            if metrics.get(SCORE) is not None and checkpoint_exists(checkpoint)  # Tune lists the pruned ones too
         ]
         if best and result.metrics:
             out[result.metrics["trial_id"]] = max(best, key=lambda pair: pair[0])
