@@ -216,7 +216,7 @@ def test_counts_have_an_upper_bound_named_in_the_message(sweep_dir, old, new, ke
 def test_a_search_space_the_backbone_cannot_hold_is_refused_before_ray(sweep_dir):
     """Issue 34 item 2: top_k's k up to 12 on the 6-layer default model is refused naming the space file and key,
     before Ray starts (``peftune train --k 7`` was refused; the sweep's space reached the trials)."""
-    from peftune import cli
+    from peftune import cli_sweep
     from peftune.errors import UserError
 
     write(sweep_dir / "methods" / "top_k.yaml", """\
@@ -229,6 +229,6 @@ def test_a_search_space_the_backbone_cannot_hold_is_refused_before_ray(sweep_dir
         """)  # fmt: skip
     definition = spaces.load_sweep(write(sweep_dir / "tiny.yaml", SWEEP.replace("[lora]", "[top_k]")))
     with pytest.raises(UserError, match=r"top_k\.yaml: options\.k: 12 does not fit the model .*6 layers"):
-        cli.check_spaces_against_model(definition)
+        cli_sweep.check_spaces_against_model(definition)
     write(sweep_dir / "methods" / "top_k.yaml", (sweep_dir / "methods" / "top_k.yaml").read_text().replace("12", "6"))
-    cli.check_spaces_against_model(spaces.load_sweep(sweep_dir / "tiny.yaml"))  # 6 layers: fits
+    cli_sweep.check_spaces_against_model(spaces.load_sweep(sweep_dir / "tiny.yaml"))  # 6 layers: fits

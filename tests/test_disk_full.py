@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from peftune import cli, resume, tracking
+from peftune import cli_common, resume, tracking
 from peftune.errors import DiskFullError, disk_full, no_space
 from peftune.tracking_buffer import WriteBuffer
 
@@ -73,7 +73,7 @@ def test_the_command_line_says_disk_full_in_one_line_and_exits_interrupted(raise
     def command():
         raise raised
 
-    assert cli.run_command("peftune sweep", command) == cli.EXIT_INTERRUPTED == 3
+    assert cli_common.run_command("peftune sweep", command) == cli_common.EXIT_INTERRUPTED == 3
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no space left" in err[0] and "/full/" in err[0], err
 

@@ -25,7 +25,7 @@ import ray
 import torch
 from ray import tune
 
-from peftune import cli, spaces, sweep
+from peftune import cli_sweep, spaces, sweep
 from peftune.train import DivergenceGuard, TrainConfig, TrainingDiverged
 
 # lr 10 (the largest a space accepts) blows the heads up: a deterministic divergence; top_k with k = 8 > the
@@ -146,10 +146,10 @@ def test_sweep_status_tells_failures_apart(statuses, status):
 
 
 def test_exit_codes():
-    assert cli.exit_code("completed") == 0 and cli.exit_code("interrupted") == 3
-    assert cli.exit_code("completed_with_failures") == 4
-    assert cli.exit_code("completed_with_failures", allow_failures=True) == 0
-    assert cli.exit_code("failed", allow_failures=True) == 4  # never all
+    assert cli_sweep.exit_code("completed") == 0 and cli_sweep.exit_code("interrupted") == 3
+    assert cli_sweep.exit_code("completed_with_failures") == 4
+    assert cli_sweep.exit_code("completed_with_failures", allow_failures=True) == 0
+    assert cli_sweep.exit_code("failed", allow_failures=True) == 4  # never all
 
 
 # ----------------------------------------------------------------------------- real sweeps
@@ -196,7 +196,7 @@ def test_diverged_trials_are_results_failed_ones_make_the_sweep_fail(local_ray, 
     assert parents.iloc[0]["tags.peftune.status"] == "completed_with_failures"
     assert parents.iloc[0]["status"] == "FINISHED"
     assert "trial(s) failed" in result.summary()
-    assert cli.exit_code(result.status) == 4
+    assert cli_sweep.exit_code(result.status) == 4
 
     # a re-run does not run the diverged trials again (Ray retries the failed ones: resume_errored)
     again_view = RayView()
@@ -225,7 +225,7 @@ def test_diverged_trials_are_results_failed_ones_make_the_sweep_fail(local_ray, 
         tmp_path / "fitting", "faulty", ["frozen", "bitfit"], trials_per_method=1, epochs=1, seed=1
     )
     capsys.readouterr()
-    assert cli.job_main(str(fitting), "a test job", argv=argv) == 2
+    assert cli_sweep.job_main(str(fitting), "a test job", argv=argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no record in" in err[0] and not other.exists()
 

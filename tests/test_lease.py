@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 from conftest import sweep_command
-from peftune import cli, lease
+from peftune import cli_common, lease
 from tiny_sweep import FROZEN_AND_TOP_K
 
 # ----------------------------------------------------------------------------- the rules, on files
@@ -274,7 +274,7 @@ def test_two_drivers_of_one_sweep_the_second_refused_then_a_takeover_after_sigki
         ((refused_index, code),) = codes.items()  # one of them ended, the other runs on
         refused, running = (second, first) if refused_index == 1 else (first, second)
         refused.finish(30)
-        assert code == cli.EXIT_USER_ERROR, refused.output[-3000:]
+        assert code == cli_common.EXIT_USER_ERROR, refused.output[-3000:]
         errors = [line for line in refused.output.splitlines() if "error" in line]
         assert len(errors) == 1 and f"pid {running.process.pid}, since " in errors[0], refused.output[-3000:]
         assert f"host {socket.gethostname()}" in errors[0] and "Traceback" not in refused.output

@@ -101,11 +101,13 @@ def test_multitask_job_smoke_test_on_the_real_data(tmp_path):
 def test_invalid_rows_flag_overrides_the_definition():
     import argparse
 
-    from peftune import cli
+    from peftune import cli_sweep
 
     parser = argparse.ArgumentParser()
-    cli.add_arguments(parser, definition_default="multitask_tuning")
-    default = cli.definition_from_args(parser.parse_args(["--data-dir", "d", "--smoke-test"]))
-    strict = cli.definition_from_args(parser.parse_args(["--data-dir", "d", "--smoke-test", "--invalid-rows", "raise"]))
+    cli_sweep.add_arguments(parser, definition_default="multitask_tuning")
+    default = cli_sweep.definition_from_args(parser.parse_args(["--data-dir", "d", "--smoke-test"]))
+    strict = cli_sweep.definition_from_args(
+        parser.parse_args(["--data-dir", "d", "--smoke-test", "--invalid-rows", "raise"])
+    )
     assert default.invalid_rows == "skip" and strict.invalid_rows == "raise"
     assert default.fingerprint() != strict.fingerprint()  # resuming under another policy is refused

@@ -11,7 +11,7 @@ import textwrap
 import pytest
 
 from analysis import pareto, plots, runs
-from peftune import cli, record, spaces
+from peftune import cli, cli_train, record, spaces
 from peftune.methods import base
 
 MODULE = '''\
@@ -83,10 +83,10 @@ def test_a_new_method_brings_its_command_line_flag(tiny, capsys):
     text = " ".join(capsys.readouterr().out.split())
     assert "--width INT output LayerNorms that train, from the top (default: tiny 3)" in text
     args = cli.build_parser().parse_args(["train", "--data-dir", "d", "--method", "tiny", "--width", "2"])
-    assert cli.method_options(args) == {"width": 2}
+    assert cli_train.method_options(args) == {"width": 2}
     args = cli.build_parser().parse_args(["train", "--data-dir", "d", "--method", "lora", "--width", "2"])
     with pytest.raises(ValueError, match="--width does not apply to method 'lora'"):
-        cli.method_options(args)
+        cli_train.method_options(args)
 
 
 def test_a_sweep_definition_takes_a_new_method_with_its_space(tiny, tmp_path):
@@ -120,7 +120,7 @@ def test_every_methods_recorded_command_parses_back_through_the_generated_flags(
         config = train.TrainConfig(method=method, tasks=["sst"])
         argv = shlex.split(train.train_command(config, {"data_dir": "d"}))[1:]
         assert "--option" not in argv
-        back = cli.config_from_args(cli.build_parser().parse_args(argv))
+        back = cli_train.config_from_args(cli.build_parser().parse_args(argv))
         expected = methods.make_method_config(method, config.method_options_with_dropout())
         assert methods.make_method_config(method, back.method_options_with_dropout()) == expected, method
 

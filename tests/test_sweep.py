@@ -60,7 +60,7 @@ SWEEP = """\
 
 def definition(directory: Path, name: str, trials_per_method: int, concurrency: int, seed: int = 0, fits: bool = False):
     """``fits``: top_k's k within MiniLM's 6 layers, for sweeps started by the command line, which refuses a space
-    that does not fit the model before any work (``cli.check_spaces_against_model``)."""
+    that does not fit the model before any work (``cli_sweep.check_spaces_against_model``)."""
     spaces_ = {"frozen": FROZEN, "top_k": FROZEN_AND_TOP_K["top_k"] if fits else TOP_K}  # the same, k in {1, 2}
     return write_definition(
         directory, name, spaces_, SWEEP, seed=seed, concurrency=concurrency, trials_per_method=trials_per_method

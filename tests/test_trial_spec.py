@@ -10,7 +10,7 @@ import shlex
 
 import pytest
 
-from peftune import cli, trial_spec
+from peftune import cli, cli_train, trial_spec
 from peftune.train import TrainConfig
 from peftune.trial_spec import DataSettings, TrialSpec
 
@@ -31,14 +31,14 @@ def test_a_spec_comes_back_unchanged_from_its_file_and_its_command(tmp_path):
     assert trial_spec.read(trial_spec.write(spec, tmp_path / "spec.json")) == spec
     argv = shlex.split(spec.command())
     assert argv[:2] == ["peftune", "train"]
-    assert cli.spec_from_args(cli.build_parser().parse_args(argv[1:])) == spec
+    assert cli_train.spec_from_args(cli.build_parser().parse_args(argv[1:])) == spec
 
 
 def test_verbose_goes_with_spec(tmp_path):
     """``peftune -v train --spec FILE``: debug logging is no flag of the trial (it was refused as one)."""
     spec = spec_of(tmp_path)
     path = trial_spec.write(spec, tmp_path / "spec.json")
-    assert cli.spec_from_args(cli.build_parser().parse_args(["-v", "train", "--spec", str(path)])) == spec
+    assert cli_train.spec_from_args(cli.build_parser().parse_args(["-v", "train", "--spec", str(path)])) == spec
 
 
 def run(capsys, *argv):
