@@ -53,7 +53,7 @@ class Result:
 
 
 def check_bench_device(device: torch.device) -> None:
-    """``device`` (one this machine has: ``cli.check_device``) is where the bench compares like with like: the
+    """``device`` (one this machine has: ``cli_common.check_device``) is where the bench compares like with like: the
     CPU or one GPU."""
     if device.type not in ("cpu", "cuda"):
         raise UserError(f"--device {device}: the bench runs on cpu or cuda, where the Trainer runs as configured here")

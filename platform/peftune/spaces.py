@@ -108,7 +108,7 @@ _LISTS = {kind: TypeAdapter(list[t]) for kind, t in validation.SCALARS.items()}
 
 def proposed_values(param: Param) -> list:
     """What a parameter can propose at its extremes (a range's ends, every choice): every value must make a valid
-    config, and (``cli.check_spaces_against_model``) fit the model."""
+    config, and (``cli_sweep.check_spaces_against_model``) fit the model."""
     return [param.value] if isinstance(param, Fixed) else list(getattr(param, "choices", ()) or (param.low, param.high))
 
 

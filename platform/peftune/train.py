@@ -263,7 +263,7 @@ def train_command(config: TrainConfig, data: dict, threads: int | None = None) -
         if value is None:  # the option's default: nothing to pass
             continue
         text = json.dumps(list(value)) if isinstance(value, (list, tuple)) else str(value)  # a YAML flow list
-        argv += [f"--{key.replace('_', '-')}", text]  # every option has a flag (peftune.cli.add_method_args)
+        argv += [f"--{key.replace('_', '-')}", text]  # every option has a flag (peftune.cli_train.add_method_args)
     values = {
         "model": data.get("model", DEFAULT_MODEL),
         "tasks": ",".join(config.tasks),

@@ -7,7 +7,7 @@ it ran on. It has one way in and out of each of its forms:
 - a JSON file (``to_json`` / ``read``): ``peftune train`` writes it beside its checkpoint as ``trial_spec.json``
   and ``peftune train --spec FILE`` re-runs it;
 - the ``peftune train`` command line (``command``): the run's ``peftune.train_command`` tag, the same trial
-  spelled as flags (``peftune.cli`` reads the flags back into a spec);
+  spelled as flags (``peftune.cli_train`` reads the flags back into a spec);
 - the data it reads (``DataSettings.prepare``): the sweep, the command line and the evaluation read their
   data through it, so the same settings carve the same train, selection and decision rows everywhere.
 
