@@ -738,6 +738,8 @@ class TrialLogger(tune.Callback):
                 self._unfinished[run.data.tags[CONFIG_KEY]] = (trial_id, run.info.run_id)
             if TRAINABLE_PER_TASK in run.data.metrics:
                 self._counted.add(trial_id)
+            if run.data.tags.get(STATUS) not in (None, FAILED):
+                continue  # ended: what it reports again is not logged (on_trial_result), so no history is read
             if SCORE in run.data.metrics:
                 history = self.client.get_metric_history(run.info.run_id, SCORE)
                 self._last_epoch[trial_id] = max(int(m.step) for m in history)
@@ -850,6 +852,8 @@ class TrialLogger(tune.Callback):
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         self._run_for(trial)
+        if trial.trial_id in self._finished:
+            return  # its run is closed (a driver stopped before Tune saved that the trial ended re-runs its end)
         if result.get(DIVERGED):
             return  # the final result of a diverged trial carries no epoch's metrics; on_trial_complete records it
         if result.get(PARTIAL):
