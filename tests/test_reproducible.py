@@ -19,6 +19,7 @@ import pytest
 import ray
 
 from peftune import cli, record, sweep, trial_spec
+from peftune.cli_train import spec_from_args
 from tiny_sweep import write_definition
 
 FROZEN = """\
@@ -107,7 +108,7 @@ def assert_record_reruns(uri: str, parent_run_id: str, output: Path) -> None:
     assert argv[:2] == ["peftune", "train"] and "--threads" in argv and "--selection-examples" in argv
     # the same trial as a spec file, written from the command's own spec (what `peftune train` writes)
     spec_file = str(
-        trial_spec.write(cli.spec_from_args(cli.build_parser().parse_args(argv[1:])), output.parent / "spec.json")
+        trial_spec.write(spec_from_args(cli.build_parser().parse_args(argv[1:])), output.parent / "spec.json")
     )
     history = client.get_metric_history(run.info.run_id, "score")
     trial = {int(m.step): round(m.value, 4) for m in history if float(m.step).is_integer() and m.step >= 1}
