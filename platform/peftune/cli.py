@@ -135,9 +135,7 @@ def cmd_report(args) -> int:
 
     quiet_libraries()  # no download bar per artifact read
     args.tracking_uri = record.existing_store_uri(args.tracking_uri)
-    if args.output and Path(args.output).exists() and not Path(args.output).is_dir():
-        raise UserError(f"--output {args.output}: is an existing file; expected a report directory")
-    if args.output:
+    if args.output:  # an existing file, or a directory that cannot be written: refused before any work
         check_output_dir("--output", Path(args.output))
 
     report = report_sweep(
@@ -185,9 +183,7 @@ def cmd_evaluate(args) -> int:
 
     quiet_libraries()  # no download bar per artifact read
     args.tracking_uri = record.existing_store_uri(args.tracking_uri)
-    if args.output and Path(args.output).exists() and not Path(args.output).is_dir():
-        raise UserError(f"--output {args.output}: is an existing file; expected a directory")
-    if args.output:
+    if args.output:  # an existing file, or a directory that cannot be written: refused before any work
         check_output_dir("--output", Path(args.output))
     check_device(args.device)
 
