@@ -124,7 +124,7 @@ class GoodState(SaveHook):
 class _TrialCheckpoints:
     """One trial's checkpoints still on disk, as the pruner tracks them (oldest first)."""
 
-    kept: list = field(default_factory=list)  # [(checkpoint, score)]
+    kept: list = field(default_factory=list)  # the checkpoints still on disk
     best: object = None  # the checkpoint of the best score so far (the earliest on a tie)
     best_score: float | None = None
     saved: deque = field(default_factory=lambda: deque(maxlen=2))  # the latest checkpoint at each of the last 2 saves
@@ -132,7 +132,7 @@ class _TrialCheckpoints:
 
     @property
     def latest(self):
-        return self.kept[-1][0] if self.kept else None
+        return self.kept[-1] if self.kept else None
 
     def needed(self) -> list:
         return [self.best, self.latest, *self.saved]
@@ -156,7 +156,7 @@ class CheckpointPruner(SaveHook):
         # Tune processes a result before the checkpoint it carries: the trial's last result is that epoch's
         state = self.trials.setdefault(trial.trial_id, _TrialCheckpoints())
         score = trial.last_result.get(self.score) if self.score else None
-        state.kept.append((checkpoint, score))
+        state.kept.append(checkpoint)
         if self.score and score is not None and (state.best is None or improves(score, state.best_score)):
             state.best, state.best_score = checkpoint, score
         self._prune(state)
@@ -182,8 +182,8 @@ class CheckpointPruner(SaveHook):
 
     def _prune(self, state: _TrialCheckpoints) -> None:
         needed = {id(checkpoint) for checkpoint in state.needed()}
-        stale = [checkpoint for checkpoint, _ in state.kept if id(checkpoint) not in needed]
-        state.kept = [pair for pair in state.kept if id(pair[0]) in needed]
+        stale = [checkpoint for checkpoint in state.kept if id(checkpoint) not in needed]
+        state.kept = [checkpoint for checkpoint in state.kept if id(checkpoint) in needed]
         for checkpoint in stale:
             delete_checkpoint(checkpoint)
 
