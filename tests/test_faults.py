@@ -457,7 +457,8 @@ def test_writes_pending_at_the_end_stay_on_disk_and_are_replayed_exactly_once(tm
         )
         for epoch in (1, 2):
             buffer.put("metrics", trial_id="t1", metrics=[("score", 0.1 * epoch, 1000 + epoch, epoch)])
-        buffer.put("finish", trial_id="t1", status="completed", error=None, retries=0, task_metrics=[])
+        best = [("best_epoch", 2.0, 1003, 0), ("best_score", 0.2, 1003, 0)]  # as the driver keeps them
+        buffer.put("finish", trial_id="t1", status="completed", error=None, retries=0, best=best)
         assert not buffer.flush(2.0) and buffer.pending() == 4 and buffer.failures >= 1  # the server is down
         buffer.stop()
         assert len(path.read_text().splitlines()) == 4  # kept on disk for the next run
@@ -472,7 +473,7 @@ def test_writes_pending_at_the_end_stay_on_disk_and_are_replayed_exactly_once(tm
             '"sweep": "pending", "params": {"lr": "1"}}',
             '{"seq": 2, "op": "metrics", "trial_id": "t1", "metrics": [["score", 0.1, 1001, 1]]}',
             '{"seq": 3, "op": "finish", "trial_id": "t1", "status": "completed", "error": null, "retries": 0, '
-            '"task_metrics": []}',
+            '"best": [["best_epoch", 2.0, 1003, 0], ["best_score", 0.2, 1003, 0]]}',
             '{"seq": 4, "op": "metrics", "trial_id": "t1", "metr',  # a line the driver did not finish writing
         ]
         path.write_text("\n".join(lines))

@@ -97,6 +97,7 @@ from peftune.errors import DiskFullError, UserError
 from peftune.methods.sizes import size_label
 from peftune.record import (
     BACKBONE,
+    BEST_EPOCH,
     BEST_SCORE,
     CHECKPOINT_TAG,
     CODE_VERSION,
@@ -137,6 +138,8 @@ from peftune.record import (
     TRIAL_ID,
     TRIALS_VIEW_KEY,
     UNFINISHED,
+    best_epoch,
+    best_metric,
     config_key,
     improves,
     predictions_artifact,
@@ -666,6 +669,9 @@ class TrialLogger(tune.Callback):
         self._last_epoch: dict[str, int] = {}  # trial id -> last epoch logged
         self._counted: set[str] = set()  # trial ids whose parameter counts are logged
         self._partials: dict[str, set[int]] = {}  # trial id -> examples_seen of the rungs logged within epochs
+        # trial id -> its best epoch so far and that epoch's logged metrics (score and task metrics), by
+        # record.improves: logged as best_* when the trial ends, from here and not read back from the record
+        self._best: dict[str, tuple[int, dict[str, float]]] = {}
         self._unfinished: dict[str, tuple[str, str]] = {}  # config key -> (trial id, run id) of unfinished runs
         self._predicted: dict[str, float] = {}  # trial id -> score of the epoch whose predictions are logged
         self._decision: dict[str, str] = {}  # trial id -> those predictions on the decision split (CSV text)
@@ -741,11 +747,35 @@ class TrialLogger(tune.Callback):
             if run.data.tags.get(STATUS) not in (None, FAILED):
                 continue  # ended: what it reports again is not logged (on_trial_result), so no history is read
             if SCORE in run.data.metrics:
-                history = self.client.get_metric_history(run.info.run_id, SCORE)
-                self._last_epoch[trial_id] = max(int(m.step) for m in history)
+                self._read_best(trial_id, run.info.run_id)
             if "fidelity_score" in run.data.metrics:
                 history = self.client.get_metric_history(run.info.run_id, "fidelity_score")
                 self._partials[trial_id] = {int(m.step) for m in history}
+
+    def _read_best(self, trial_id: str, run_id: str) -> None:
+        """The last epoch logged and the best so far of a run a resumed trial continues: read once, at setup."""
+        histories = {key: {int(m.step): m.value for m in self.client.get_metric_history(run_id, key)}
+                     for key in (SCORE, *self.task_metrics)}  # fmt: skip
+        scores = histories[SCORE]
+        self._last_epoch[trial_id] = max(scores)
+        kept = best_epoch(scores)
+        self._best[trial_id] = (kept, {key: values[kept] for key, values in histories.items() if kept in values})
+
+    def _note_best(self, trial_id: str, epoch: int, logged: dict[str, float]) -> None:
+        """Keep ``epoch`` as the trial's best when its (logged, so finite) score improves on the one kept."""
+        if SCORE not in logged:
+            return  # not a score the record holds: best_epoch never sees it
+        kept = self._best.get(trial_id)
+        if kept is None or improves(logged[SCORE], kept[1][SCORE]):
+            self._best[trial_id] = (epoch, {key: logged[key] for key in (SCORE, *self.task_metrics) if key in logged})
+
+    def _best_metrics(self, trial_id: str) -> list[tuple]:
+        """best_epoch and best_<metric> of the trial's epoch kept, as metrics (step 0); none without an epoch."""
+        if trial_id not in self._best:
+            return []
+        epoch, values = self._best[trial_id]
+        now = _now_ms()  # fixed when queued: a replayed write is identical, and MLflow keeps one copy
+        return [(BEST_EPOCH, float(epoch), now, 0), *((best_metric(k), v, now, 0) for k, v in values.items())]
 
     # -- run lifecycle
 
@@ -831,7 +861,7 @@ class TrialLogger(tune.Callback):
         del self._unfinished[key]
         self._write("tags", trial_id=old_id, tags={TRIAL_ID: trial.trial_id})  # the run is found by trial id
         self._runs[trial.trial_id] = self._runs.pop(old_id, run_id)
-        for logged in (self._last_epoch, self._partials):
+        for logged in (self._last_epoch, self._partials, self._best):
             if old_id in logged:
                 logged[trial.trial_id] = logged.pop(old_id)
         if old_id in self._counted:
@@ -872,6 +902,7 @@ class TrialLogger(tune.Callback):
             self._counted.add(trial.trial_id)
         self._write("metrics", trial_id=trial.trial_id, metrics=metrics)
         self._last_epoch[trial.trial_id] = epoch
+        self._note_best(trial.trial_id, epoch, {key: value for key, value, _, step in metrics if step == epoch})
         if "predictions" in result:
             self._log_predictions(trial, result)
         shown = " ".join(f"{k} {result[k]:.4f}" for k in self.task_metrics if k in result)
@@ -953,12 +984,11 @@ class TrialLogger(tune.Callback):
         self._run_for(trial)
         if error is not None:
             log.warning("trial %s %s: %s", trial.trial_id, status, error.splitlines()[0])
-        # the retries Ray made: every failure but a final one (Ray's num_failures counts that too); the
-        # best_* metrics come from the run's own history, read by the buffer when it writes this
+        # the retries Ray made: every failure but a final one (Ray's num_failures counts that too)
         retries = trial.num_failures - (1 if status == FAILED else 0)
         self._write(
             "finish", trial_id=trial.trial_id, status=status, error=error, retries=retries,
-            task_metrics=self.task_metrics,
+            best=self._best_metrics(trial.trial_id),
         )  # fmt: skip
         self._finished.add(trial.trial_id)
         marks = trial.config.get("peftune") or {}

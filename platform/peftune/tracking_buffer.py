@@ -13,6 +13,9 @@ it but the answer was lost, or the driver stopped before noting it done) changes
   key, value, step and timestamp; params and tags are set to the same values; a tag deleted twice is
   gone either way.
 
+Write-only: what an operation writes comes whole from the driver (a trial's best epoch included: the driver keeps
+it from the results it logged); the one read is the search for a trial's run by its id before creating it.
+
 Durable: each operation is appended to a JSON-lines file (``<storage>/<sweep>.tracking-pending.jsonl``,
 beside Tune's state) before it is queued, and the sequence number of the last one applied is kept
 beside it. Operations still pending when a sweep ends (the server is down for longer than the
@@ -32,21 +35,16 @@ from pathlib import Path
 
 from peftune.errors import DiskFullError, disk_full, no_space
 from peftune.record import (
-    BEST_EPOCH,
-    BEST_SCORE,
     ERROR,
     FAILED,
     METHOD,
     PARENT_TAG,
     RETRIES,
     ROLE,
-    SCORE,
     STATUS,
     SWEEP,
     TRIAL_ID,
     TRIAL_ROLE,
-    best_epoch,
-    best_metric,
     sqlite_path,
 )
 
@@ -310,11 +308,15 @@ class WriteBuffer:
             self.client.set_tag(run_id, key, value)
 
     def _op_delete_tags(self, trial_id: str, keys: list) -> None:
+        from mlflow.exceptions import MlflowException
+
         run_id = self._need(trial_id)
-        present = self.client.get_run(run_id).data.tags
         for key in keys:
-            if key in present:
+            try:
                 self.client.delete_tag(run_id, key)
+            except MlflowException as error:  # the run has no such tag (never set, or deleted by an earlier try)
+                if error.error_code != "RESOURCE_DOES_NOT_EXIST":
+                    raise
 
     def _op_run_status(self, trial_id: str, status: str) -> None:
         run_id = self._need(trial_id)
@@ -323,9 +325,18 @@ class WriteBuffer:
         else:
             self.client.set_terminated(run_id, status=status)
 
-    def _op_finish(self, trial_id: str, status: str, error: str | None, retries: int, task_metrics: list) -> None:
+    def _op_finish(
+        self, trial_id: str, status: str, error: str | None, retries: int, best: list | None = None,
+        task_metrics: list | None = None,
+    ) -> None:  # fmt: skip
+        """The trial's end: its ``best`` metrics (best_epoch, best_<metric>, as the driver kept them), its status,
+        error and retries. ``task_metrics``: an operation queued by a peftune that read the best epoch back from the
+        record here; now ignored (without best_* the analysis finds the best epoch in the run's history)."""
+        from mlflow.entities import Metric
+
         run_id = self._need(trial_id)
-        log_best(self.client, run_id, task_metrics)
+        if best:
+            self.client.log_batch(run_id, metrics=[Metric(*m) for m in best])
         tags = {STATUS: status, **({ERROR: error} if error is not None else {})}
         if retries > 0:
             tags[RETRIES] = str(retries)
@@ -351,26 +362,6 @@ class WriteBuffer:
         if run_id is None:  # its trial_run operation comes first in the order: this is not an outage
             raise LookupError(f"no MLflow run for trial {trial_id} under parent run {self.record.parent_run_id}")
         return run_id
-
-
-def log_best(client, run_id: str, task_metrics: list[str]) -> None:
-    """best_score, best_epoch, best_<task metric> from the run's own history (``record.best_epoch``)."""
-    from mlflow.entities import Metric
-
-    scores = {int(m.step): m.value for m in client.get_metric_history(run_id, SCORE)}
-    if not scores:
-        return
-    kept = best_epoch(scores)
-    latest = client.get_run(run_id).data.metrics
-    if latest.get(BEST_SCORE) == scores[kept] and latest.get(BEST_EPOCH) == kept:
-        return  # logged by an earlier attempt of this operation
-    now = int(time.time() * 1000)
-    metrics = [Metric(BEST_SCORE, scores[kept], now, 0), Metric(BEST_EPOCH, kept, now, 0)]
-    for key in task_metrics:
-        values = {int(m.step): m.value for m in client.get_metric_history(run_id, key)}
-        if kept in values:
-            metrics.append(Metric(best_metric(key), values[kept], now, 0))
-    client.log_batch(run_id, metrics=metrics)
 
 
 def log_datasets(client, run_id: str, datasets) -> None:
