@@ -373,6 +373,8 @@ def run_sweep(
     except BaseException as error:
         _close_after(error, definition, record, trial_logger, tracking_wait_s)
         full = disk_full(error, path=_databases(tracking_uri, optuna_url))
+        if full is not None and full.path is None:  # a write after the first refused one (Tune's own, stopping)
+            full = trial_logger.space_refused() or full  # the first names its file
         if full is not None and full is not error:
             raise full from error  # one line for the command line, naming the path: interrupted, exit 3
         raise

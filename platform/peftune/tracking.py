@@ -943,10 +943,15 @@ class TrialLogger(tune.Callback):
         self._write("metrics", trial_id=trial_id, metrics=metrics)
         logged.add(seen)
 
+    def space_refused(self) -> DiskFullError | None:
+        """The first write refused for space this driver saw (a trial's checkpoint, or its own record), naming
+        the file; None while every write had room."""
+        return self._full or (self.buffer.full if self.buffer is not None else None)
+
     def on_step_end(self, iteration, trials, **info):
         """Stop the experiment (the error leaves Tune's loop; the sweep closes as interrupted) at the first write
-        refused for space: a trial's checkpoint, or this driver's own record."""
-        full = self._full or (self.buffer.full if self.buffer is not None else None)
+        refused for space."""
+        full = self.space_refused()
         if full is not None:
             raise full
 

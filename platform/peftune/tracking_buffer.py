@@ -163,18 +163,32 @@ class WriteBuffer:
 
     def _append(self, line: str) -> None:
         """``line`` at the end of the pending file; a line cut short for lack of space is taken back (a later line
-        would otherwise join it and both be lost to ``_load``) and the operation stays queued in memory only."""
-        with self.path.open("a") as file:
-            size = file.tell()
+        would otherwise join it and both be lost to ``_load``) and the operation stays queued in memory only.
+
+        Unbuffered (``os.write`` on a descriptor): a buffered file refused for space fails again when it is
+        truncated or closed (each flushes what it still holds), and that second error named no file."""
+        data = memoryview(line.encode())
+        try:
+            fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as error:
+            if no_space(error) is None:
+                raise
+            self._noted_full(DiskFullError(self.path, len(data)))
+            return
+        try:
+            size = os.fstat(fd).st_size
             try:
-                file.write(line)
-                file.flush()
-                os.fsync(file.fileno())
+                written = 0
+                while written < len(data):  # a write that ran out of space part way returns what it wrote
+                    written += os.write(fd, data[written:])
+                os.fsync(fd)
             except OSError as error:
                 if no_space(error) is None:
                     raise
-                file.truncate(size)  # frees, needs no space
-                self._noted_full(DiskFullError(self.path, len(line.encode())))
+                os.ftruncate(fd, size)  # frees, needs no space
+                self._noted_full(DiskFullError(self.path, len(data)))
+        finally:
+            os.close(fd)
 
     def _note_applied(self, seq: int) -> None:
         self._applied = seq
