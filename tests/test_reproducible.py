@@ -18,8 +18,7 @@ import mlflow
 import pytest
 import ray
 
-from peftune import cli, record, sweep, trial_spec
-from peftune.cli_train import spec_from_args
+from peftune import record, sweep, trial_spec
 from tiny_sweep import write_definition
 
 FROZEN = """\
@@ -97,7 +96,7 @@ def test_one_or_two_workers_give_the_same_trials_stops_and_scores(tmp_path, tiny
 
 def assert_record_reruns(uri: str, parent_run_id: str, output: Path) -> None:
     """A completed search trial's recorded ``peftune train`` command scores what the trial scored, epoch by epoch;
-    so does ``peftune train --spec`` of the spec that command spells."""
+    so does ``peftune train --spec`` of its ``trial_spec.json``, the same trial as the command."""
     client = mlflow.MlflowClient(uri)
     experiment = client.get_run(parent_run_id).info.experiment_id
     runs = client.search_runs(
@@ -106,10 +105,8 @@ def assert_record_reruns(uri: str, parent_run_id: str, output: Path) -> None:
     run = next(r for r in runs if r.data.tags[record.STATUS] == "completed")
     argv = shlex.split(run.data.tags[record.TRAIN_COMMAND])
     assert argv[:2] == ["peftune", "train"] and "--threads" in argv and "--selection-examples" in argv
-    # the same trial as a spec file, written from the command's own spec (what `peftune train` writes)
-    spec_file = str(
-        trial_spec.write(spec_from_args(cli.build_parser().parse_args(argv[1:])), output.parent / "spec.json")
-    )
+    spec_file = client.download_artifacts(run.info.run_id, trial_spec.ARTIFACT, str(output.parent))
+    assert trial_spec.read(spec_file).command() == run.data.tags[record.TRAIN_COMMAND]
     history = client.get_metric_history(run.info.run_id, "score")
     trial = {int(m.step): round(m.value, 4) for m in history if float(m.step).is_integer() and m.step >= 1}
     for way, args in (("command", argv[1:]), ("spec", ["train", "--spec", spec_file])):

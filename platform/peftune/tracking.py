@@ -800,6 +800,8 @@ class TrialLogger(tune.Callback):
             params={k: _param_value(v) for k, v in params.items()}, tags=tags,
             datasets=inputs_of(phase, self.record.datasets),
         )  # fmt: skip
+        if spec is not None:  # the trial's specification, which `peftune train --spec` re-runs
+            self._write("artifact", trial_id=trial_id, path=trial_spec.ARTIFACT, text=spec.to_json())
         self._runs[trial_id] = None
 
     def _spec(self, config: dict, method: str, sampled: dict) -> trial_spec.TrialSpec | None:

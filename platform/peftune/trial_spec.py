@@ -4,8 +4,9 @@ A ``TrialSpec`` is a ``TrainConfig`` (the method, its options, the hyperparamete
 and reported on), the ``DataSettings`` its data is read with (``train.prepare``'s arguments) and the threads
 it ran on. It has one way in and out of each of its forms:
 
-- a JSON file (``to_json`` / ``read``): ``peftune train`` writes it beside its checkpoint as ``trial_spec.json``
-  and ``peftune train --spec FILE`` re-runs it;
+- a JSON file (``to_json`` / ``read``): every sweep run stores it as the artifact ``trial_spec.json``, ``peftune
+  train`` writes it beside its checkpoint, and
+  ``peftune train --spec FILE`` re-runs it;
 - the ``peftune train`` command line (``command``): the run's ``peftune.train_command`` tag, the same trial
   spelled as flags (``peftune.cli_train`` reads the flags back into a spec);
 - the data it reads (``DataSettings.prepare``): the sweep, the command line and the evaluation read their
@@ -36,7 +37,7 @@ COUNTS = {"max_length": Bound(8, BertConfig.max_position_embeddings, "BERT's pos
           "max_train_examples": ROWS, "max_dev_examples": ROWS, "seed": SEED,
           "decision_examples": Bound(0, 1_000_000, "a sane bound on a split")}  # fmt: skip
 FORMAT = 1  # the JSON form's version: a file of another is refused, naming both
-ARTIFACT = "trial_spec.json"  # the spec's file name beside a checkpoint
+ARTIFACT = "trial_spec.json"  # the spec of a sweep run, among its artifacts, and beside a checkpoint
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ def write(spec: TrialSpec, path: str | Path) -> Path:
 
 
 def read(path: str | Path) -> TrialSpec:
-    """The spec in the JSON file ``path`` (``peftune train``'s ``trial_spec.json``)."""
+    """The spec in the JSON file ``path`` (a sweep run's ``trial_spec.json``)."""
     path = Path(path)
     try:
         raw = json.loads(path.read_text())

@@ -88,8 +88,8 @@ class TrialSettings:
         return {"eval_splits": [record.SELECTION]}
 
     def spec(self, method: str, sampled: dict[str, Any]) -> TrialSpec | None:
-        """The trial's whole specification (None without the sweep's data settings): its record keeps it as
-        the ``peftune train`` command line."""
+        """The trial's whole specification (None without the sweep's data settings): its record keeps it, as
+        a file (``trial_spec.ARTIFACT``) and as the ``peftune train`` command line."""
         if self.data is None or not self.data.data_dir:
             return None
         return TrialSpec(self.train_config(method, sampled), self.data, self.threads)
