@@ -19,7 +19,7 @@ import ray
 import yaml
 from ray import tune
 
-from peftune import checkpoint, record, search, spaces, sweep
+from peftune import checkpoint, record, search, spaces, sweep, tracking
 from tiny_sweep import FROZEN_AND_TOP_K, write_definition
 
 # frozen with a vanishing lr cannot learn: it scores below top_k after epoch 1, so ASHA stops it
@@ -96,11 +96,38 @@ def steps(client, run_id: str, key: str) -> list[int]:
     return sorted(int(m.step) for m in client.get_metric_history(run_id, key))
 
 
-def test_sweep_records_parent_and_every_trial(local_ray, workdir, tracking_uri, tiny_data_dir):
+def kept_loggers(monkeypatch) -> list:
+    """The trial loggers the sweeps of the test build, kept to read their state after the sweep."""
+    loggers, build = [], sweep._trial_logger
+    monkeypatch.setattr(sweep, "_trial_logger", lambda *args: loggers.append(build(*args)) or loggers[-1])
+    return loggers
+
+
+def assert_state_is_the_record(logger, uri: str, parent_run_id: str) -> None:
+    """The driver's state of the sweep (``TrialLogger.runs``) is what the record holds: the same runs in the same
+    order, each with its tags, params, latest metrics, status and start time (but the checkpoint tag, which the
+    sweep's end sets on the record alone, and MLflow's own tags)."""
+    client = mlflow.MlflowClient(uri)
+    experiment_id = client.get_run(parent_run_id).info.experiment_id
+    recorded = tracking.child_runs(client, experiment_id, parent_run_id)
+    held = logger.runs()
+    assert [r.info.run_id for r in held] == [r.info.run_id for r in recorded]
+    for state, run in zip(held, recorded, strict=True):
+        tags = {k: v for k, v in run.data.tags.items() if k != "peftune.checkpoint"}
+        held = {k: v for k, v in state.data.tags.items() if k != "peftune.checkpoint"}  # read back on a resume
+        assert {k: tags[k] for k in held if k in tags} == held  # every tag held is recorded
+        assert all(k.startswith("mlflow.") for k in set(tags) - set(held))  # the rest are MLflow's
+        assert state.data.params == run.data.params and state.data.metrics == run.data.metrics
+        assert (state.info.status, state.info.start_time) == (run.info.status, run.info.start_time)
+
+
+def test_sweep_records_parent_and_every_trial(local_ray, workdir, tracking_uri, tiny_data_dir, monkeypatch):
     # seed 7 proposes top_k(k=1), frozen, top_k(k=8), frozen, frozen, frozen: all random (n_startup_trials
     # 10 > 6 trials), so the order does not depend on scores; one trial at a time makes ASHA's decisions certain
     spec = definition(workdir / "defs", "record", trials_per_method=3, concurrency=1, seed=7)
+    loggers = kept_loggers(monkeypatch)
     result = sweep.run_sweep(spec, tiny_data_dir, tracking_uri, storage_path=workdir / "ray_results")
+    assert_state_is_the_record(loggers[-1], tracking_uri, result.parent_run_id)
     # one trial fails (top_k with k = 8): the sweep says so
     assert result.status == "completed_with_failures" and result.num_trials == 6 and not result.resumed
 
@@ -187,6 +214,7 @@ def test_sweep_records_parent_and_every_trial(local_ray, workdir, tracking_uri, 
     # running a finished sweep again restores it: nothing runs again but the failed trial (Ray retries
     # errored trials), which fails again; the record keeps one run per trial
     again = sweep.run_sweep(spec, tiny_data_dir, tracking_uri, storage_path=workdir / "ray_results")
+    assert_state_is_the_record(loggers[-1], tracking_uri, result.parent_run_id)  # read once, then kept
     assert again.status == "completed_with_failures" and again.resumed and again.parent_run_id == result.parent_run_id
     assert again.statuses == result.statuses
     parents, rerun = runs_of(tracking_uri, "record")

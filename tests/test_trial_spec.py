@@ -11,6 +11,8 @@ import shlex
 import pytest
 
 from peftune import cli, cli_train, trial_spec
+from peftune.methods.options import options_from_params
+from peftune.record import param_text
 from peftune.train import TrainConfig
 from peftune.trial_spec import DataSettings, TrialSpec
 
@@ -32,6 +34,17 @@ def test_a_spec_comes_back_unchanged_from_its_file_and_its_command(tmp_path):
     argv = shlex.split(spec.command())
     assert argv[:2] == ["peftune", "train"]
     assert cli_train.spec_from_args(cli.build_parser().parse_args(argv[1:])) == spec
+
+
+def test_a_specs_params_give_its_method_options_back_and_every_setting_it_trains_with(tmp_path):
+    spec = spec_of(tmp_path)
+    params = {key: param_text(value) for key, value in spec.params().items()}  # as the record stores them
+    assert options_from_params("lora", params) == spec.config.method_options  # every option, defaults included
+    assert {key: params[key] for key in ("method", "lr", "dropout", "weight_decay", "head_lr", "seed")} == {
+        "method": "lora", "lr": "0.0003", "dropout": "0.05", "weight_decay": "0.02", "head_lr": "0.001", "seed": "7"
+    }  # fmt: skip
+    assert params["data.max_train_examples"] == "40" and "data.data_dir" not in params  # another machine's path
+    assert params["threads"] == "1" and params["epochs"] == "2" and params["warmup_ratio"] == "0.2"
 
 
 def test_verbose_goes_with_spec(tmp_path):

@@ -21,11 +21,11 @@ loop, the MLflow write buffer's thread and the in-process SQLite store; not Ray'
 - the end of the sweep (from the last trial's end to ``run_sweep``'s return: the flush and the closing reads);
 - the reads of the record against the runs in it: the sweep's own record copied (SQLite backup, in a child
   process) when ``--record-sizes`` trials had finished; on each copy what a resumed driver reads before its first
-  trial (``TrialLogger.setup``, the scheduler's refill ``RecordedResults.results``), the confirmation's opening reads
-  (``child_runs``, ``select_candidates``, ``Confirmation.todo``), then its first round's confirmation runs written
-  through the real ``TrialLogger`` (synthetic decision predictions), then a round's reads (``next_round``, with
-  ``analysis.report.read_predictions`` as ``peftune sweep`` passes it), the added seeds'
-  runs written, and a second round's reads.
+  trial (``TrialLogger.setup``, the scheduler's refill ``RecordedResults.results``), the confirmation's opening
+  (``TrialLogger.runs``, the driver's state: no read; ``select_candidates``, ``Confirmation.todo``), then its first
+  round's confirmation runs written through the real ``TrialLogger`` (synthetic decision predictions), then a
+  round's reads (``next_round``, with ``analysis.report.read_predictions`` as ``peftune sweep`` passes it), the
+  added seeds' runs written, and a second round's reads.
 
 MLflow calls are counted at one place: every public method of ``mlflow.MlflowClient``, patched in this process
 (outermost calls only: a client method calling another counts once). That is every call the driver makes to
@@ -486,8 +486,8 @@ def record_reads(db: Path, definition, prepared, data_dir: Path, work: Path, cal
         runs = tracking.child_runs(client, experiment_id, sweep_record.parent_run_id)
         out["search_runs"] = sum(record.run_phase(r.data.tags) == record.SEARCH for r in runs)
 
-        def opening():  # run_confirmation: the record, the candidates; Confirmation.run: the first round's todo
-            runs = tracking.child_runs(client, experiment_id, sweep_record.parent_run_id)
+        def opening():  # run_confirmation: the driver's state, the candidates; Confirmation.run: the first todo
+            runs = logger.runs()
             candidates = confirm.select_candidates(runs, plan.top_k, plan.defaults)
             searched = {c.config_key: c for c in map(confirm._candidate, runs) if c is not None}
             first = [(c, s, "") for c in candidates for s in confirm.confirm_seeds(definition.seed, plan.seeds)]

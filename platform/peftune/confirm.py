@@ -82,7 +82,6 @@ from peftune.record import (
 )
 from peftune.resume import CheckpointPruner
 from peftune.tasks import get_task
-from peftune.tracking import child_runs
 
 log = logging.getLogger("peftune.confirm")
 
@@ -274,13 +273,15 @@ def run_confirmation(
     the same Tune experiment, until every budget is decided, the rest is futile, ``confirm.max_seeds`` or
     ``confirm.max_seconds``. The record holds the seeds, so a resume replays to the same point. It is
     called once, on a resume, for the runs an earlier run of the sweep completed: the rounds decide on what the
-    trial logger kept of this run's trials (``TrialLogger.confirmed``), not on the record read back.
+    trial logger kept of this run's trials (``TrialLogger.confirmed``), not on the record read back. The
+    candidates, and the confirmation runs an earlier run of the sweep left, come from the driver's state of the
+    sweep (``TrialLogger.runs``), not from the record either.
     """
     settings = definition.confirm
     if settings.seeds == 0 or (settings.top_k == 0 and not settings.defaults):
         return ConfirmationResult("skipped", 0, 0, 0, [])
     client = _mlflow_client(record.tracking_uri)
-    runs = child_runs(client, record.experiment_id, record.parent_run_id)
+    runs = trial_logger.runs()  # the record as the driver holds it (the search's writes flushed): not read back
     candidates = select_candidates(runs, settings.top_k, settings.defaults)
     first = [(c, s, "") for c in candidates for s in confirm_seeds(definition.seed, settings.seeds)]
     log.info("confirmation: %d configuration(s) x %d seed(s)", len(candidates), settings.seeds)
@@ -326,7 +327,7 @@ class Confirmation:
     Each round skips the pairs completed (in this run, or in the record an earlier run left) and replaces the
     partial runs of the others (see the module docstring). A round is decided once every write of its trials
     reached the record (a tracking outage holds the next round back), on the same predictions the record holds:
-    the record is read once, at the start, however many rounds and runs there are."""
+    only an earlier run's predictions are read from the record, once, however many rounds and runs there are."""
 
     definition: object
     record: object
@@ -340,9 +341,9 @@ class Confirmation:
     read_predictions: Callable[[str, str], object] | None
     searched: Mapping[str, Candidate]  # config key -> its search trial (the seeds added re-train it)
     candidates: Sequence[Candidate] = ()  # the configurations confirmed
-    # (config key, seed as tagged) -> the confirmation run an earlier run of the sweep left in the record, read
-    # once at the start; what this run trains, the trial logger keeps (``TrialLogger.confirmed``): no round reads
-    # the record back
+    # (config key, seed as tagged) -> the confirmation run an earlier run of the sweep left in the record, as the
+    # driver's state holds it at the start; what this run trains, the trial logger keeps (``TrialLogger.confirmed``):
+    # no round reads the record back
     earlier: Mapping[tuple[str, str], object] = dataclasses.field(default_factory=dict)
     earlier_predictions: object = None  # their decision-split predictions, read once when first needed
     wanted: list = dataclasses.field(default_factory=list)  # every (candidate, seed, why) asked for so far
@@ -377,6 +378,7 @@ class Confirmation:
             if run is not None and pair not in self.trial_logger.confirmed:
                 # interrupted or failed in an earlier run: it trains again from the start, in one run only
                 self.client.delete_run(run.info.run_id)
+                self.trial_logger.forget(run.info.run_id)
                 deleted.append(run.info.run_id)
             todo.append(trial_config(candidate, seed, why))
         replaced = f", {len(deleted)} partial run(s) replaced" if deleted else ""
@@ -569,9 +571,8 @@ def reachable_margin_line(definition, prepared) -> str | None:
     )
 
 
-def search_run_ids(record) -> set[str]:
-    """Run ids of the sweep's search trials (every child run that is not a confirmation trial)."""
-    runs = child_runs(_mlflow_client(record.tracking_uri), record.experiment_id, record.parent_run_id)
+def search_run_ids(runs) -> set[str]:
+    """Run ids of the sweep's search trials among its trial ``runs`` (every one that is not a confirmation trial)."""
     return {r.info.run_id for r in runs if run_phase(r.data.tags) == SEARCH}
 
 

@@ -160,6 +160,14 @@ def best_epoch(scores: Mapping[int, float]) -> int | None:
     return kept
 
 
+def param_text(value) -> str:
+    """A run param as the record stores it: ``str(value)``, a list comma-joined (``peftune.methods.options`` reads
+    them back with the types a method's config declares)."""
+    if isinstance(value, (list, tuple)):
+        return ",".join(map(str, value))
+    return str(value)
+
+
 def task_metric(task: str, metric: str) -> str:
     """A task's metric in the record: ``sst_accuracy``, ``sts_pearson``. A metric's name has no ``_`` (a task's
     name may have), so that :func:`metric_task` reads the name back."""

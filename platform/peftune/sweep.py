@@ -355,8 +355,9 @@ def run_sweep(
             grid = tuner.fit()
         if not trial_logger.flush(tracking_wait_s):
             return _unrecorded(definition, record, *where, trial_logger, len(grid))
-        searched = confirm.search_run_ids(record)
-        trials = [t for t in tracking.trial_records(record) if t.run_id in searched]
+        runs = trial_logger.runs()  # the record as the driver holds it: every write reached it (flushed)
+        searched = confirm.search_run_ids(runs)
+        trials = [t for t in tracking.trial_records(runs) if t.run_id in searched]
         complete = search_over(definition, grid, budgets) and len([t for t in trials if t.status]) >= len(grid)
         confirmation = None
         if complete:  # the search is over: confirm the best configurations of every method with seeds
@@ -369,7 +370,7 @@ def run_sweep(
                 return _unrecorded(definition, record, *where, trial_logger, len(grid))
             complete = confirmation.status != INTERRUPTED
         status = sweep_status(trials) if complete else INTERRUPTED
-        logged = _close(definition, record, grid, status, complete)
+        logged = _close(definition, record, trial_logger, grid, status, complete)
     except BaseException as error:
         _close_after(error, definition, record, trial_logger, tracking_wait_s)
         full = disk_full(error, path=_databases(tracking_uri, optuna_url))
@@ -503,13 +504,15 @@ def _tuner(definition, runnable, storage: str, exists: bool, optuna_url: str, hi
     )
 
 
-def _close(definition: SweepDefinition, record, grid, status: str, complete: bool) -> list:
+def _close(definition: SweepDefinition, record, trial_logger, grid, status: str, complete: bool) -> list:
     """Close the sweep's record with ``status``; a complete sweep first logs its budgets and best checkpoints."""
     logged = []
+    runs = trial_logger.runs()
     if complete:
-        tracking.log_method_budgets(record)
-        logged = tracking.log_best_checkpoints(record, _best_checkpoints(grid), definition.checkpoints_per_method)
-    tracking.close_sweep(record, status)
+        tracking.log_method_budgets(record, runs)
+        checkpoints = _best_checkpoints(grid)
+        logged = tracking.log_best_checkpoints(record, runs, checkpoints, definition.checkpoints_per_method)
+    tracking.close_sweep(record, status, runs)
     return logged
 
 

@@ -75,7 +75,6 @@ and an epoch already logged is not logged twice. Re-running a sweep also retries
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import json
 import logging
@@ -142,6 +141,7 @@ from peftune.record import (
     best_metric,
     config_key,
     improves,
+    param_text,
     predictions_artifact,
     predictions_csv,
     run_label,
@@ -151,6 +151,7 @@ from peftune.record import (
     trials_view,
     ui_base,
 )
+from peftune.sweep_state import SweepState
 from peftune.tracking_buffer import log_datasets
 
 log = logging.getLogger("peftune.tracking")
@@ -235,12 +236,6 @@ def _client(uri: str):
 
 def _now_ms() -> int:
     return int(time.time() * 1000)
-
-
-def _param_value(value) -> str:
-    if isinstance(value, (list, tuple)):
-        return ",".join(map(str, value))
-    return str(value)
 
 
 def find_experiment_id(client, name: str) -> str | None:
@@ -359,7 +354,7 @@ def open_sweep(
             STATUS: RUNNING, **fingerprints, RAY_EXPERIMENT_PATH: ray_experiment_path}  # fmt: skip
     run_id = client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
     params = sweep_params(definition, len(skipped_rows or []))
-    client.log_batch(run_id, params=[Param(k, _param_value(v)) for k, v in params.items()])
+    client.log_batch(run_id, params=[Param(k, param_text(v)) for k, v in params.items()])
     client.log_text(run_id, definition.to_yaml(), "sweep.yaml")
     client.log_dict(run_id, dict(sorted(data_hashes.items())), "data_hashes.json")
     if skipped_rows:
@@ -432,15 +427,16 @@ def fingerprint_hashes(hashes: dict[str, str], invalid_rows: str = "raise") -> s
     return hashlib.sha256(json.dumps(items).encode()).hexdigest()[:16]
 
 
-def close_sweep(record: SweepRecord, status: str) -> None:
+def close_sweep(record: SweepRecord, status: str, runs: list | None = None) -> None:
     """``status``: completed, completed_with_failures (FINISHED) | interrupted (KILLED) | failed (FAILED).
 
     Also logs the summary metrics the runs table shows on the parent run before any click:
     ``sweep_best_score``, ``sweep_trials`` and ``sweep_trials_<status>`` (``unfinished`` for trials
-    without a status) over the search trials, and ``sweep_confirm_runs``.
+    without a status) over the search trials, and ``sweep_confirm_runs``. ``runs``: the sweep's trial runs as the
+    driver knows them (``TrialLogger.runs``), else read from the record (a sweep closed after an error).
     """
     client = _client(record.tracking_uri)
-    log_sweep_summary(client, record)
+    log_sweep_summary(client, record, runs if runs is not None else _child_runs(record))
     client.set_tag(record.parent_run_id, STATUS, status)
     mlflow_status = {
         COMPLETED: "FINISHED",
@@ -500,18 +496,18 @@ class RecordedResults:
         return out
 
 
-def log_method_budgets(record: SweepRecord) -> dict[str, dict[str, float]]:
+def log_method_budgets(record: SweepRecord, runs: list) -> dict[str, dict[str, float]]:
     """The budget each method received in the search, on the parent run.
 
     Metrics ``budget_trials.<method>``, ``budget_steps.<method>`` (optimizer steps trained, summed over
     its trials), ``budget_tokens.<method>`` (training tokens, summed) and ``budget_compute_s.<method>``
     (training seconds, summed); returned as ``{method: {"trials", "steps", "tokens", "compute_s"}}``. A trial
     stopped at a rung within an epoch counts the steps, tokens and seconds of that rung (its ``fidelity_``
-    metrics), not only its last full epoch's.
+    metrics), not only its last full epoch's. ``runs``: the sweep's trial runs (``TrialLogger.runs``).
     """
     client = _client(record.tracking_uri)
     budgets: dict[str, dict[str, float]] = {}
-    for run in child_runs(client, record.experiment_id, record.parent_run_id):
+    for run in runs:
         tags, metrics = run.data.tags, run.data.metrics
         if not tags.get(TRIAL_ID) or run_phase(tags) != SEARCH:
             continue
@@ -533,8 +529,8 @@ def log_method_budgets(record: SweepRecord) -> dict[str, dict[str, float]]:
     return budgets
 
 
-def log_sweep_summary(client, record: SweepRecord) -> None:
-    runs = trial_records(record)
+def log_sweep_summary(client, record: SweepRecord, runs: list) -> None:
+    runs = trial_records(runs)
     trials = [run for run in runs if run.phase == SEARCH]  # confirmation runs re-train, they are not trials
     counts = Counter(trial.status or UNFINISHED for trial in trials)
     values = {f"sweep_trials_{status}": float(counts.get(status, 0)) for status in SUMMARY_STATUSES}
@@ -558,10 +554,14 @@ class TrialRecord:
     phase: str = SEARCH  # search | confirm (the peftune.phase tag; untagged runs are search trials)
 
 
-def trial_records(record: SweepRecord) -> list[TrialRecord]:
-    client = _client(record.tracking_uri)
+def _child_runs(record: SweepRecord) -> list:
+    return child_runs(_client(record.tracking_uri), record.experiment_id, record.parent_run_id)
+
+
+def trial_records(runs: list) -> list[TrialRecord]:
+    """The sweep's trial runs (MLflow ``Run`` entities: ``TrialLogger.runs``, or the record's) as ``TrialRecord``."""
     out = []
-    for run in child_runs(client, record.experiment_id, record.parent_run_id):
+    for run in runs:
         tags = run.data.tags
         out.append(
             TrialRecord(
@@ -577,7 +577,9 @@ def trial_records(record: SweepRecord) -> list[TrialRecord]:
     return out
 
 
-def log_best_checkpoints(record: SweepRecord, checkpoints: dict[str, tuple[float, object]], per_method: int) -> list:
+def log_best_checkpoints(
+    record: SweepRecord, runs: list, checkpoints: dict[str, tuple[float, object]], per_method: int
+) -> list:
     """Log the checkpoint of the best ``per_method`` trials of each method under ``checkpoint/``.
 
     ``checkpoints``: Ray trial id -> (best score, ``tune.Checkpoint`` of that epoch). Returns the
@@ -587,7 +589,7 @@ def log_best_checkpoints(record: SweepRecord, checkpoints: dict[str, tuple[float
         return []
     client = _client(record.tracking_uri)
     by_method: dict[str, list[TrialRecord]] = {}
-    for trial in trial_records(record):
+    for trial in trial_records(runs):
         if trial.trial_id in checkpoints:
             by_method.setdefault(trial.method, []).append(trial)
     logged = []
@@ -676,6 +678,8 @@ class TrialLogger(tune.Callback):
         self._predicted: dict[str, float] = {}  # trial id -> score of the epoch whose predictions are logged
         self._decision: dict[str, str] = {}  # trial id -> those predictions on the decision split (CSV text)
         self._full: DiskFullError | None = None  # a trial's write refused for space: the sweep stops on it
+        # every trial run as the record holds it once the buffer drains: what the sweep decides on (SweepState)
+        self.state = SweepState(self.record.parent_run_id, self.record.experiment_id)
 
     def __getstate__(self):  # Ray pickles callbacks with the experiment; the client is rebuilt in setup()
         return {
@@ -717,8 +721,19 @@ class TrialLogger(tune.Callback):
         return known or (self.buffer.known_run_id(trial_id) if self.buffer is not None else None)
 
     def _write(self, op: str, **args) -> None:
+        """One write of the record: queued in the buffer, and applied to the driver's state at once."""
         self.open_buffer()
         self.buffer.put(op, **args)
+        self.state.apply(op, args)
+
+    def runs(self) -> list:
+        """The sweep's trial runs as MLflow ``Run`` entities, from the driver's state (``SweepState``): what the
+        record holds once every write queued reached it (flush first), without reading it back."""
+        return self.state.runs(self.buffer.created if self.buffer is not None else lambda trial_id: None)
+
+    def forget(self, run_id: str) -> None:
+        """A run deleted from the record (the confirmation replaces a partial run): out of the state too."""
+        self.state.forget(run_id)
 
     @property
     def client(self):
@@ -730,7 +745,9 @@ class TrialLogger(tune.Callback):
         """Find the child runs of a resumed sweep, so no trial gets a second run."""
         self.open_buffer()
         self._reset()
-        for run in child_runs(self.client, self.record.experiment_id, self.record.parent_run_id):
+        runs = child_runs(self.client, self.record.experiment_id, self.record.parent_run_id)
+        self.state = SweepState.from_runs(runs, self.record.parent_run_id, self.record.experiment_id)
+        for run in runs:
             trial_id = run.data.tags.get(TRIAL_ID)
             if not trial_id:
                 continue
@@ -785,68 +802,30 @@ class TrialLogger(tune.Callback):
         if trial_id in self._runs:
             return
         method, sampled = self.settings.split(trial.config)
-        params = self._params(method, sampled)
-        params["seed"] = self.settings.for_trial(trial.config).seed  # a confirmation trial's own seed
+        settings = self.settings.for_trial(trial.config)  # a confirmation trial's own seed and phase
+        try:
+            spec = settings.trial_spec(method, sampled)
+        except (ValueError, TypeError, KeyError) as error:
+            # the trial will fail on the same error and be recorded so; the sweep must go on
+            log.warning("trial config %s %s is invalid: %s", method, sampled, error)
+            spec = None
+        params = spec.params() if spec is not None else invalid_params(settings, method, sampled)
         # a confirmation trial's seed and origin; every trial's phase, default mark and config key; its size
         tags = {**trial_tags(trial.config), **search_tags(trial.config, method, sampled)}
-        spec = self._spec(trial.config, method, sampled)
-        if spec is not None:
+        rerunnable = spec is not None and bool(spec.data.data_dir)  # a command and a file that re-run it
+        if rerunnable:
             tags[TRAIN_COMMAND] = spec.command()
         tags[SIZE_TAG] = size_label(method, params)
         phase = tags[PHASE]
         name = run_label(method, tags[SIZE_TAG], phase, params["seed"], default=tags[DEFAULT] == "true")
         self._write(
             "trial_run", trial_id=trial_id, run_name=name, method=method, sweep=self.settings.sweep,
-            params={k: _param_value(v) for k, v in params.items()}, tags=tags,
+            params={k: param_text(v) for k, v in params.items()}, tags=tags,
             datasets=inputs_of(phase, self.record.datasets),
         )  # fmt: skip
-        if spec is not None:  # the trial's specification, which `peftune train --spec` re-runs
+        if rerunnable:  # the trial's specification, which `peftune train --spec` re-runs
             self._write("artifact", trial_id=trial_id, path=trial_spec.ARTIFACT, text=spec.to_json())
         self._runs[trial_id] = None
-
-    def _spec(self, config: dict, method: str, sampled: dict) -> trial_spec.TrialSpec | None:
-        try:
-            return self.settings.for_trial(config).spec(method, sampled)
-        except (ValueError, TypeError, KeyError):  # an invalid config: `_params` says so, the trial fails on it
-            return None
-
-    def _params(self, method: str, sampled: dict) -> dict:
-        """The trial's hyperparameters as its TrainConfig resolves them (method defaults included)."""
-        try:
-            config = self.settings.train_config(method, sampled)
-            options = trial_spec.method_fields(config)
-        except (ValueError, TypeError, KeyError) as error:
-            # the trial will fail on the same error and be recorded so; the sweep must go on
-            log.warning("trial config %s %s is invalid: %s", method, sampled, error)
-            common = {k: sampled.get(k) for k in HYPERPARAMETERS}
-            return {
-                "method": method,
-                **common,
-                "epochs": self.settings.epochs,
-                "batch_size": self.settings.batch_size,
-                "tasks": self.settings.tasks,
-                "seed": self.settings.seed,
-                **{f"method.{k}": v for k, v in sampled.items() if k not in common},
-            }
-        params = {
-            "method": method,
-            **{key: getattr(config, key) for key in HYPERPARAMETERS},
-            "epochs": config.epochs,
-            "batch_size": config.batch_size,
-            "tasks": config.tasks,
-            "seed": config.seed,
-            "warmup_ratio": config.warmup_ratio,
-            "sampling": config.sampling,
-            "head_lr": config.heads_lr,
-            "max_grad_norm": config.max_grad_norm,
-            "precision": config.precision,
-            "threads": self.settings.threads,
-        }
-        params.update({f"method.{key}": value for key, value in options.items()})
-        if self.settings.data is not None:
-            data = dataclasses.asdict(self.settings.data)
-            params.update({f"data.{key}": value for key, value in data.items() if key != "data_dir"})
-        return params
 
     def _adopt(self, trial, known: set[str]) -> None:
         """Continue the child run of the same configuration whose Ray trial Tune no longer knows.
@@ -1025,6 +1004,21 @@ def no_space_text(text: str, path: str | None = None) -> DiskFullError | None:
     if found is None:
         return None
     return DiskFullError(found.group("path") or path)
+
+
+def invalid_params(settings, method: str, sampled: dict) -> dict:
+    """The params of a trial whose config is invalid (its spec refused it): what was sampled, and the sweep's
+    fixed settings, so its failed run says what it was."""
+    common = {k: sampled.get(k) for k in HYPERPARAMETERS}
+    return {
+        "method": method,
+        **common,
+        "epochs": settings.epochs,
+        "batch_size": settings.batch_size,
+        "tasks": settings.tasks,
+        "seed": settings.seed,
+        **{f"method.{k}": v for k, v in sampled.items() if k not in common},
+    }
 
 
 def trial_tags(config: dict) -> dict[str, str]:

@@ -81,6 +81,7 @@ class WriteBuffer:
         self._seq = 0
         self._applied = 0
         self._runs: dict[str, str] = {}  # trial id -> run id, found or created by this buffer
+        self._started: dict[str, int] = {}  # trial id -> its run's start time (ms), as the server set it
         self._client = None
         self._thread: threading.Thread | None = None
         self._stop = False
@@ -278,6 +279,11 @@ class WriteBuffer:
 
     # -- the operations (each idempotent)
 
+    def created(self, trial_id: str) -> tuple[str, int] | None:
+        """The run id and start time (ms) of the trial's run, once this buffer created or found it."""
+        run_id = self._runs.get(trial_id)
+        return (run_id, self._started.get(trial_id, 0)) if run_id is not None else None
+
     def known_run_id(self, trial_id: str) -> str | None:
         """The trial's run id if this buffer has created or found its run already (no call to the store)."""
         return self._runs.get(trial_id)
@@ -292,6 +298,7 @@ class WriteBuffer:
             )
             if runs:
                 self._runs[trial_id] = runs[0].info.run_id
+                self._started[trial_id] = runs[0].info.start_time
         return self._runs.get(trial_id)
 
     def _op_trial_run(
@@ -308,6 +315,7 @@ class WriteBuffer:
                 self.record.experiment_id, run_name=run_name, tags={**base, METHOD: method, **(tags or {})}
             )
             run_id = self._runs[trial_id] = run.info.run_id
+            self._started[trial_id] = run.info.start_time
         self.client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()])
         log_datasets(self.client, run_id, datasets)
 

@@ -28,6 +28,7 @@ from peftune import methods
 from peftune.backbone import DEFAULT_MODEL, BertConfig
 from peftune.data import INVALID_ROW_POLICIES
 from peftune.errors import PeftuneError, UserError, one_line
+from peftune.record import HYPERPARAMETERS
 from peftune.train import SEED, TrainConfig, prepare, train_command
 from peftune.validation import Bound, checked
 
@@ -37,6 +38,8 @@ COUNTS = {"max_length": Bound(8, BertConfig.max_position_embeddings, "BERT's pos
           "max_train_examples": ROWS, "max_dev_examples": ROWS, "seed": SEED,
           "decision_examples": Bound(0, 1_000_000, "a sane bound on a split")}  # fmt: skip
 FORMAT = 1  # the JSON form's version: a file of another is refused, naming both
+# the TrainConfig fields a run's params hold under their own names, after the method and the hyperparameters
+PARAM_FIELDS = ("epochs", "batch_size", "tasks", "seed", "warmup_ratio", "sampling")
 ARTIFACT = "trial_spec.json"  # the spec of a sweep run, among its artifacts, and beside a checkpoint
 
 
@@ -88,6 +91,26 @@ class TrialSpec:
         resolved = method_fields(self.config)
         if resolved != self.config.method_options:
             object.__setattr__(self, "config", dataclasses.replace(self.config, method_options=resolved))
+
+    def params(self) -> dict[str, Any]:
+        """The run's MLflow params (before ``str``): the method, the common hyperparameters, the settings the trial's
+        numbers depend on (the heads' rate as it trains: ``heads_lr``), the threads, the method's options as
+        ``method.<field>`` (its defaults written out) and the data settings as ``data.<field>`` (but the data
+        directory, a path of one machine). Read back by ``peftune.methods.options.options_from_params``."""
+        config = self.config
+        params = {
+            "method": config.method,
+            **{key: getattr(config, key) for key in HYPERPARAMETERS},
+            **{key: getattr(config, key) for key in PARAM_FIELDS},
+            "head_lr": config.heads_lr,
+            "max_grad_norm": config.max_grad_norm,
+            "precision": config.precision,
+            "threads": self.threads,
+        }
+        params.update({f"method.{key}": value for key, value in config.method_options.items()})
+        data = dataclasses.asdict(self.data)
+        params.update({f"data.{key}": value for key, value in data.items() if key != "data_dir"})
+        return params
 
     def command(self) -> str:
         """The ``peftune train`` command line of this trial."""

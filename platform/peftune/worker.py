@@ -87,12 +87,11 @@ class TrialSettings:
             return {"eval_splits": splits, "predictions_of": kept, "report_fractions": []}
         return {"eval_splits": [record.SELECTION]}
 
-    def spec(self, method: str, sampled: dict[str, Any]) -> TrialSpec | None:
-        """The trial's whole specification (None without the sweep's data settings): its record keeps it, as
-        a file (``trial_spec.ARTIFACT``) and as the ``peftune train`` command line."""
-        if self.data is None or not self.data.data_dir:
-            return None
-        return TrialSpec(self.train_config(method, sampled), self.data, self.threads)
+    def trial_spec(self, method: str, sampled: dict[str, Any]) -> TrialSpec:
+        """The trial's whole specification: its record keeps it, as params (``TrialSpec.params``), as a file
+        (``trial_spec.ARTIFACT``) and as the ``peftune train`` command line (these two where the data directory is
+        known). Without the sweep's data settings, the defaults' (no data directory)."""
+        return TrialSpec(self.train_config(method, sampled), self.data or DataSettings(None), self.threads)
 
 
 @dataclass(frozen=True)

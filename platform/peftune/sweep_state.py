@@ -1,0 +1,137 @@
+"""The sweep's trial runs as the driver knows them: what it decides on while the sweep runs, not the record read back.
+
+The trial logger (``peftune.tracking.TrialLogger``) sends every write of a trial's run through the write buffer
+(``peftune.tracking_buffer``) and applies the same write here (:meth:`SweepState.apply`, one method per operation,
+as the buffer has). So the state holds what the record holds once the buffer has drained: each run's tags, params
+(as the strings MLflow stores), latest metrics (MLflow's rule: the greatest step, then timestamp, then value) and
+status. A resumed driver starts it from the record, read once (:meth:`SweepState.from_runs`). Not in it: what the
+sweep's end writes on the record itself (the best checkpoints, ``peftune.checkpoint``), read by nothing after.
+
+The search's end, the confirmation's candidates and seeds, and the sweep's summary read :meth:`SweepState.runs`:
+MLflow ``Run`` entities built in memory (the run ids and start times the buffer got from the server), so the code
+that reads a record (``confirm.select_candidates``, the analysis) reads the state the same way.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from peftune.record import ERROR, FAILED, METHOD, PARENT_TAG, RETRIES, ROLE, STATUS, SWEEP, TRIAL_ID, TRIAL_ROLE
+
+# MLflow's status of a run (``RunInfo.status``), as the buffer's operations set it
+RUNNING, FINISHED, MLFLOW_FAILED = "RUNNING", "FINISHED", "FAILED"
+
+
+@dataclass
+class TrialRun:
+    """One trial's child run: what the record holds of it."""
+
+    trial_id: str
+    run_name: str = ""
+    tags: dict[str, str] = field(default_factory=dict)
+    params: dict[str, str] = field(default_factory=dict)
+    metrics: dict[str, tuple[int, int, float]] = field(default_factory=dict)  # key -> (step, timestamp, value)
+    status: str = RUNNING
+    run_id: str | None = None  # known once created (read from the record, or from the buffer)
+    start_time: int | None = None
+
+    def log_metric(self, key: str, value: float, timestamp: int, step: int) -> None:
+        """Keep the metric as MLflow's latest value when it is: by (step, timestamp, value)."""
+        new = (int(step), int(timestamp), float(value))
+        if key not in self.metrics or new > self.metrics[key]:
+            self.metrics[key] = new
+
+
+class SweepState:
+    """Every trial run of the sweep, by Ray trial id (see the module docstring)."""
+
+    def __init__(self, parent_run_id: str | None = None, experiment_id: str | None = None):
+        self.parent_run_id, self.experiment_id = parent_run_id, experiment_id
+        self.trials: dict[str, TrialRun] = {}
+
+    @classmethod
+    def from_runs(cls, runs, parent_run_id: str | None, experiment_id: str | None) -> SweepState:
+        """The state of a sweep's record: its child runs (MLflow ``Run`` entities) with a trial id."""
+        state = cls(parent_run_id, experiment_id)
+        for run in runs:
+            trial_id = run.data.tags.get(TRIAL_ID)
+            if not trial_id:
+                continue
+            metrics = {key: (0, 0, value) for key, value in run.data.metrics.items()}  # the latest only: enough
+            state.trials[trial_id] = TrialRun(
+                trial_id, run.info.run_name or "", dict(run.data.tags), dict(run.data.params), metrics,
+                run.info.status, run.info.run_id, run.info.start_time,
+            )  # fmt: skip
+        return state
+
+    # -- the buffer's operations, applied to the state (their arguments as ``WriteBuffer.put`` takes them)
+
+    def apply(self, op: str, args: dict) -> None:
+        getattr(self, f"_op_{op}")(**args)
+
+    def _op_trial_run(self, trial_id: str, run_name: str, method: str, sweep: str, params: dict,
+                      tags: dict | None = None, datasets: list | None = None) -> None:  # fmt: skip
+        run = self.trials.get(trial_id)
+        if run is None:
+            base = {PARENT_TAG: self.parent_run_id, ROLE: TRIAL_ROLE, SWEEP: sweep, TRIAL_ID: trial_id}
+            run = self.trials[trial_id] = TrialRun(trial_id, run_name, {**base, METHOD: method, **(tags or {})})
+        run.params.update(params)
+
+    def _op_metrics(self, trial_id: str, metrics: list) -> None:
+        run = self.trials[trial_id]
+        for key, value, timestamp, step in metrics:
+            run.log_metric(key, value, timestamp, step)
+
+    def _op_tags(self, trial_id: str, tags: dict) -> None:
+        run = self.trials[trial_id]
+        run.tags.update(tags)
+        if tags.get(TRIAL_ID, trial_id) != trial_id:  # the run continues under a new Ray trial (TrialLogger._adopt)
+            self.trials[tags[TRIAL_ID]] = self.trials.pop(trial_id)
+            run.trial_id = tags[TRIAL_ID]
+
+    def _op_delete_tags(self, trial_id: str, keys: list) -> None:
+        for key in keys:
+            self.trials[trial_id].tags.pop(key, None)
+
+    def _op_run_status(self, trial_id: str, status: str) -> None:
+        self.trials[trial_id].status = status
+
+    def _op_finish(self, trial_id: str, status: str, error: str | None, retries: int, best: list | None = None,
+                   task_metrics: list | None = None) -> None:  # fmt: skip
+        self._op_metrics(trial_id, best or [])
+        run = self.trials[trial_id]
+        run.tags.update({STATUS: status, **({ERROR: error} if error is not None else {})})
+        if retries > 0:
+            run.tags[RETRIES] = str(retries)
+        run.status = MLFLOW_FAILED if status == FAILED else FINISHED
+
+    def _op_artifact(self, trial_id: str, path: str, text: str) -> None:
+        """Artifacts are files of the record: the state does not hold them."""
+
+    # -- what reads it
+
+    def forget(self, run_id: str) -> None:
+        """A run deleted from the record (the confirmation replaces a partial run)."""
+        self.trials = {key: run for key, run in self.trials.items() if run.run_id != run_id}
+
+    def runs(self, created: Callable[[str], tuple[str, int] | None] = lambda trial_id: None) -> list:
+        """The trial runs as MLflow ``Run`` entities; ``created(trial_id)``: the run id and start time the server
+        gave a run this driver created (the write buffer's), None when it has not created it (yet)."""
+        from mlflow.entities import LifecycleStage, Metric, Param, Run, RunData, RunInfo, RunTag
+
+        out = []
+        for trial_id, run in list(self.trials.items()):
+            if run.run_id is None and (known := created(trial_id)) is not None:
+                run.run_id, run.start_time = known
+            if run.run_id is None:
+                continue  # not in the record yet: its creation is still queued
+            info = RunInfo(run.run_id, self.experiment_id or "", "", run.status, run.start_time or 0, None,
+                           LifecycleStage.ACTIVE, run_name=run.run_name)  # fmt: skip
+            data = RunData(
+                metrics=[Metric(key, value, timestamp, step) for key, (step, timestamp, value) in run.metrics.items()],
+                params=[Param(key, value) for key, value in run.params.items()],
+                tags=[RunTag(key, value) for key, value in run.tags.items()],
+            )
+            out.append(Run(info, data))
+        return sorted(out, key=lambda r: (-r.info.start_time, r.info.run_id))  # search_runs' order: newest first
