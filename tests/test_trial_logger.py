@@ -1,4 +1,4 @@
-"""The trial logger keeps each trial's best epoch itself and writes it when the trial ends: nothing read back.
+"""The driver keeps each trial's best epoch in its state of the sweep and writes it at the trial's end: no read.
 
 The rule is ``record.best_epoch``'s (the best logged score, the earliest on a tie, a score the record does not hold
 never kept); what reaches the write buffer is checked here, the buffer itself in ``test_faults``.

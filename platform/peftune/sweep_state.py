@@ -4,8 +4,9 @@ The trial logger (``peftune.tracking.TrialLogger``) sends every write of a trial
 (``peftune.tracking_buffer``) and applies the same write here (:meth:`SweepState.apply`, one method per operation,
 as the buffer has). So the state holds what the record holds once the buffer has drained: each run's tags, params
 (as the strings MLflow stores), latest metrics (MLflow's rule: the greatest step, then timestamp, then value) and
-status. A resumed driver starts it from the record, read once (:meth:`SweepState.from_runs`). Not in it: what the
-sweep's end writes on the record itself (the best checkpoints, ``peftune.checkpoint``), read by nothing after.
+status, and each trial's best epoch (what its end writes as ``best_*``). A resumed driver starts it from the
+record, read once (:meth:`SweepState.from_runs`). Not in it: what the sweep's end writes on the record itself (the
+best checkpoints, ``peftune.checkpoint``), read by nothing after.
 
 The search's end, the confirmation's candidates and seeds, and the sweep's summary read :meth:`SweepState.runs`:
 MLflow ``Run`` entities built in memory (the run ids and start times the buffer got from the server), so the code
@@ -17,7 +18,23 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from peftune.record import ERROR, FAILED, METHOD, PARENT_TAG, RETRIES, ROLE, STATUS, SWEEP, TRIAL_ID, TRIAL_ROLE
+from peftune.record import (
+    BEST_EPOCH,
+    ERROR,
+    FAILED,
+    METHOD,
+    PARENT_TAG,
+    RETRIES,
+    ROLE,
+    SCORE,
+    STATUS,
+    SWEEP,
+    TRIAL_ID,
+    TRIAL_ROLE,
+    best_epoch,
+    best_metric,
+    improves,
+)
 
 # MLflow's status of a run (``RunInfo.status``), as the buffer's operations set it
 RUNNING, FINISHED, MLFLOW_FAILED = "RUNNING", "FINISHED", "FAILED"
@@ -49,6 +66,9 @@ class SweepState:
     def __init__(self, parent_run_id: str | None = None, experiment_id: str | None = None):
         self.parent_run_id, self.experiment_id = parent_run_id, experiment_id
         self.trials: dict[str, TrialRun] = {}
+        # trial id -> the epoch kept so far (record.improves on the scores logged: the best, the earliest on a tie)
+        # and that epoch's metrics as logged: written as best_* when the trial ends, not read back from the record
+        self.best: dict[str, tuple[int, dict[str, float]]] = {}
 
     @classmethod
     def from_runs(cls, runs, parent_run_id: str | None, experiment_id: str | None) -> SweepState:
@@ -82,6 +102,11 @@ class SweepState:
         run = self.trials[trial_id]
         for key, value, timestamp, step in metrics:
             run.log_metric(key, value, timestamp, step)
+        for epoch in sorted({step for key, _, _, step in metrics if key == SCORE}):  # an epoch's end (a rung's is
+            kept = self.best.get(trial_id)  # fidelity_score): the epoch kept if its score improves on the best's
+            logged = {key: value for key, value, _, step in metrics if step == epoch}
+            if kept is None or improves(logged[SCORE], kept[1][SCORE]):
+                self.best[trial_id] = (epoch, logged)
 
     def _op_tags(self, trial_id: str, tags: dict) -> None:
         run = self.trials[trial_id]
@@ -89,6 +114,8 @@ class SweepState:
         if tags.get(TRIAL_ID, trial_id) != trial_id:  # the run continues under a new Ray trial (TrialLogger._adopt)
             self.trials[tags[TRIAL_ID]] = self.trials.pop(trial_id)
             run.trial_id = tags[TRIAL_ID]
+            if trial_id in self.best:
+                self.best[tags[TRIAL_ID]] = self.best.pop(trial_id)
 
     def _op_delete_tags(self, trial_id: str, keys: list) -> None:
         for key in keys:
@@ -110,6 +137,22 @@ class SweepState:
         """Artifacts are files of the record: the state does not hold them."""
 
     # -- what reads it
+
+    def start_best(self, trial_id: str, histories: dict[str, dict[int, float]]) -> None:
+        """The best epoch so far of a run a resumed trial continues, from its ``histories`` ({metric: {epoch:
+        value}}, score's among them) as the record holds them (``record.best_epoch``'s rule)."""
+        kept = best_epoch(histories[SCORE])
+        if kept is not None:
+            self.best[trial_id] = (kept, {key: values[kept] for key, values in histories.items() if kept in values})
+
+    def best_metrics(self, trial_id: str, task_metrics, timestamp: int) -> list[tuple]:
+        """best_epoch, best_score and best_<task metric> of the trial's epoch kept, as (key, value, timestamp, step
+        0); none when no score was logged. ``timestamp``: fixed when queued, so a replayed write is identical."""
+        if trial_id not in self.best:
+            return []
+        epoch, logged = self.best[trial_id]
+        values = [(key, logged[key]) for key in (SCORE, *task_metrics) if key in logged]
+        return [(BEST_EPOCH, float(epoch), timestamp, 0), *((best_metric(k), v, timestamp, 0) for k, v in values)]
 
     def forget(self, run_id: str) -> None:
         """A run deleted from the record (the confirmation replaces a partial run)."""

@@ -96,7 +96,6 @@ from peftune.errors import DiskFullError, UserError
 from peftune.methods.sizes import size_label
 from peftune.record import (
     BACKBONE,
-    BEST_EPOCH,
     BEST_SCORE,
     CHECKPOINT_TAG,
     CODE_VERSION,
@@ -137,8 +136,6 @@ from peftune.record import (
     TRIAL_ID,
     TRIALS_VIEW_KEY,
     UNFINISHED,
-    best_epoch,
-    best_metric,
     config_key,
     improves,
     param_text,
@@ -671,9 +668,6 @@ class TrialLogger(tune.Callback):
         self._last_epoch: dict[str, int] = {}  # trial id -> last epoch logged
         self._counted: set[str] = set()  # trial ids whose parameter counts are logged
         self._partials: dict[str, set[int]] = {}  # trial id -> examples_seen of the rungs logged within epochs
-        # trial id -> its best epoch so far and that epoch's logged metrics (score and task metrics), by
-        # record.improves: logged as best_* when the trial ends, from here and not read back from the record
-        self._best: dict[str, tuple[int, dict[str, float]]] = {}
         self._unfinished: dict[str, tuple[str, str]] = {}  # config key -> (trial id, run id) of unfinished runs
         self._predicted: dict[str, float] = {}  # trial id -> score of the epoch whose predictions are logged
         self._decision: dict[str, str] = {}  # trial id -> those predictions on the decision split (CSV text)
@@ -773,26 +767,8 @@ class TrialLogger(tune.Callback):
         """The last epoch logged and the best so far of a run a resumed trial continues: read once, at setup."""
         histories = {key: {int(m.step): m.value for m in self.client.get_metric_history(run_id, key)}
                      for key in (SCORE, *self.task_metrics)}  # fmt: skip
-        scores = histories[SCORE]
-        self._last_epoch[trial_id] = max(scores)
-        kept = best_epoch(scores)
-        self._best[trial_id] = (kept, {key: values[kept] for key, values in histories.items() if kept in values})
-
-    def _note_best(self, trial_id: str, epoch: int, logged: dict[str, float]) -> None:
-        """Keep ``epoch`` as the trial's best when its (logged, so finite) score improves on the one kept."""
-        if SCORE not in logged:
-            return  # not a score the record holds: best_epoch never sees it
-        kept = self._best.get(trial_id)
-        if kept is None or improves(logged[SCORE], kept[1][SCORE]):
-            self._best[trial_id] = (epoch, {key: logged[key] for key in (SCORE, *self.task_metrics) if key in logged})
-
-    def _best_metrics(self, trial_id: str) -> list[tuple]:
-        """best_epoch and best_<metric> of the trial's epoch kept, as metrics (step 0); none without an epoch."""
-        if trial_id not in self._best:
-            return []
-        epoch, values = self._best[trial_id]
-        now = _now_ms()  # fixed when queued: a replayed write is identical, and MLflow keeps one copy
-        return [(BEST_EPOCH, float(epoch), now, 0), *((best_metric(k), v, now, 0) for k, v in values.items())]
+        self._last_epoch[trial_id] = max(histories[SCORE])
+        self.state.start_best(trial_id, histories)
 
     # -- run lifecycle
 
@@ -842,7 +818,7 @@ class TrialLogger(tune.Callback):
         del self._unfinished[key]
         self._write("tags", trial_id=old_id, tags={TRIAL_ID: trial.trial_id})  # the run is found by trial id
         self._runs[trial.trial_id] = self._runs.pop(old_id, run_id)
-        for logged in (self._last_epoch, self._partials, self._best):
+        for logged in (self._last_epoch, self._partials):
             if old_id in logged:
                 logged[trial.trial_id] = logged.pop(old_id)
         if old_id in self._counted:
@@ -883,7 +859,6 @@ class TrialLogger(tune.Callback):
             self._counted.add(trial.trial_id)
         self._write("metrics", trial_id=trial.trial_id, metrics=metrics)
         self._last_epoch[trial.trial_id] = epoch
-        self._note_best(trial.trial_id, epoch, {key: value for key, value, _, step in metrics if step == epoch})
         if "predictions" in result:
             self._log_predictions(trial, result)
         shown = " ".join(f"{k} {result[k]:.4f}" for k in self.task_metrics if k in result)
@@ -974,7 +949,7 @@ class TrialLogger(tune.Callback):
         retries = trial.num_failures - (1 if status == FAILED else 0)
         self._write(
             "finish", trial_id=trial.trial_id, status=status, error=error, retries=retries,
-            best=self._best_metrics(trial.trial_id),
+            best=self.state.best_metrics(trial.trial_id, self.task_metrics, _now_ms()),
         )  # fmt: skip
         self._finished.add(trial.trial_id)
         marks = trial.config.get("peftune") or {}
