@@ -1,0 +1,451 @@
+"""Packed execution: K trials of one method trained in lockstep over ONE frozen backbone.
+
+A PEFT sweep trains many small configurations over the same frozen backbone. A pack runs K of them
+(its *members*, K ``TrainConfig`` of one method) in one process: every step, the K members' copies of
+the batch are concatenated along the batch dimension (K * B rows), so every frozen matmul, attention and
+LayerNorm runs once for all members, and under bf16 autocast the frozen weights are cast once. What a
+member trains runs per member, in packed kernels over its own rows:
+
+- LoRA: the members' A and B, their ranks padded with zeros to the pack's largest, stacked into
+  (K, r_max, in) / (K, out, r_max) tensors and run as ``bmm``; the scaling a per-member factor. The padding
+  is built in the forward from constant zeros, never a parameter: it stays zero through AdamW and weight
+  decay and adds exact zeros to the sums (a zero column of t times a zero row of B);
+- BitFit: one ``baddbmm`` over the shared frozen weight adds each member's bias to its rows (what ``addmm``
+  does in the solo run, to the bit); LayerNorms with per-member gains or biases run once per member;
+- Houlsby adapters: each member's adapter on its own rows (a loop of small matmuls: padding the bottlenecks to
+  one bmm summed their gradients in another order, see ``Pack._adapter``);
+- the task heads: a loop over the members (a (B, H) x (H, n) matmul each).
+
+Methods that pack: ``lora`` (initialised the LoRA paper's way: PiSSA and OLoRA rewrite the frozen weights, which
+a pack shares), ``bitfit`` and ``adapter``. Every other method runs alone: :func:`check_packable` refuses it.
+
+Exactness: each member keeps the modules of its solo run (``train.build_model`` over a backbone whose frozen
+tensors are the pack's, its trainable ones its own copies), built under ``torch.manual_seed(config.seed)`` in
+the solo run's order, so its parameters start as its solo run's; its own AdamW, schedule, clip, divergence guard
+and evaluation are the solo run's code on those modules. Its dropout masks come from its own
+``torch.Generator``, seeded per epoch as the solo run seeds the global RNG (``_epoch_seed``) and drawn at every
+site in the solo run's order and shapes (``dropout.member_dropout``). The loss is the sum of the members' losses,
+so each member's gradient is its own. In fp32 on the CPU a member's losses, gradients, weights and scores equal its
+solo run's to the bit (tests/test_pack.py), as long as every op computes a row the same whatever the number of
+rows, which holds for MKL's matmuls and torch's row-wise kernels at the sizes tested there; a padded reduction
+longer than one MKL block (e.g. an adapter bottleneck padded past ~384) may sum in another order.
+
+A member may stop mid-pack (``Pack.stop``: ASHA stopping it, or its divergence guard): the pack goes on with the
+rest, whose rows and generators never depended on it, so their results are unchanged by the stop.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from peftune import methods
+from peftune.backbone import BertModel, stacked_qkv
+from peftune.dropout import attention, dropout, member_dropout
+from peftune.errors import UserError
+from peftune.methods.adapter import TaskAdapters
+from peftune.methods.lora import LoraLinear, fused_qkv
+from peftune.model import MultitaskModel
+from peftune.params import count_parameters
+from peftune.record import EPOCH
+from peftune.train import (
+    DivergenceGuard,
+    PreparedData,
+    PretrainedBackbone,
+    TrainConfig,
+    TrainingDiverged,
+    _epoch_plan,
+    _epoch_seed,
+    autocast_for,
+    build_model,
+    build_optimizer,
+    evaluate_splits,
+    linear_schedule,
+    resolve_precision,
+    select_device,
+)
+
+PACKABLE = ("lora", "bitfit", "adapter")
+# what every member must share: the batches (tasks, sampling, seed, epochs -> the same `_epoch_plan`), and what a
+# step computes them in; everything else (lr, head_lr, dropout, weight decay, warmup, clip, sizes) is per member
+SHARED_FIELDS = ("method", "tasks", "batch_size", "sampling", "temperature", "epochs", "seed", "pooling", "device",
+                 "precision", "eval_splits", "report_fractions")  # fmt: skip
+# method options that shape what the members share: where the adapters sit, what LoRA adapts
+SHARED_OPTIONS = {"lora": ("targets", "init"), "adapter": ("layers",), "bitfit": ()}
+
+
+def check_packable(configs: list[TrainConfig]) -> None:
+    """Refuse (one line, naming the field) configs that cannot train as one pack; each then runs alone."""
+    if not configs:
+        raise UserError("a pack needs at least one member")
+    first = configs[0]
+    if first.method not in PACKABLE:
+        raise UserError(f"method {first.method!r} does not pack (packable: {', '.join(PACKABLE)}); it runs alone")
+    if first.method == "lora" and first.method_options.get("init", "lora") != "lora":
+        raise UserError("LoRA init pissa/olora rewrites the frozen weights a pack shares: such a member runs alone")
+    if first.method == "lora" and len({config.dropout > 0 for config in configs}) > 1:
+        # at dropout 0 the solo run feeds x itself to A (F.dropout returns it): autograd then sums x's three gradient
+        # contributions (residual, frozen projection, LoRA path) in another order than behind a dropout node
+        raise UserError("LoRA members at dropout 0 and above 0 sum their gradients in other orders: they pack apart")
+    if first.report_fractions:
+        raise UserError("report_fractions: a pack reports at epoch ends only (for now); such a member runs alone")
+    for index, config in enumerate(configs[1:], start=1):
+        for name in SHARED_FIELDS:
+            if getattr(config, name) != getattr(first, name):
+                raise UserError(
+                    f"member {index} differs from member 0 in {name} ({getattr(config, name)!r} vs "
+                    f"{getattr(first, name)!r}): it cannot share the pack's batches; it runs alone"
+                )
+        ours = methods.make_method_config(first.method, first.method_options_with_dropout())
+        theirs = methods.make_method_config(config.method, config.method_options_with_dropout())
+        for name in SHARED_OPTIONS[first.method]:
+            if getattr(theirs, name) != getattr(ours, name):
+                raise UserError(
+                    f"member {index} differs from member 0 in method option {name} ({getattr(theirs, name)!r} vs "
+                    f"{getattr(ours, name)!r}): the pack shares it; it runs alone"
+                )
+
+
+def shared_backbone(pretrained: PretrainedBackbone, device: torch.device) -> BertModel:
+    """A backbone whose parameters ARE the pretrained tensors (no copy, unlike ``PretrainedBackbone.build``): every
+    member's backbone and the pack's frozen one hold the same storage. Built on the meta device as ``build``
+    does, so that it draws from the global RNG exactly what ``build`` draws (nothing)."""
+    with torch.device("meta"):
+        model = BertModel(pretrained.config)
+    model.load_state_dict({k: v.to(device) for k, v in pretrained.state_dict.items()}, assign=True)
+    return model.requires_grad_(False)
+
+
+@dataclass
+class Member:
+    """One member's solo-run state: its model (over the shared frozen tensors), optimizer, schedule, guard."""
+
+    index: int
+    config: TrainConfig
+    model: MultitaskModel
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    trainable: list[torch.Tensor]
+    generator: torch.Generator  # its dropout stream: the global RNG of its solo run
+    guard: DivergenceGuard
+    counts: object
+    history: list[dict] = field(default_factory=list)
+    progress: dict = field(default_factory=lambda: {"steps": 0, "examples_seen": 0, "tokens_seen": 0})
+    stopped: str | None = None  # why it stopped before its last epoch (a scheduler's stop, a divergence)
+    # this epoch's loss bookkeeping, as _Trial.train_epoch keeps it (so that train_loss sums in its order)
+    loss_sum: torch.Tensor | None = None
+    window: torch.Tensor | None = None
+    window_start: int = 0
+
+
+class Pack:
+    """K members trained in lockstep; ``step`` trains the active ones on one batch, ``stop`` drops one."""
+
+    def __init__(self, configs: list[TrainConfig], prepared: PreparedData):
+        check_packable(configs)
+        missing = [t for t in configs[0].tasks if t not in prepared.tasks]
+        if missing:
+            raise UserError(f"tasks {missing} were not prepared; prepared: {sorted(prepared.tasks)}")
+        self.config, self.prepared = configs[0], prepared
+        self.device = select_device(self.config.device)
+        if self.device.type != "cpu":
+            raise UserError(f"device {self.device}: a pack draws its members' dropout masks on the CPU (for now)")
+        self.precision = resolve_precision(self.device, self.config.precision)
+        self.tasks = {t: prepared.tasks[t] for t in self.config.tasks}
+        self.frozen = shared_backbone(prepared.backbone, self.device)  # the frozen ops' weights, shared
+        first_plan = _epoch_plan(self.config, self.tasks, prepared.pad_token_id, epoch=0)
+        self.steps_per_epoch = len(first_plan)
+        self.examples_per_run = self.config.epochs * sum(len(batch) for batch in first_plan)
+        self.members = [self._build_member(i, config) for i, config in enumerate(configs)]
+        self.active = list(self.members)
+        self.train_time = 0.0
+
+    def _build_member(self, index: int, config: TrainConfig) -> Member:
+        # as _Trial.__init__ builds its model, draw for draw: the seed, the (meta) backbone, the method and heads
+        torch.manual_seed(config.seed)
+        backbone = shared_backbone(self.prepared.backbone, self.device)
+        model = build_model(config, backbone, self.prepared.backbone.pooling).to(self.device)
+        for name, parameter in model.backbone.named_parameters():
+            if parameter.requires_grad and name in model.pretrained_parameter_names:
+                parameter.data = parameter.data.clone()  # a pretrained tensor it trains (BitFit's biases): its own
+        optimizer = build_optimizer(model, config)
+        return Member(
+            index=index,
+            config=config,
+            model=model,
+            optimizer=optimizer,
+            scheduler=linear_schedule(optimizer, self.steps_per_epoch * config.epochs, config.warmup_ratio),
+            trainable=[p for p in model.parameters() if p.requires_grad],
+            generator=torch.Generator(self.device).manual_seed(config.seed),
+            guard=DivergenceGuard(config),
+            counts=count_parameters(model),
+        )
+
+    # ------------------------------------------------------------------------- stepping
+
+    def stop(self, member: Member | int, reason: str = "stopped") -> None:
+        """Stop a member (a scheduler's decision, a divergence): the others go on, unchanged by it."""
+        member = self.members[member] if isinstance(member, int) else member
+        if member in self.active:
+            self.active.remove(member)
+            member.stopped = reason
+
+    def begin_epoch(self, epoch: int) -> list:
+        """Seed each active member's dropout stream as its solo run seeds the global RNG; the epoch's batches."""
+        for member in self.active:
+            member.model.train()
+            member.generator.manual_seed(_epoch_seed(member.config, epoch))
+        return _epoch_plan(self.config, self.tasks, self.prepared.pad_token_id, epoch)
+
+    def step(self, batch) -> list[torch.Tensor]:
+        """One optimizer step of every active member on ``batch``; their losses, detached, in ``self.active`` order."""
+        members = self.active
+        with autocast_for(self.device, self.precision):
+            outputs = self.forward(batch.task, batch.input_ids, batch.attention_mask, batch.token_type_ids)
+        losses = [
+            m.model.tasks[batch.task].loss(out.float(), batch.labels) for m, out in zip(members, outputs, strict=True)
+        ]
+        for member in members:
+            member.optimizer.zero_grad(set_to_none=True)
+        # d(sum)/d(loss_k) = 1: each member's gradient is exactly its own loss's, as in its solo run
+        torch.stack(losses).sum().backward()
+        for member in members:
+            torch.nn.utils.clip_grad_norm_(member.trainable, member.config.max_grad_norm)  # its own norm
+            member.optimizer.step()
+            member.scheduler.step()
+            member.progress["steps"] += 1
+        return [loss.detach() for loss in losses]
+
+    # ------------------------------------------------------------------------- the packed forward
+
+    def forward(self, task: str, input_ids, attention_mask, token_type_ids) -> list[torch.Tensor]:
+        """(B, T) token tensors of one task -> each active member's (B, num_outputs) head outputs.
+
+        Mirrors ``BertModel.forward`` and ``MultitaskModel.forward`` op for op (the same ops in the same order
+        on each member's rows), on K * B rows: member k's rows are k*B .. (k+1)*B - 1 throughout."""
+        members = self.active
+        K, (B, T) = len(members), input_ids.shape
+        gens = [m.generator for m in members]
+        embeddings = self.frozen.embeddings
+        positions = torch.arange(T, device=input_ids.device)
+        x = embeddings.word_embeddings(input_ids) + embeddings.token_type_embeddings(token_type_ids)
+        x = (x + embeddings.position_embeddings(positions)).repeat(K, 1, 1)  # (K*B, T, H): every member's copy
+        x = self._layer_norm([m.model.backbone.embeddings.LayerNorm for m in members], x)
+        x = member_dropout(x, [embeddings.dropout.p] * K, gens)
+        # (K*B, 1, 1, T): as BertModel.forward, a finite large negative where attending is not allowed
+        bias = (1.0 - attention_mask[:, None, None, :].float()) * torch.finfo(torch.float32).min
+        bias = bias.repeat(K, 1, 1, 1)
+        for i, layer in enumerate(self.frozen.encoder.layer):
+            x = self._layer(task, layer, [m.model.backbone.encoder.layer[i] for m in members], x, bias)
+        model = members[0].model
+        if model.pooling == "cls":  # the [CLS] pooler (under mean pooling the solo run computes it unused: skipped)
+            pooled = torch.tanh(self._linear([m.model.backbone.pooler.dense for m in members], x[:, 0]))
+        with torch.autocast(x.device.type, enabled=False):  # pooling and heads in fp32, as MultitaskModel
+            hidden = x.float()
+            if model.pooling == "mean":
+                weights = attention_mask.repeat(K, 1).unsqueeze(-1).to(hidden.dtype)  # (K*B, T, 1)
+                pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # (K*B, H)
+            else:
+                pooled = pooled.float()
+            outputs = []
+            for member, rows in zip(members, pooled.split(B), strict=True):
+                drop, linear = member.model.heads[task]  # Sequential(Dropout, Linear)
+                outputs.append(linear(dropout(rows, drop.p, True, generator=member.generator)))  # (B, n)
+        return outputs
+
+    def _layer(self, task: str, frozen, mine: list[nn.Module], x, bias):
+        """One encoder layer (BertLayer.forward) on K*B rows; ``mine``: each member's own layer (its parameters)."""
+        gens = [m.generator for m in self.active]
+        KB, T, H = x.shape
+        attn = frozen.attention.self
+        q, k, v = (
+            t.view(KB, T, attn.num_heads, attn.head_dim).transpose(1, 2)  # (K*B, nh, T, hd)
+            for t in self._qkv(attn, [layer.attention.self for layer in mine], x)
+        )
+        p = attn.dropout_p
+        y = attention(q, k, v, bias, p, True, drop=lambda probs: member_dropout(probs, [p] * len(gens), gens))
+        y = y.transpose(1, 2).reshape(KB, T, -1)  # (K*B, T, H)
+        outs = [layer.attention.output for layer in mine]
+        h = member_dropout(
+            self._linear([o.dense for o in outs], y), [frozen.attention.output.dropout.p] * len(gens), gens
+        )
+        x = self._layer_norm([o.LayerNorm for o in outs], self._adapter(task, [o.adapter for o in outs], h) + x)
+        h = frozen.intermediate.act(self._linear([layer.intermediate.dense for layer in mine], x))  # (K*B, T, I)
+        outs = [layer.output for layer in mine]
+        h = member_dropout(self._linear([o.dense for o in outs], h), [frozen.output.dropout.p] * len(gens), gens)
+        return self._layer_norm([o.LayerNorm for o in outs], self._adapter(task, [o.adapter for o in outs], h) + x)
+
+    def _qkv(self, frozen, mine: list[nn.Module], x):
+        """q, k, v (each (K*B, T, H)) as each member's BertSelfAttention computes them."""
+        if mine[0].qkv_projection is fused_qkv:  # LoRA on all three
+            return self._lora_qkv(mine, x)
+        if all(isinstance(getattr(mine[0], n), nn.Linear) for n in ("query", "key", "value")):
+            weight, bias = stacked_qkv((frozen.query, frozen.key, frozen.value))  # (3H, H), (3H,)
+            if not any(m.query.bias.requires_grad for m in mine):
+                out = F.linear(x, weight, bias)
+            else:  # BitFit: each member's stacked biases
+                biases = torch.stack([stacked_qkv((m.query, m.key, m.value))[1] for m in mine])  # (K, 3H)
+                out = _linear_with_member_bias(x, weight, biases)
+            return out.split(frozen.query.out_features, dim=-1)
+        return tuple(self._linear([getattr(m, n) for m in mine], x) for n in ("query", "key", "value"))
+
+    def _linear(self, linears: list[nn.Module], x):
+        """Each member's version of one linear (frozen, with its own bias, or LoRA-adapted) on its rows."""
+        if isinstance(linears[0], LoraLinear):
+            return self._lora_linear(linears, x)
+        if not linears[0].bias.requires_grad:  # frozen: one matmul for every member
+            return F.linear(x, linears[0].weight, linears[0].bias)
+        return _linear_with_member_bias(x, linears[0].weight, torch.stack([m.bias for m in linears]))
+
+    def _lora_qkv(self, attentions: list[nn.Module], x):
+        """``lora.fused_qkv`` for K members: the frozen q/k/v matmul once; each member's A and block-diagonal B
+        (ranks zero-padded to the largest) as two bmm's over its rows; one dropout of x per member."""
+        members = [(a.query, a.key, a.value) for a in attentions]
+        K, H = len(members), x.shape[-1]
+        base_weight, base_bias = stacked_qkv([m.base_layer for m in members[0]])  # (3H, H), (3H,): shared
+        r_max = max(m[0].lora_A["default"].out_features for m in members)
+        # (K, 3 r_max, H): each member's [A_q; A_k; A_v] (3r, H), zero rows below
+        a = torch.stack([_pad_rows(torch.cat([m.lora_A["default"].weight for m in lin]), 3 * r_max) for lin in members])
+        # (K, 3H, 3 r_max): each member's scaled block-diagonal B (3H, 3r), zero columns right of it
+        b = torch.stack([
+            _pad_cols(torch.block_diag(*(m.lora_B["default"].weight * m.scaling for m in lin)), 3 * r_max)
+            for lin in members
+        ])  # fmt: skip
+        h = member_dropout(x, [lin[0].dropout for lin in members], [m.generator for m in self.active])
+        lora = torch.bmm(torch.bmm(h.reshape(K, -1, H), a.transpose(1, 2)), b.transpose(1, 2))  # (K, B*T, 3H)
+        out = F.linear(x, base_weight, base_bias) + lora.view(*x.shape[:-1], -1)  # (K*B, T, 3H)
+        return out.split(H, dim=-1)
+
+    def _lora_linear(self, linears: list[LoraLinear], x):
+        """``LoraLinear.forward`` for K members: base(x) + scaling_k * B_k A_k dropout_k(x), ranks zero-padded."""
+        K, r_max = len(linears), max(m.lora_A["default"].out_features for m in linears)
+        h = member_dropout(x, [m.dropout for m in linears], [m.generator for m in self.active])
+        a = torch.stack([_pad_rows(m.lora_A["default"].weight, r_max) for m in linears])  # (K, r_max, in)
+        b = torch.stack([_pad_cols(m.lora_B["default"].weight, r_max) for m in linears])  # (K, out, r_max)
+        base = linears[0].base_layer(x)
+        lora = torch.bmm(torch.bmm(h.reshape(K, -1, x.shape[-1]), a.transpose(1, 2)), b.transpose(1, 2))
+        # the solo run multiplies by a Python float: in the float opmath, rounded to the output's dtype
+        scaling = torch.tensor([m.scaling for m in linears], dtype=torch.float32, device=x.device).view(K, 1, 1)
+        lora = (lora.float() * scaling).to(lora.dtype)
+        return base + lora.view(*x.shape[:-1], -1)
+
+    def _adapter(self, task: str, hooks: list[nn.Module], x):
+        """The adapter hook (Identity, or each member's Houlsby adapter for ``task``) on K*B rows.
+
+        Each member's adapter runs on its own rows as ``HoulsbyAdapter.forward`` (a loop of small matmuls), not as
+        one bmm over bottlenecks zero-padded to the largest: padded, the gradients of the down bias and the up weight
+        came out in another order of sums (torch and MKL pick other kernels for another width; measured: 4e-11 off
+        at bottleneck 4 padded to 16), and these matmuls are a sliver of the layer's."""
+        if not isinstance(hooks[0], TaskAdapters):
+            return x
+        outputs = []
+        for hook, member, rows in zip(hooks, self.active, x.split(x.shape[0] // len(hooks)), strict=True):
+            adapter = hook.per_task[task]
+            h = dropout(adapter.act(adapter.down(rows)), adapter.dropout.p, True, generator=member.generator)
+            outputs.append(rows + adapter.up(h))  # (B, T, H)
+        return torch.cat(outputs)
+
+    def _layer_norm(self, norms: list[nn.LayerNorm], x):
+        """One LayerNorm: once over all rows where frozen, else once per member with its gain and bias."""
+        if not any(p.requires_grad for n in norms for p in n.parameters()):
+            return norms[0](x)
+        rows = x.split(x.shape[0] // len(norms))
+        return torch.cat(
+            [F.layer_norm(r, n.normalized_shape, n.weight, n.bias, n.eps) for n, r in zip(norms, rows, strict=True)]
+        )
+
+    # ------------------------------------------------------------------------- epochs
+
+    def train_epoch(self, epoch: int, report=None) -> None:
+        """One epoch of every active member: its steps, its divergence guard (a diverged member stops, the others
+        go on), then each member's evaluation and history entry (and ``report(member, metrics)`` if given)."""
+        plan = self.begin_epoch(epoch)
+        started = time.perf_counter()
+        tokens = 0
+        for member in self.active:
+            member.loss_sum = torch.zeros((), device=self.device)
+            member.window, member.window_start = torch.zeros((), device=self.device), 0
+        for step, batch in enumerate(plan):
+            if not self.active:
+                break
+            batch_tokens = int(batch.attention_mask.sum())
+            tokens += batch_tokens
+            stepped = list(self.active)
+            for member, loss in zip(stepped, self.step(batch), strict=True):
+                member.window = member.window + loss
+                member.progress["examples_seen"] += int(batch.input_ids.shape[0])
+                member.progress["tokens_seen"] += batch_tokens
+                self._look(member, epoch, step, len(plan))
+        epoch_time = time.perf_counter() - started
+        self.train_time += epoch_time
+        for member in list(self.active):
+            self._end_epoch(member, epoch, member.loss_sum.item() / max(1, len(plan)), epoch_time, tokens, report)
+
+    def _look(self, member: Member, epoch: int, step: int, steps: int) -> None:
+        """The divergence guard, at the steps _Trial.train_epoch looks at."""
+        guard = member.guard
+        first_look = guard.reference is None and step == 0
+        if first_look or (step + 1) % guard.every == 0 or step + 1 == steps:
+            try:
+                guard.check(member.window, step + 1 - member.window_start, epoch, member.window_start, step)
+            except TrainingDiverged as error:
+                self.stop(member, f"diverged: {error}")
+                return
+            member.loss_sum += member.window
+            member.window, member.window_start = torch.zeros((), device=self.device), step + 1
+
+    def _end_epoch(self, member: Member, epoch: int, train_loss: float, epoch_time: float, tokens: int, report):
+        evaluated = evaluate_splits(member.model, self.tasks, member.config, self.device, self.precision)
+        metrics = {
+            EPOCH: epoch + 1,
+            **evaluated,
+            "train_loss": train_loss,
+            "epoch_time_s": epoch_time,  # the pack's: every member's steps ran in it
+            "tokens_per_s": tokens / epoch_time,  # this member's tokens
+            **member.progress,
+            "progress": member.progress["examples_seen"] / self.examples_per_run,
+            "precision": self.precision,
+            "pack_size": len(self.members),
+            **member.counts.summary(),
+        }
+        member.history.append({k: v for k, v in metrics.items() if k != "predictions"})
+        if report is not None:
+            report(member, metrics)
+
+
+@dataclass
+class PackResult:
+    history: list[dict]
+    model: MultitaskModel
+    stopped: str | None
+
+
+def run_pack(configs: list[TrainConfig], prepared: PreparedData, report=None) -> list[PackResult]:
+    """Train ``configs`` as one pack (see :class:`Pack`); each member's history, model and why it stopped early."""
+    pack = Pack(configs, prepared)
+    for epoch in range(pack.config.epochs):
+        if not pack.active:
+            break
+        pack.train_epoch(epoch, report)
+    return [PackResult(m.history, m.model, m.stopped) for m in pack.members]
+
+
+def _linear_with_member_bias(x, weight, biases):
+    """``F.linear(x_k, weight, biases[k])`` for each member's rows x_k of ``x`` (K*B, ..., in), as one ``baddbmm``:
+    per member it is the ``addmm`` the solo run computes (the bias in the matmul's accumulator, bit for bit)."""
+    K = biases.shape[0]
+    rows = x.reshape(K, -1, x.shape[-1])  # (K, B*T, in)
+    out = torch.baddbmm(biases.unsqueeze(1), rows, weight.t().expand(K, -1, -1))  # (K, B*T, out)
+    return out.view(*x.shape[:-1], -1)
+
+
+def _pad_rows(weight, rows: int):  # (r, in) -> (rows, in), zeros below
+    return F.pad(weight, (0, 0, 0, rows - weight.shape[0]))
+
+
+def _pad_cols(weight, cols: int):  # (out, r) -> (out, cols), zeros right
+    return F.pad(weight, (0, cols - weight.shape[1]))
