@@ -107,15 +107,23 @@ def test_a_generator_draws_what_the_global_rng_draws_from_the_same_seed():
     assert torch.equal(dropout(x, 0.2, generator=torch.Generator().manual_seed(5)), expected)
 
 
-def test_member_dropout_gives_each_member_its_solo_mask_and_scale():
-    """A pack's rows (K * B, ...): member k's rows dropped as its solo run drops them, from its own generator; a
-    member at p == 0 keeps its rows and draws nothing."""
-    members, rows = 3, 4
-    x = torch.randn(members * rows, 5, 6)
-    ps = [0.1, 0.0, 0.3]
-    generators = [torch.Generator().manual_seed(s) for s in (1, 2, 3)]
+@pytest.mark.parametrize(
+    "ps, seeds",
+    [
+        ([0.1, 0.0, 0.3], (1, 2, 3)),  # own streams, one member drawing nothing
+        ([0.1, 0.2, 0.1, 0.0], (1, 1, 2, 1)),  # shared streams (drawn once) at different p
+        ([0.1, 0.1, 0.1], (4, 4, 4)),  # one stream, one p: one mask broadcast
+    ],
+)
+def test_member_dropout_gives_each_member_its_solo_mask_and_scale(ps, seeds):
+    """A pack's rows (K * B, ...): member k's rows dropped as its solo run drops them, from its own generator, which
+    ends in the state its solo draw leaves (a member at p == 0 draws nothing)."""
+    rows = 4
+    x = torch.randn(len(ps) * rows, 5, 6)
+    generators = [torch.Generator().manual_seed(s) for s in seeds]
     packed = member_dropout(x, ps, generators)
-    for k, (p, seed) in enumerate(zip(ps, (1, 2, 3), strict=True)):
-        solo = dropout(x[k * rows : (k + 1) * rows], p, generator=torch.Generator().manual_seed(seed))
+    for k, (p, seed) in enumerate(zip(ps, seeds, strict=True)):
+        solo_generator = torch.Generator().manual_seed(seed)
+        solo = dropout(x[k * rows : (k + 1) * rows], p, generator=solo_generator)
         assert torch.equal(packed[k * rows : (k + 1) * rows], solo)
-    assert torch.equal(generators[1].get_state(), torch.Generator().manual_seed(2).get_state())  # p == 0: no draw
+        assert torch.equal(generators[k].get_state(), solo_generator.get_state())

@@ -40,13 +40,20 @@ def keep_mask(
     Four independent uniform int16 values per 64-bit draw; an element drops when its value is below
     ``-2**15 + round(p * 2**16)``, i.e. with probability ``round(p * 2**16) / 2**16``. The draws come from
     ``generator``, or torch's global one when it is None."""
-    dropped_levels = round(p * _LEVELS)
+    return _threshold(_random_bits(shape, device, generator), p)
+
+
+def _random_bits(shape, device, generator: torch.Generator | None) -> torch.Tensor:
+    """Uniform int16 values of ``shape``, four per 64-bit draw (the draws depend on the shape, never on p)."""
     numel = math.prod(shape)
     draws = torch.empty((numel + 3) // 4, dtype=torch.int64, device=device)
     draws.random_(-(2**63), None, generator=generator)
-    bits = draws.view(torch.int16)[:numel].view(shape)
-    keep = bits >= dropped_levels - _LEVELS // 2
-    return keep, _LEVELS / (_LEVELS - dropped_levels)
+    return draws.view(torch.int16)[:numel].view(shape)
+
+
+def _threshold(bits: torch.Tensor, p: float) -> tuple[torch.Tensor, float]:
+    dropped_levels = round(p * _LEVELS)
+    return bits >= dropped_levels - _LEVELS // 2, _LEVELS / (_LEVELS - dropped_levels)
 
 
 def dropout(x: torch.Tensor, p: float, training: bool = True, generator: torch.Generator | None = None) -> torch.Tensor:
@@ -66,17 +73,38 @@ def member_dropout(x: torch.Tensor, ps: list[float], generators: list[torch.Gene
     """Training dropout of a pack's rows: ``x`` (K * B, ...) holds K members' copies of a batch, B rows each;
     member k's rows are dropped with its own ``ps[k]`` by a mask drawn from ``generators[k]``, in the shape its
     solo run draws, (B, ...): each member sees exactly its solo run's mask. A member at p == 0 draws nothing
-    (as ``F.dropout`` at 0) and keeps its rows; x * 1 * 1.0 is x to the bit, forward and backward."""
+    (as ``F.dropout`` at 0) and keeps its rows; x * 1 * 1.0 is x to the bit, forward and backward.
+
+    The members of a sweep share its seed, and the bits a draw takes depend on its shape alone (p only sets the
+    threshold): members whose generators are in one state draw the same bits. Those are drawn once, and the other
+    generators are moved to the state the draw left (what their own draw would have left), so a pack of K LoRA
+    members draws each mask once, not K times; where their p is one too, one mask serves all rows (broadcast)."""
     if not any(uses_cheap_mask(x, p, True) for p in ps):
         return x
     members = len(ps)
     shape = (x.shape[0] // members, *x.shape[1:])  # one member's rows
-    keeps, scales = [], []
+    drawn = []  # (state before, state after, bits) of each draw
+    masks: list[tuple[int, float] | None] = []  # per member: (which draw, p), None: p == 0, nothing drawn
     for p, generator in zip(ps, generators, strict=True):
-        if uses_cheap_mask(x, p, True):
-            keep, scale = keep_mask(shape, p, x.device, generator)
+        if not uses_cheap_mask(x, p, True):
+            masks.append(None)
+            continue
+        state = generator.get_state()
+        same = next((i for i, (before, _, _) in enumerate(drawn) if torch.equal(before, state)), None)
+        if same is None:
+            bits = _random_bits(shape, x.device, generator)
+            drawn.append((state, generator.get_state(), bits))
+            same = len(drawn) - 1
         else:
-            keep, scale = torch.ones(shape, dtype=torch.bool, device=x.device), 1.0
+            generator.set_state(drawn[same][1])
+        masks.append((same, p))
+    if len(set(masks)) == 1:  # one draw, one p: one (B, ...) mask broadcast over the K members' rows
+        keep, scale = _threshold(drawn[masks[0][0]][2], masks[0][1])
+        return (x.view(members, *shape) * keep).mul_(scale).view(x.shape)
+    keeps, scales = [], []
+    for mask in masks:
+        keep, scale = (torch.ones(shape, dtype=torch.bool, device=x.device), 1.0) if mask is None else (
+            _threshold(drawn[mask[0]][2], mask[1]))  # fmt: skip
         keeps.append(keep)
         scales.append(scale)
     keep = torch.cat(keeps)  # (K * B, ...)

@@ -233,8 +233,12 @@ class Pack:
         embeddings = self.frozen.embeddings
         positions = torch.arange(T, device=input_ids.device)
         x = embeddings.word_embeddings(input_ids) + embeddings.token_type_embeddings(token_type_ids)
-        x = (x + embeddings.position_embeddings(positions)).repeat(K, 1, 1)  # (K*B, T, H): every member's copy
-        x = self._layer_norm([m.model.backbone.embeddings.LayerNorm for m in members], x)
+        x = x + embeddings.position_embeddings(positions)  # (B, T, H): the same for every member
+        norms = [m.model.backbone.embeddings.LayerNorm for m in members]
+        if _frozen(norms):
+            x = norms[0](x).repeat(K, 1, 1)  # (K*B, T, H): every member's copy
+        else:  # each member's own LayerNorm (BitFit's bias, adapters' trained LayerNorms) on the same rows
+            x = torch.cat([F.layer_norm(x, n.normalized_shape, n.weight, n.bias, n.eps) for n in norms])
         x = member_dropout(x, [embeddings.dropout.p] * K, gens)
         # (K*B, 1, 1, T): as BertModel.forward, a finite large negative where attending is not allowed
         bias = (1.0 - attention_mask[:, None, None, :].float()) * torch.finfo(torch.float32).min
@@ -351,7 +355,7 @@ class Pack:
 
     def _layer_norm(self, norms: list[nn.LayerNorm], x):
         """One LayerNorm: once over all rows where frozen, else once per member with its gain and bias."""
-        if not any(p.requires_grad for n in norms for p in n.parameters()):
+        if _frozen(norms):
             return norms[0](x)
         rows = x.split(x.shape[0] // len(norms))
         return torch.cat(
@@ -432,6 +436,11 @@ def run_pack(configs: list[TrainConfig], prepared: PreparedData, report=None) ->
             break
         pack.train_epoch(epoch, report)
     return [PackResult(m.history, m.model, m.stopped) for m in pack.members]
+
+
+def _frozen(modules: list[nn.Module]) -> bool:
+    """No member trains these modules' parameters: they are the pack's shared frozen ones."""
+    return not any(p.requires_grad for module in modules for p in module.parameters())
 
 
 def _linear_with_member_bias(x, weight, biases):
