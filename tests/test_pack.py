@@ -19,22 +19,27 @@ from peftune.errors import UserError
 
 GRAD_STEP = 4  # the step whose (clipped) gradients are compared
 
-# per method: the three members' method options, sizes differing (LoRA ranks and adapter bottlenecks padded to the
-# largest in the pack), LoRA's variants (rsLoRA, LoRA+) and an adapter with a zero-initialised up-projection
+# per case: the three members' method options. Sizes differ (members of one size run as one bmm, in a pack that
+# orders its members by size: the first and last adapter share a bottleneck), as do LoRA's variants (rsLoRA, LoRA+)
+# and the adapters' initialisations
 OPTIONS = {
-    "lora": [{"rank": 2, "alpha": 8.0}, {"rank": 4, "use_rslora": True}, {"rank": 8, "loraplus_lr_ratio": 4.0}],
+    "lora": [{"rank": 8, "alpha": 8.0}, {"rank": 4, "use_rslora": True}, {"rank": 8, "loraplus_lr_ratio": 4.0}],
     "bitfit": [{}, {}, {}],
-    "adapter": [{"bottleneck": 4}, {"bottleneck": 8, "zero_init_up": True}, {"bottleneck": 16, "init_std": 0.02}],
+    "adapter": [{"bottleneck": 16}, {"bottleneck": 4, "zero_init_up": True}, {"bottleneck": 16, "init_std": 0.02}],
+    # LoRA off the fused q/k/v path: each adapted linear its own dropout and bmm's, the FFN's too
+    "lora-ffn": [{"rank": r, "targets": ["query", "value", "intermediate.dense", "output.dense"]} for r in (1, 3, 1)],
 }
+CASES = (*pack.PACKABLE, "lora-ffn")
 LRS, HEAD_LRS = (3e-3, 1e-2, 3e-2), (None, 3e-3, None)
 DROPOUTS, DECAYS, CLIPS = (0.1, 0.05, 0.3), (0.0, 0.01, 0.1), (1.0, 0.5, 1.0)
 
 
-def member_configs(method: str, precision: str = "fp32", epochs: int = 1) -> list[train.TrainConfig]:
+def member_configs(case: str, precision: str = "fp32", epochs: int = 1) -> list[train.TrainConfig]:
+    method = case.split("-")[0]
     return [
         train.TrainConfig(
             method=method,
-            method_options=OPTIONS[method][k],
+            method_options=OPTIONS[case][k],
             tasks=["sst", "para", "sts"],
             lr=LRS[k],
             head_lr=HEAD_LRS[k],
@@ -108,9 +113,9 @@ def bitwise(a, b, what):
     assert torch.equal(a, b), f"{what}: max difference {(a.float() - b.float()).abs().max().item():.3g}"
 
 
-@pytest.mark.parametrize("method", pack.PACKABLE)
-def test_each_member_trains_as_its_solo_run_bitwise_in_fp32(tiny_prepared, method):
-    configs = member_configs(method)
+@pytest.mark.parametrize("case", CASES)
+def test_each_member_trains_as_its_solo_run_bitwise_in_fp32(tiny_prepared, case):
+    configs = member_configs(case)
     packed, runs = packed_epoch(configs, tiny_prepared)
     for member, config, run in zip(packed.members, configs, runs, strict=True):
         solo = solo_epoch(config, tiny_prepared)

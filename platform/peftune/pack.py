@@ -4,31 +4,38 @@ A PEFT sweep trains many small configurations over the same frozen backbone. A p
 (its *members*, K ``TrainConfig`` of one method) in one process: every step, the K members' copies of
 the batch are concatenated along the batch dimension (K * B rows), so every frozen matmul, attention and
 LayerNorm runs once for all members, and under bf16 autocast the frozen weights are cast once. What a
-member trains runs per member, in packed kernels over its own rows:
+member trains runs per member, on its own rows (member k's rows are k*B .. (k+1)*B - 1 throughout):
 
-- LoRA: the members' A and B, their ranks padded with zeros to the pack's largest, stacked into
-  (K, r_max, in) / (K, out, r_max) tensors and run as ``bmm``; the scaling a per-member factor. The padding
-  is built in the forward from constant zeros, never a parameter: it stays zero through AdamW and weight
-  decay and adds exact zeros to the sums (a zero column of t times a zero row of B);
-- BitFit: one ``baddbmm`` over the shared frozen weight adds each member's bias to its rows (what ``addmm``
-  does in the solo run, to the bit); LayerNorms with per-member gains or biases run once per member;
-- Houlsby adapters: each member's adapter on its own rows (a loop of small matmuls: padding the bottlenecks to
-  one bmm summed their gradients in another order, see ``Pack._adapter``);
-- the task heads: a loop over the members (a (B, H) x (H, n) matmul each).
+- LoRA: the frozen projection once over all rows; each member's A and B (its rank, its scaling) on its rows, as
+  ``lora.fused_qkv`` / ``LoraLinear`` compute them (one dropout of x per member);
+- BitFit: one ``baddbmm`` over the shared frozen weight adds each member's bias to its rows (per member, the
+  ``addmm`` of its solo run, to the bit); LayerNorms whose gain or bias a member trains run once per member;
+- Houlsby adapters: each member's adapter for the batch's task on its rows, its LayerNorms its own;
+- the task heads: each member's, on its pooled rows.
+
+The small per-member matmuls are a loop over the members, not one bmm over ranks zero-padded to the largest: that
+bmm was built and measured, and it was not exact (see :func:`_rows`), while the loop's cost on the CPU is a few
+microseconds a call. Zero padding never enters a parameter or an optimizer state: each member's parameters and
+AdamW state keep its solo run's shapes.
 
 Methods that pack: ``lora`` (initialised the LoRA paper's way: PiSSA and OLoRA rewrite the frozen weights, which
-a pack shares), ``bitfit`` and ``adapter``. Every other method runs alone: :func:`check_packable` refuses it.
+a pack shares), ``bitfit`` and ``adapter``. Every other method runs alone: :func:`check_packable` refuses it, as it
+refuses members that could not share the batches (another seed, batch size, task list, sampling...), naming the
+field. Everything lives in this module: :class:`Pack` (build, step, stop a member, epochs), its packed forward
+(``Pack.forward`` mirrors ``BertModel.forward`` and ``MultitaskModel.forward`` op for op), and :func:`run_pack`.
 
 Exactness: each member keeps the modules of its solo run (``train.build_model`` over a backbone whose frozen
 tensors are the pack's, its trainable ones its own copies), built under ``torch.manual_seed(config.seed)`` in
 the solo run's order, so its parameters start as its solo run's; its own AdamW, schedule, clip, divergence guard
 and evaluation are the solo run's code on those modules. Its dropout masks come from its own
 ``torch.Generator``, seeded per epoch as the solo run seeds the global RNG (``_epoch_seed``) and drawn at every
-site in the solo run's order and shapes (``dropout.member_dropout``). The loss is the sum of the members' losses,
-so each member's gradient is its own. In fp32 on the CPU a member's losses, gradients, weights and scores equal its
-solo run's to the bit (tests/test_pack.py), as long as every op computes a row the same whatever the number of
-rows, which holds for MKL's matmuls and torch's row-wise kernels at the sizes tested there; a padded reduction
-longer than one MKL block (e.g. an adapter bottleneck padded past ~384) may sum in another order.
+site in the solo run's order and shapes (``dropout.member_dropout``; members whose streams agree, as a sweep's
+one seed makes them, draw each mask's bits once). The loss is the sum of the members' losses, so each member's
+gradient is its own. On the CPU, in fp32 and under bf16 autocast, a member's losses, gradients, weights and scores
+equal its solo run's to the bit (tests/test_pack.py). That rests on every shared op computing a row the same
+whatever the number of rows (MKL's and oneDNN's matmuls, torch's row-wise kernels: measured, at the tested sizes
+and MiniLM's), and on the graph summing each gradient in the solo run's order: LoRA members at dropout 0 and
+above 0 would not (see :func:`check_packable`). A pack runs on the CPU for now: CUDA's dropout takes no generator.
 
 A member may stop mid-pack (``Pack.stop``: ASHA stopping it, or its divergence guard): the pack goes on with the
 rest, whose rows and generators never depended on it, so their results are unchanged by the stop.
@@ -161,7 +168,7 @@ class Pack:
         self.steps_per_epoch = len(first_plan)
         self.examples_per_run = self.config.epochs * sum(len(batch) for batch in first_plan)
         self.members = [self._build_member(i, config) for i, config in enumerate(configs)]
-        self.active = list(self.members)
+        self.active = list(self.members)  # the members still training, in the order of their rows
         self.train_time = 0.0
 
     def _build_member(self, index: int, config: TrainConfig) -> Member:
@@ -228,7 +235,7 @@ class Pack:
         Mirrors ``BertModel.forward`` and ``MultitaskModel.forward`` op for op (the same ops in the same order
         on each member's rows), on K * B rows: member k's rows are k*B .. (k+1)*B - 1 throughout."""
         members = self.active
-        K, (B, T) = len(members), input_ids.shape
+        K, T = len(members), input_ids.shape[1]
         gens = [m.generator for m in members]
         embeddings = self.frozen.embeddings
         positions = torch.arange(T, device=input_ids.device)
@@ -256,7 +263,7 @@ class Pack:
             else:
                 pooled = pooled.float()
             outputs = []
-            for member, rows in zip(members, pooled.split(B), strict=True):
+            for member, rows in zip(members, _rows(pooled, K), strict=True):
                 drop, linear = member.model.heads[task]  # Sequential(Dropout, Linear)
                 outputs.append(linear(dropout(rows, drop.p, True, generator=member.generator)))  # (B, n)
         return outputs
@@ -306,52 +313,39 @@ class Pack:
         return _linear_with_member_bias(x, linears[0].weight, torch.stack([m.bias for m in linears]))
 
     def _lora_qkv(self, attentions: list[nn.Module], x):
-        """``lora.fused_qkv`` for K members: the frozen q/k/v matmul once; each member's A and block-diagonal B
-        (ranks zero-padded to the largest) as two bmm's over its rows; one dropout of x per member."""
+        """``lora.fused_qkv`` for K members: the frozen q/k/v matmul once over all rows; one dropout of x per member;
+        then each member's [A_q; A_k; A_v] and scaled block-diagonal B on its own rows (see ``_rows``)."""
         members = [(a.query, a.key, a.value) for a in attentions]
-        K, H = len(members), x.shape[-1]
         base_weight, base_bias = stacked_qkv([m.base_layer for m in members[0]])  # (3H, H), (3H,): shared
-        r_max = max(m[0].lora_A["default"].out_features for m in members)
-        # (K, 3 r_max, H): each member's [A_q; A_k; A_v] (3r, H), zero rows below
-        a = torch.stack([_pad_rows(torch.cat([m.lora_A["default"].weight for m in lin]), 3 * r_max) for lin in members])
-        # (K, 3H, 3 r_max): each member's scaled block-diagonal B (3H, 3r), zero columns right of it
-        b = torch.stack([
-            _pad_cols(torch.block_diag(*(m.lora_B["default"].weight * m.scaling for m in lin)), 3 * r_max)
-            for lin in members
-        ])  # fmt: skip
         h = member_dropout(x, [lin[0].dropout for lin in members], [m.generator for m in self.active])
-        lora = torch.bmm(torch.bmm(h.reshape(K, -1, H), a.transpose(1, 2)), b.transpose(1, 2))  # (K, B*T, 3H)
-        out = F.linear(x, base_weight, base_bias) + lora.view(*x.shape[:-1], -1)  # (K*B, T, 3H)
-        return out.split(H, dim=-1)
+        base = F.linear(x, base_weight, base_bias)  # (K*B, T, 3H)
+        lora = []
+        for lin, rows in zip(members, _rows(h, len(members)), strict=True):
+            a_weight = torch.cat([m.lora_A["default"].weight for m in lin])  # (3r, H)
+            b_weight = torch.block_diag(*(m.lora_B["default"].weight * m.scaling for m in lin))  # (3H, 3r)
+            lora.append(F.linear(F.linear(rows, a_weight), b_weight))  # (B, T, 3H)
+        return (base + torch.cat(lora)).split(x.shape[-1], dim=-1)
 
     def _lora_linear(self, linears: list[LoraLinear], x):
-        """``LoraLinear.forward`` for K members: base(x) + scaling_k * B_k A_k dropout_k(x), ranks zero-padded."""
-        K, r_max = len(linears), max(m.lora_A["default"].out_features for m in linears)
+        """``LoraLinear.forward`` for K members: the frozen base once, each member's B A dropout(x) on its rows."""
         h = member_dropout(x, [m.dropout for m in linears], [m.generator for m in self.active])
-        a = torch.stack([_pad_rows(m.lora_A["default"].weight, r_max) for m in linears])  # (K, r_max, in)
-        b = torch.stack([_pad_cols(m.lora_B["default"].weight, r_max) for m in linears])  # (K, out, r_max)
         base = linears[0].base_layer(x)
-        lora = torch.bmm(torch.bmm(h.reshape(K, -1, x.shape[-1]), a.transpose(1, 2)), b.transpose(1, 2))
-        # the solo run multiplies by a Python float: in the float opmath, rounded to the output's dtype
-        scaling = torch.tensor([m.scaling for m in linears], dtype=torch.float32, device=x.device).view(K, 1, 1)
-        lora = (lora.float() * scaling).to(lora.dtype)
-        return base + lora.view(*x.shape[:-1], -1)
+        lora = [
+            m.lora_B["default"](m.lora_A["default"](rows)) * m.scaling
+            for m, rows in zip(linears, _rows(h, len(linears)), strict=True)
+        ]
+        return base + torch.cat(lora)
 
     def _adapter(self, task: str, hooks: list[nn.Module], x):
-        """The adapter hook (Identity, or each member's Houlsby adapter for ``task``) on K*B rows.
-
-        Each member's adapter runs on its own rows as ``HoulsbyAdapter.forward`` (a loop of small matmuls), not as
-        one bmm over bottlenecks zero-padded to the largest: padded, the gradients of the down bias and the up weight
-        came out in another order of sums (torch and MKL pick other kernels for another width; measured: 4e-11 off
-        at bottleneck 4 padded to 16), and these matmuls are a sliver of the layer's."""
+        """The adapter hook (Identity, or each member's Houlsby adapter for ``task``) on its own rows."""
         if not isinstance(hooks[0], TaskAdapters):
             return x
-        outputs = []
-        for hook, member, rows in zip(hooks, self.active, x.split(x.shape[0] // len(hooks)), strict=True):
+        out = []
+        for hook, member, rows in zip(hooks, self.active, _rows(x, len(hooks)), strict=True):
             adapter = hook.per_task[task]
             h = dropout(adapter.act(adapter.down(rows)), adapter.dropout.p, True, generator=member.generator)
-            outputs.append(rows + adapter.up(h))  # (B, T, H)
-        return torch.cat(outputs)
+            out.append(rows + adapter.up(h))  # (B, T, H): HoulsbyAdapter.forward
+        return torch.cat(out)
 
     def _layer_norm(self, norms: list[nn.LayerNorm], x):
         """One LayerNorm: once over all rows where frozen, else once per member with its gain and bias."""
@@ -438,6 +432,18 @@ def run_pack(configs: list[TrainConfig], prepared: PreparedData, report=None) ->
     return [PackResult(m.history, m.model, m.stopped) for m in pack.members]
 
 
+def _rows(x, members: int) -> tuple[torch.Tensor, ...]:
+    """Each member's rows of ``x`` (K*B, ...): contiguous (B, ...) views, one split node for autograd.
+
+    A member's own matmuls (LoRA's A and B, an adapter's projections, its head) run on its rows one member at a time,
+    as ``F.linear`` on the solo run's shapes: the solo run's very op, so the same sums to the bit. Batched as one bmm
+    (ranks and bottlenecks zero-padded to the largest, or grouped by size) they were not: MKL picks another kernel
+    for another width or batch, and some gradients summed in another order (measured: LoRA rank 1 padded to 4, or
+    two rank-1 members in one bmm, and an adapter bottleneck 4 padded to 16: a loss 1e-7 off within a few steps).
+    On the CPU the loop costs a few microseconds a call, against the frozen matmuls' milliseconds."""
+    return x.split(x.shape[0] // members)
+
+
 def _frozen(modules: list[nn.Module]) -> bool:
     """No member trains these modules' parameters: they are the pack's shared frozen ones."""
     return not any(p.requires_grad for module in modules for p in module.parameters())
@@ -450,11 +456,3 @@ def _linear_with_member_bias(x, weight, biases):
     rows = x.reshape(K, -1, x.shape[-1])  # (K, B*T, in)
     out = torch.baddbmm(biases.unsqueeze(1), rows, weight.t().expand(K, -1, -1))  # (K, B*T, out)
     return out.view(*x.shape[:-1], -1)
-
-
-def _pad_rows(weight, rows: int):  # (r, in) -> (rows, in), zeros below
-    return F.pad(weight, (0, 0, 0, rows - weight.shape[0]))
-
-
-def _pad_cols(weight, cols: int):  # (out, r) -> (out, cols), zeros right
-    return F.pad(weight, (0, cols - weight.shape[1]))
