@@ -181,6 +181,9 @@ def test_a_diverging_member_stops_and_the_others_go_on(tiny_prepared):
         ({"method": "adapter", "method_options": {}}, "method"),
         ({"method_options": {"targets": ["query", "value"]}}, "targets"),
         ({"dropout": 0.0}, "dropout 0"),
+        ({"method_options": {"init": "pissa"}}, "init"),
+        ({"report_fractions": [0.5]}, "report_fractions"),
+        ({"precision": "bf16"}, "precision"),
     ],
 )
 def test_members_that_cannot_share_batches_are_refused_naming_the_field(change, named):
