@@ -221,8 +221,9 @@ def add_bench_parser(sub) -> None:
         "the trial length from which compiling pays"
     )  # fmt: skip
     p.add_argument(
-        "--pack", metavar="K,...", help="instead: packed training (peftune.pack) of K members against the same K "
-        "run one after another, for each K, e.g. 2,4,8 (with --profile: one packed step's profile)"
+        "--pack", nargs="?", const="2,4,8", metavar="K,...", help="instead: packed training (peftune.pack) of K "
+        "members against the same K run one after another, for each K (alone: 2,4,8; with --profile: one packed "
+        "step's profile)"
     )  # fmt: skip
     p.add_argument("--pack-methods", default=",".join(bench.PACK_METHODS), help="the methods --pack measures")
     p.set_defaults(func=cmd_bench)
