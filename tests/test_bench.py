@@ -127,3 +127,18 @@ def test_the_pack_bench_times_the_same_members_on_the_same_tokens(tiny_prepared)
     for (_, k), rounds in results.items():
         packed, solo = rounds["packed"][0], rounds["solo"][0]
         assert packed.tokens == solo.tokens and packed.steps * k == solo.steps and packed.seconds > 0
+
+
+def test_the_pack_profile_compares_a_packed_step_with_its_solo_steps_by_category(tiny_prepared, capsys):
+    bench.print_pack_profile(tiny_prepared, "bitfit", 2, 16, CPU, repeats=1)
+    lines = capsys.readouterr().out.splitlines()
+    assert "packed against the K solo steps" in lines[1]
+    assert [line.split()[0] for line in lines[3:]] == [
+        "matmul",
+        "attention",
+        "optimizer",
+        "casts",
+        "norms,",
+        "other",
+        "total",
+    ]

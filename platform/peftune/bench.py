@@ -560,18 +560,42 @@ def print_pack_results(results, prepared, peaks: dict[str, float], device: torch
         )
 
 
-def print_pack_profile(prepared, method: str, k: int, batch_size: int, device: torch.device, rows: int = 15) -> None:
-    """Where one packed step's time goes (torch profiler, self CPU time, the epoch's third step)."""
+def step_categories(step) -> dict[str, float]:
+    """Self CPU time (us) per op category (``CATEGORIES``) of one call of ``step``, from torch's profiler."""
     from torch.profiler import ProfilerActivity, profile
 
-    packed = pack.Pack(pack_member_configs(method, k, batch_size, auto_precision(device), device), prepared)
-    plan = packed.begin_epoch(0)
-    for batch in plan[:2]:  # warm-up
-        packed.step(batch)
     with profile(activities=[ProfilerActivity.CPU]) as profiler:
-        packed.step(plan[2 % len(plan)])
-    print(f"\none packed step, {method} K={k} (torch profiler, self CPU time):")
-    print(profiler.key_averages().table(sort_by="self_cpu_time_total", row_limit=rows))
+        step()
+    totals: dict[str, float] = {}
+    for event in profiler.key_averages():
+        totals[category(event.key)] = totals.get(category(event.key), 0.0) + event.self_cpu_time_total
+    return totals
+
+
+def print_pack_profile(prepared, method: str, k: int, batch_size: int, device: torch.device, repeats: int = 3) -> None:
+    """Where the time goes: one packed step of K members against their K solo steps on the same batch, per op
+    category (torch profiler, self CPU time, the fastest of ``repeats`` after two warm-up steps each)."""
+    configs = pack_member_configs(method, k, batch_size, auto_precision(device), device)
+    packed = pack.Pack(configs, prepared)
+    batch = packed.begin_epoch(0)[0]
+    trials = [train._Trial(config, prepared, None) for config in configs]
+    steps = {"packed": lambda: packed.step(batch), "solo x K": lambda: [trial.step(batch) for trial in trials]}
+    best: dict[str, dict[str, float]] = {}
+    for _ in range(2):  # warm-up: the kernels of these shapes
+        for step in steps.values():
+            step()
+    for _ in range(repeats):
+        for name, step in steps.items():
+            totals = step_categories(step)
+            if name not in best or sum(totals.values()) < sum(best[name].values()):
+                best[name] = totals
+    print(f"\none step of {method} K={k}, packed against the K solo steps (torch profiler, self CPU time, ms)")
+    print(f"  {'category':<36} {'packed':>9} {'solo x K':>9} {'solo/packed':>12}")
+    names = [name for name, _ in CATEGORIES] + ["other elementwise and bookkeeping"]
+    rows = [(name, best["packed"].get(name, 0.0), best["solo x K"].get(name, 0.0)) for name in names]
+    rows.append(("total", sum(best["packed"].values()), sum(best["solo x K"].values())))
+    for name, ours, theirs in rows:
+        print(f"  {name:<36} {ours / 1e3:>9.0f} {theirs / 1e3:>9.0f} {theirs / max(ours, 1.0):>11.2f}x")
 
 
 def pack_main(args, device: torch.device) -> None:
@@ -587,4 +611,5 @@ def pack_main(args, device: torch.device) -> None:
     title = f"batch {args.batch_size}, model {args.model}; best of {args.repeats} rounds"
     print_pack_results(results, prepared, peaks, device, title)
     if args.profile:
-        print_pack_profile(prepared, methods[0], sizes[-1], args.batch_size, device)
+        for method in methods:
+            print_pack_profile(prepared, method, sizes[-1], args.batch_size, device)
