@@ -225,6 +225,23 @@ def test_kind7_bench_numeric_flags_are_checked_before_loading(capsys, tiny_data_
 
 
 @pytest.mark.parametrize(
+    "flags, named",
+    [
+        (["--pack", "1"], ["--pack", "'1'", "from 2 to 64"]),
+        (["--pack", "2,x"], ["--pack", "'2,x'", "from 2 to 64"]),
+        (["--pack", "65"], ["--pack", "'65'", "from 2 to 64"]),
+        (["--pack", "2,4", "--pack-methods", "lora,full"], ["--pack-methods", "'lora,full'", "packable methods"]),
+    ],
+)
+def test_kind7_bench_pack_flags_are_checked_before_loading(capsys, tiny_data_dir, no_training, flags, named):
+    from peftune import bench
+
+    no_training.setattr(bench, "resolve_model_dir", must_not_run("loading the model"))
+    code, lines = run(capsys, "bench", "--data-dir", tiny_data_dir, *flags)
+    assert_refused(code, lines, *named)
+
+
+@pytest.mark.parametrize(
     "device, expected",
     [("cuda", "not available"), ("meta", "expected auto, cpu, cuda"), ("not-a-device", "expected auto, cpu, cuda")],
 )

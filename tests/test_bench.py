@@ -115,3 +115,30 @@ def test_the_bench_compares_on_the_cpu_or_a_gpu_only():
     bench.check_bench_device(CPU)
     with pytest.raises(UserError, match="--device mps: the bench runs on cpu or cuda"):
         bench.check_bench_device(torch.device("mps"))
+
+
+def test_the_pack_bench_times_the_same_members_on_the_same_tokens(tiny_prepared):
+    """``--pack``: K members packed against the same K one after another, on the same batches, rounds alternating."""
+    lines = []
+    results = bench.run_pack_bench(tiny_prepared, ["lora", "bitfit"], [2], batch_size=32, repeats=1, device=CPU,
+                                   echo=lines.append)  # fmt: skip
+    assert list(results) == [("lora", 2), ("bitfit", 2)] and len(lines) == 4
+    assert [line.split(": ")[1] for line in lines[:2]] == ["lora K=2 packed", "lora K=2 solo"]  # alternating
+    for (_, k), rounds in results.items():
+        packed, solo = rounds["packed"][0], rounds["solo"][0]
+        assert packed.tokens == solo.tokens and packed.steps * k == solo.steps and packed.seconds > 0
+
+
+def test_the_pack_profile_compares_a_packed_step_with_its_solo_steps_by_category(tiny_prepared, capsys):
+    bench.print_pack_profile(tiny_prepared, "bitfit", 2, 16, CPU, repeats=1)
+    lines = capsys.readouterr().out.splitlines()
+    assert "packed against the K solo steps" in lines[1]
+    assert [line.split()[0] for line in lines[3:]] == [
+        "matmul",
+        "attention",
+        "optimizer",
+        "casts",
+        "norms,",
+        "other",
+        "total",
+    ]

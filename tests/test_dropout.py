@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from peftune.dropout import Dropout, attention, dropout, keep_mask
+from peftune.dropout import Dropout, attention, dropout, keep_mask, member_dropout
 
 
 @pytest.mark.parametrize("p", [0.05, 0.1, 0.5, 0.9])
@@ -98,3 +98,32 @@ def test_attention_drops_probabilities_not_outputs():
     assert abs(dropped_share - 0.5) < 0.02
     assert torch.allclose(out[kept], 2 * probs[kept], rtol=1e-5)
     assert torch.all(out[1, ..., 4:] == 0)  # padding keys get no weight, dropped or not
+
+
+def test_a_generator_draws_what_the_global_rng_draws_from_the_same_seed():
+    x = torch.randn(4, 7, 8)
+    torch.manual_seed(5)
+    expected = dropout(x, 0.2)
+    assert torch.equal(dropout(x, 0.2, generator=torch.Generator().manual_seed(5)), expected)
+
+
+@pytest.mark.parametrize(
+    "ps, seeds",
+    [
+        ([0.1, 0.0, 0.3], (1, 2, 3)),  # own streams, one member drawing nothing
+        ([0.1, 0.2, 0.1, 0.0], (1, 1, 2, 1)),  # shared streams (drawn once) at different p
+        ([0.1, 0.1, 0.1], (4, 4, 4)),  # one stream, one p: one mask broadcast
+    ],
+)
+def test_member_dropout_gives_each_member_its_solo_mask_and_scale(ps, seeds):
+    """A pack's rows (K * B, ...): member k's rows dropped as its solo run drops them, from its own generator, which
+    ends in the state its solo draw leaves (a member at p == 0 draws nothing)."""
+    rows = 4
+    x = torch.randn(len(ps) * rows, 5, 6)
+    generators = [torch.Generator().manual_seed(s) for s in seeds]
+    packed = member_dropout(x, ps, generators)
+    for k, (p, seed) in enumerate(zip(ps, seeds, strict=True)):
+        solo_generator = torch.Generator().manual_seed(seed)
+        solo = dropout(x[k * rows : (k + 1) * rows], p, generator=solo_generator)
+        assert torch.equal(packed[k * rows : (k + 1) * rows], solo)
+        assert torch.equal(generators[k].get_state(), solo_generator.get_state())

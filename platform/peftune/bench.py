@@ -30,11 +30,12 @@ import time
 
 import torch
 
-from peftune import train
+from peftune import pack, train
 from peftune.backbone import BertConfig, resolve_model_dir
 from peftune.errors import UserError
 
 LORA = {"rank": 8, "alpha": 16.0, "targets": ["query", "key", "value"]}
+PACK_METHODS = pack.PACKABLE  # what ``--pack`` measures by default
 
 
 @dataclasses.dataclass
@@ -387,6 +388,28 @@ def check_args(args) -> None:
     for flag, value in (("--examples", args.examples), ("--batch-size", args.batch_size), ("--repeats", args.repeats)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise UserError(f"{flag} must be a positive integer, got {value!r}")
+    if getattr(args, "pack", None) is not None:
+        pack_sizes(args.pack)
+        pack_methods(args.pack_methods)
+
+
+def pack_sizes(text: str) -> list[int]:
+    """``--pack 2,4,8``: the pack sizes K to measure, each from 2 to 64 (a pack of one is a solo run)."""
+    sizes = [part.strip() for part in str(text).split(",")]
+    if not all(part.isdigit() and 2 <= int(part) <= 64 for part in sizes):
+        raise UserError(f"--pack {text!r}: expected pack sizes K from 2 to 64, comma-separated, e.g. 2,4,8")
+    return [int(part) for part in sizes]
+
+
+def pack_methods(text: str) -> list[str]:
+    """``--pack-methods lora,adapter``: packable methods only."""
+    names = [part.strip() for part in str(text).split(",")]
+    bad = [name for name in names if name not in PACK_METHODS]
+    if bad or not names:
+        raise UserError(
+            f"--pack-methods {text!r}: expected packable methods ({', '.join(PACK_METHODS)}), comma-separated"
+        )
+    return names
 
 
 def device_name(device: torch.device) -> str:
@@ -428,6 +451,9 @@ def main(args, device: torch.device) -> None:
 
     check_args(args)
     check_bench_device(device)
+    if getattr(args, "pack", None) is not None:
+        pack_main(args, device)
+        return
     model_dir = resolve_model_dir(args.model)
     prepared = train.prepare(
         args.data_dir, ["sst"], model=args.model, max_train_examples=args.examples, max_dev_examples=64
@@ -442,3 +468,148 @@ def main(args, device: torch.device) -> None:
         print_profile(prepared, args.batch_size, device)
     if args.compile:
         print_compile(prepared, args.batch_size, args.repeats, device)
+
+
+# ----------------------------------------------------------------------------- packed against solo
+
+
+def pack_member_configs(method: str, k: int, batch_size: int, precision: str, device: torch.device):
+    """K members of ``method`` as a search would propose them: one seed and batching, learning rates spread over a
+    decade, LoRA r=8 on q/k/v (the core's bench LoRA) or the method's defaults."""
+    return [
+        train.TrainConfig(
+            method=method,
+            method_options=LORA if method == "lora" else {},
+            tasks=["sst"],
+            lr=5e-4 * 10 ** (i / k),
+            epochs=1,
+            batch_size=batch_size,
+            seed=0,
+            precision=precision,
+            device=str(device),
+            log_every=0,
+        )  # fmt: skip
+        for i in range(k)
+    ]
+
+
+def packed_epoch(prepared, configs, device: torch.device) -> Result:
+    """One epoch of the K members as one pack: its training steps only (building it is left out, as below)."""
+    packed = pack.Pack(configs, prepared)
+    plan = packed.begin_epoch(0)
+    synchronize(device)
+    started = time.perf_counter()
+    for batch in plan:
+        packed.step(batch)
+    synchronize(device)
+    tokens = len(configs) * sum(int(b.attention_mask.sum()) for b in plan)
+    return Result(time.perf_counter() - started, tokens, len(plan), [])
+
+
+def solo_epochs(prepared, configs, device: torch.device) -> Result:
+    """One epoch of each of the K members, one after another, as ``run_trial`` steps (``_Trial.step``)."""
+    seconds, tokens, steps = 0.0, 0, 0
+    for config in configs:
+        trial = train._Trial(config, prepared, None)
+        torch.manual_seed(train._epoch_seed(config, 0))
+        plan = train._epoch_plan(config, trial.tasks, prepared.pad_token_id, 0)
+        synchronize(device)
+        started = time.perf_counter()
+        for batch in plan:
+            trial.step(batch)
+        synchronize(device)
+        seconds += time.perf_counter() - started
+        tokens += sum(int(b.attention_mask.sum()) for b in plan)
+        steps += len(plan)
+    return Result(seconds, tokens, steps, [])
+
+
+def run_pack_bench(prepared, methods: list[str], sizes: list[int], batch_size: int, repeats: int,
+                   device: torch.device, echo=print) -> dict[tuple[str, int], dict[str, list[Result]]]:  # fmt: skip
+    """(method, K) -> {"packed": rounds, "solo": rounds}; packed and solo rounds alternate, so that the machine's
+    noise hits both alike."""
+    precision = auto_precision(device)
+    out = {}
+    for method in methods:
+        for k in sizes:
+            configs = pack_member_configs(method, k, batch_size, precision, device)
+            rounds = out[(method, k)] = {"packed": [], "solo": []}
+            for r in range(repeats):
+                for kind, run_ in (("packed", packed_epoch), ("solo", solo_epochs)):
+                    result = run_(prepared, configs, device)
+                    rounds[kind].append(result)
+                    speed = f"{result.tokens_per_s:.0f} tokens/s, {result.seconds:.2f} s"
+                    echo(f"round {r + 1}: {method} K={k} {kind}: {speed}")
+    return out
+
+
+def print_pack_results(results, prepared, peaks: dict[str, float], device: torch.device, title: str) -> None:
+    split = prepared.tasks["sst"].train
+    print(
+        f"\n{len(split)} SST train examples ({split.num_tokens()} tokens) per member, {title}, {device_name(device)}, "
+        f"{auto_precision(device)}; matmul peak {peaks['fp32'] / 1e9:.0f} GFLOP/s fp32, {peaks['bf16'] / 1e9:.0f} bf16"
+    )
+    print(f"  {'method':<8} {'K':>3} {'packed tok/s':>13} {'solo tok/s':>11} {'packed/solo':>12}  rounds")
+    for (method, k), rounds in results.items():
+        packed, solo = (max(rounds[kind], key=lambda r: r.tokens_per_s) for kind in ("packed", "solo"))
+        per_round = [p.tokens_per_s / s.tokens_per_s for p, s in zip(rounds["packed"], rounds["solo"], strict=True)]
+        spread = f"{min(per_round):.2f}-{max(per_round):.2f}x" if len(per_round) > 1 else ""
+        print(
+            f"  {method:<8} {k:>3} {packed.tokens_per_s:>13.0f} {solo.tokens_per_s:>11.0f} "
+            f"{packed.tokens_per_s / solo.tokens_per_s:>11.2f}x  {spread}"
+        )
+
+
+def step_categories(step) -> dict[str, float]:
+    """Self CPU time (us) per op category (``CATEGORIES``) of one call of ``step``, from torch's profiler."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as profiler:
+        step()
+    totals: dict[str, float] = {}
+    for event in profiler.key_averages():
+        totals[category(event.key)] = totals.get(category(event.key), 0.0) + event.self_cpu_time_total
+    return totals
+
+
+def print_pack_profile(prepared, method: str, k: int, batch_size: int, device: torch.device, repeats: int = 3) -> None:
+    """Where the time goes: one packed step of K members against their K solo steps on the same batch, per op
+    category (torch profiler, self CPU time, the fastest of ``repeats`` after two warm-up steps each)."""
+    configs = pack_member_configs(method, k, batch_size, auto_precision(device), device)
+    packed = pack.Pack(configs, prepared)
+    batch = packed.begin_epoch(0)[0]
+    trials = [train._Trial(config, prepared, None) for config in configs]
+    steps = {"packed": lambda: packed.step(batch), "solo x K": lambda: [trial.step(batch) for trial in trials]}
+    best: dict[str, dict[str, float]] = {}
+    for _ in range(2):  # warm-up: the kernels of these shapes
+        for step in steps.values():
+            step()
+    for _ in range(repeats):
+        for name, step in steps.items():
+            totals = step_categories(step)
+            if name not in best or sum(totals.values()) < sum(best[name].values()):
+                best[name] = totals
+    print(f"\none step of {method} K={k}, packed against the K solo steps (torch profiler, self CPU time, ms)")
+    print(f"  {'category':<36} {'packed':>9} {'solo x K':>9} {'solo/packed':>12}")
+    names = [name for name, _ in CATEGORIES] + ["other elementwise and bookkeeping"]
+    rows = [(name, best["packed"].get(name, 0.0), best["solo x K"].get(name, 0.0)) for name in names]
+    rows.append(("total", sum(best["packed"].values()), sum(best["solo x K"].values())))
+    for name, ours, theirs in rows:
+        print(f"  {name:<36} {ours / 1e3:>9.0f} {theirs / 1e3:>9.0f} {theirs / max(ours, 1.0):>11.2f}x")
+
+
+def pack_main(args, device: torch.device) -> None:
+    sizes, methods = pack_sizes(args.pack), pack_methods(args.pack_methods)
+    if device.type != "cpu":
+        raise UserError(f"--pack on {device}: a pack runs on the CPU for now (peftune.pack)")
+    prepared = train.prepare(
+        args.data_dir, ["sst"], model=args.model, max_train_examples=args.examples, max_dev_examples=64
+    )
+    peaks = {"fp32": matmul_peak(torch.float32, device), "bf16": matmul_peak(torch.bfloat16, device)}
+    results = run_pack_bench(prepared, methods, sizes, args.batch_size, args.repeats, device,
+                             echo=lambda line: print(line, flush=True))  # fmt: skip
+    title = f"batch {args.batch_size}, model {args.model}; best of {args.repeats} rounds"
+    print_pack_results(results, prepared, peaks, device, title)
+    if args.profile:
+        for method in methods:
+            print_pack_profile(prepared, method, sizes[-1], args.batch_size, device)

@@ -220,6 +220,12 @@ def add_bench_parser(sub) -> None:
         "--compile", action="store_true", help="also torch.compile against eager: compile time, step ratio, and "
         "the trial length from which compiling pays"
     )  # fmt: skip
+    p.add_argument(
+        "--pack", nargs="?", const="2,4,8", metavar="K,...", help="instead: packed training (peftune.pack) of K "
+        "members against the same K run one after another, for each K (alone: 2,4,8; with --profile: a step's time "
+        "per op category, packed against solo, at the largest K)"
+    )  # fmt: skip
+    p.add_argument("--pack-methods", default=",".join(bench.PACK_METHODS), help="the methods --pack measures")
     p.set_defaults(func=cmd_bench)
 
 

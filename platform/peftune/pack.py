@@ -1,0 +1,458 @@
+"""Packed execution: K trials of one method trained in lockstep over ONE frozen backbone.
+
+A PEFT sweep trains many small configurations over the same frozen backbone. A pack runs K of them
+(its *members*, K ``TrainConfig`` of one method) in one process: every step, the K members' copies of
+the batch are concatenated along the batch dimension (K * B rows), so every frozen matmul, attention and
+LayerNorm runs once for all members, and under bf16 autocast the frozen weights are cast once. What a
+member trains runs per member, on its own rows (member k's rows are k*B .. (k+1)*B - 1 throughout):
+
+- LoRA: the frozen projection once over all rows; each member's A and B (its rank, its scaling) on its rows, as
+  ``lora.fused_qkv`` / ``LoraLinear`` compute them (one dropout of x per member);
+- BitFit: one ``baddbmm`` over the shared frozen weight adds each member's bias to its rows (per member, the
+  ``addmm`` of its solo run, to the bit); LayerNorms whose gain or bias a member trains run once per member;
+- Houlsby adapters: each member's adapter for the batch's task on its rows, its LayerNorms its own;
+- the task heads: each member's, on its pooled rows.
+
+The small per-member matmuls are a loop over the members, not one bmm over ranks zero-padded to the largest: that
+bmm was built and measured, and it was not exact (see :func:`_rows`), while the loop's cost on the CPU is a few
+microseconds a call. Zero padding never enters a parameter or an optimizer state: each member's parameters and
+AdamW state keep its solo run's shapes.
+
+Methods that pack: ``lora`` (initialised the LoRA paper's way: PiSSA and OLoRA rewrite the frozen weights, which
+a pack shares), ``bitfit`` and ``adapter``. Every other method runs alone: :func:`check_packable` refuses it, as it
+refuses members that could not share the batches (another seed, batch size, task list, sampling...), naming the
+field. Everything lives in this module: :class:`Pack` (build, step, stop a member, epochs), its packed forward
+(``Pack.forward`` mirrors ``BertModel.forward`` and ``MultitaskModel.forward`` op for op), and :func:`run_pack`.
+
+Exactness: each member keeps the modules of its solo run (``train.build_model`` over a backbone whose frozen
+tensors are the pack's, its trainable ones its own copies), built under ``torch.manual_seed(config.seed)`` in
+the solo run's order, so its parameters start as its solo run's; its own AdamW, schedule, clip, divergence guard
+and evaluation are the solo run's code on those modules. Its dropout masks come from its own
+``torch.Generator``, seeded per epoch as the solo run seeds the global RNG (``_epoch_seed``) and drawn at every
+site in the solo run's order and shapes (``dropout.member_dropout``; members whose streams agree, as a sweep's
+one seed makes them, draw each mask's bits once). The loss is the sum of the members' losses, so each member's
+gradient is its own. On the CPU, in fp32 and under bf16 autocast, a member's losses, gradients, weights and scores
+equal its solo run's to the bit (tests/test_pack.py). That rests on every shared op computing a row the same
+whatever the number of rows (MKL's and oneDNN's matmuls, torch's row-wise kernels: measured, at the tested sizes
+and MiniLM's), and on the graph summing each gradient in the solo run's order: LoRA members at dropout 0 and
+above 0 would not (see :func:`check_packable`). A pack runs on the CPU for now: CUDA's dropout takes no generator.
+
+A member may stop mid-pack (``Pack.stop``: ASHA stopping it, or its divergence guard): the pack goes on with the
+rest, whose rows and generators never depended on it, so their results are unchanged by the stop.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from peftune import methods
+from peftune.backbone import BertModel, stacked_qkv
+from peftune.dropout import attention, dropout, member_dropout
+from peftune.errors import UserError
+from peftune.methods.adapter import TaskAdapters
+from peftune.methods.lora import LoraLinear, fused_qkv
+from peftune.model import MultitaskModel
+from peftune.params import count_parameters
+from peftune.record import EPOCH
+from peftune.train import (
+    DivergenceGuard,
+    PreparedData,
+    PretrainedBackbone,
+    TrainConfig,
+    TrainingDiverged,
+    _epoch_plan,
+    _epoch_seed,
+    autocast_for,
+    build_model,
+    build_optimizer,
+    evaluate_splits,
+    linear_schedule,
+    resolve_precision,
+    select_device,
+)
+
+PACKABLE = ("lora", "bitfit", "adapter")
+# what every member must share: the batches (tasks, sampling, seed, epochs -> the same `_epoch_plan`), and what a
+# step computes them in; everything else (lr, head_lr, dropout, weight decay, warmup, clip, sizes) is per member
+SHARED_FIELDS = ("method", "tasks", "batch_size", "sampling", "temperature", "epochs", "seed", "pooling", "device",
+                 "precision", "eval_splits", "report_fractions")  # fmt: skip
+# method options that shape what the members share: where the adapters sit, what LoRA adapts
+SHARED_OPTIONS = {"lora": ("targets", "init"), "adapter": ("layers",), "bitfit": ()}
+
+
+def check_packable(configs: list[TrainConfig]) -> None:
+    """Refuse (one line, naming the field) configs that cannot train as one pack; each then runs alone."""
+    if not configs:
+        raise UserError("a pack needs at least one member")
+    first = configs[0]
+    if first.method not in PACKABLE:
+        raise UserError(f"method {first.method!r} does not pack (packable: {', '.join(PACKABLE)}); it runs alone")
+    if first.method == "lora" and first.method_options.get("init", "lora") != "lora":
+        raise UserError("LoRA init pissa/olora rewrites the frozen weights a pack shares: such a member runs alone")
+    if first.method == "lora" and len({config.dropout > 0 for config in configs}) > 1:
+        # at dropout 0 the solo run feeds x itself to A (F.dropout returns it): autograd then sums x's three gradient
+        # contributions (residual, frozen projection, LoRA path) in another order than behind a dropout node
+        raise UserError("LoRA members at dropout 0 and above 0 sum their gradients in other orders: they pack apart")
+    if first.report_fractions:
+        raise UserError("report_fractions: a pack reports at epoch ends only (for now); such a member runs alone")
+    for index, config in enumerate(configs[1:], start=1):
+        for name in SHARED_FIELDS:
+            if getattr(config, name) != getattr(first, name):
+                raise UserError(
+                    f"member {index} differs from member 0 in {name} ({getattr(config, name)!r} vs "
+                    f"{getattr(first, name)!r}): it cannot share the pack's batches; it runs alone"
+                )
+        ours = methods.make_method_config(first.method, first.method_options_with_dropout())
+        theirs = methods.make_method_config(config.method, config.method_options_with_dropout())
+        for name in SHARED_OPTIONS[first.method]:
+            if getattr(theirs, name) != getattr(ours, name):
+                raise UserError(
+                    f"member {index} differs from member 0 in method option {name} ({getattr(theirs, name)!r} vs "
+                    f"{getattr(ours, name)!r}): the pack shares it; it runs alone"
+                )
+
+
+def shared_backbone(pretrained: PretrainedBackbone, device: torch.device) -> BertModel:
+    """A backbone whose parameters ARE the pretrained tensors (no copy, unlike ``PretrainedBackbone.build``): every
+    member's backbone and the pack's frozen one hold the same storage. Built on the meta device as ``build``
+    does, so that it draws from the global RNG exactly what ``build`` draws (nothing)."""
+    with torch.device("meta"):
+        model = BertModel(pretrained.config)
+    model.load_state_dict({k: v.to(device) for k, v in pretrained.state_dict.items()}, assign=True)
+    return model.requires_grad_(False)
+
+
+@dataclass
+class Member:
+    """One member's solo-run state: its model (over the shared frozen tensors), optimizer, schedule, guard."""
+
+    index: int
+    config: TrainConfig
+    model: MultitaskModel
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    trainable: list[torch.Tensor]
+    generator: torch.Generator  # its dropout stream: the global RNG of its solo run
+    guard: DivergenceGuard
+    counts: object
+    history: list[dict] = field(default_factory=list)
+    progress: dict = field(default_factory=lambda: {"steps": 0, "examples_seen": 0, "tokens_seen": 0})
+    stopped: str | None = None  # why it stopped before its last epoch (a scheduler's stop, a divergence)
+    # this epoch's loss bookkeeping, as _Trial.train_epoch keeps it (so that train_loss sums in its order)
+    loss_sum: torch.Tensor | None = None
+    window: torch.Tensor | None = None
+    window_start: int = 0
+
+
+class Pack:
+    """K members trained in lockstep; ``step`` trains the active ones on one batch, ``stop`` drops one."""
+
+    def __init__(self, configs: list[TrainConfig], prepared: PreparedData):
+        check_packable(configs)
+        missing = [t for t in configs[0].tasks if t not in prepared.tasks]
+        if missing:
+            raise UserError(f"tasks {missing} were not prepared; prepared: {sorted(prepared.tasks)}")
+        self.config, self.prepared = configs[0], prepared
+        self.device = select_device(self.config.device)
+        if self.device.type != "cpu":
+            raise UserError(f"device {self.device}: a pack draws its members' dropout masks on the CPU (for now)")
+        self.precision = resolve_precision(self.device, self.config.precision)
+        self.tasks = {t: prepared.tasks[t] for t in self.config.tasks}
+        self.frozen = shared_backbone(prepared.backbone, self.device)  # the frozen ops' weights, shared
+        first_plan = _epoch_plan(self.config, self.tasks, prepared.pad_token_id, epoch=0)
+        self.steps_per_epoch = len(first_plan)
+        self.examples_per_run = self.config.epochs * sum(len(batch) for batch in first_plan)
+        self.members = [self._build_member(i, config) for i, config in enumerate(configs)]
+        self.active = list(self.members)  # the members still training, in the order of their rows
+        self.train_time = 0.0
+
+    def _build_member(self, index: int, config: TrainConfig) -> Member:
+        # as _Trial.__init__ builds its model, draw for draw: the seed, the (meta) backbone, the method and heads
+        torch.manual_seed(config.seed)
+        backbone = shared_backbone(self.prepared.backbone, self.device)
+        model = build_model(config, backbone, self.prepared.backbone.pooling).to(self.device)
+        for name, parameter in model.backbone.named_parameters():
+            if parameter.requires_grad and name in model.pretrained_parameter_names:
+                parameter.data = parameter.data.clone()  # a pretrained tensor it trains (BitFit's biases): its own
+        optimizer = build_optimizer(model, config)
+        return Member(
+            index=index,
+            config=config,
+            model=model,
+            optimizer=optimizer,
+            scheduler=linear_schedule(optimizer, self.steps_per_epoch * config.epochs, config.warmup_ratio),
+            trainable=[p for p in model.parameters() if p.requires_grad],
+            generator=torch.Generator(self.device).manual_seed(config.seed),
+            guard=DivergenceGuard(config),
+            counts=count_parameters(model),
+        )
+
+    # ------------------------------------------------------------------------- stepping
+
+    def stop(self, member: Member | int, reason: str = "stopped") -> None:
+        """Stop a member (a scheduler's decision, a divergence): the others go on, unchanged by it."""
+        member = self.members[member] if isinstance(member, int) else member
+        if member in self.active:
+            self.active.remove(member)
+            member.stopped = reason
+
+    def begin_epoch(self, epoch: int) -> list:
+        """Seed each active member's dropout stream as its solo run seeds the global RNG; the epoch's batches."""
+        for member in self.active:
+            member.model.train()
+            member.generator.manual_seed(_epoch_seed(member.config, epoch))
+        return _epoch_plan(self.config, self.tasks, self.prepared.pad_token_id, epoch)
+
+    def step(self, batch) -> list[torch.Tensor]:
+        """One optimizer step of every active member on ``batch``; their losses, detached, in ``self.active`` order."""
+        members = self.active
+        with autocast_for(self.device, self.precision):
+            outputs = self.forward(batch.task, batch.input_ids, batch.attention_mask, batch.token_type_ids)
+        losses = [
+            m.model.tasks[batch.task].loss(out.float(), batch.labels) for m, out in zip(members, outputs, strict=True)
+        ]
+        for member in members:
+            member.optimizer.zero_grad(set_to_none=True)
+        # d(sum)/d(loss_k) = 1: each member's gradient is exactly its own loss's, as in its solo run
+        torch.stack(losses).sum().backward()
+        for member in members:
+            torch.nn.utils.clip_grad_norm_(member.trainable, member.config.max_grad_norm)  # its own norm
+            member.optimizer.step()
+            member.scheduler.step()
+            member.progress["steps"] += 1
+        return [loss.detach() for loss in losses]
+
+    # ------------------------------------------------------------------------- the packed forward
+
+    def forward(self, task: str, input_ids, attention_mask, token_type_ids) -> list[torch.Tensor]:
+        """(B, T) token tensors of one task -> each active member's (B, num_outputs) head outputs.
+
+        Mirrors ``BertModel.forward`` and ``MultitaskModel.forward`` op for op (the same ops in the same order
+        on each member's rows), on K * B rows: member k's rows are k*B .. (k+1)*B - 1 throughout."""
+        members = self.active
+        K, T = len(members), input_ids.shape[1]
+        gens = [m.generator for m in members]
+        embeddings = self.frozen.embeddings
+        positions = torch.arange(T, device=input_ids.device)
+        x = embeddings.word_embeddings(input_ids) + embeddings.token_type_embeddings(token_type_ids)
+        x = x + embeddings.position_embeddings(positions)  # (B, T, H): the same for every member
+        norms = [m.model.backbone.embeddings.LayerNorm for m in members]
+        if _frozen(norms):
+            x = norms[0](x).repeat(K, 1, 1)  # (K*B, T, H): every member's copy
+        else:  # each member's own LayerNorm (BitFit's bias, adapters' trained LayerNorms) on the same rows
+            x = torch.cat([F.layer_norm(x, n.normalized_shape, n.weight, n.bias, n.eps) for n in norms])
+        x = member_dropout(x, [embeddings.dropout.p] * K, gens)
+        # (K*B, 1, 1, T): as BertModel.forward, a finite large negative where attending is not allowed
+        bias = (1.0 - attention_mask[:, None, None, :].float()) * torch.finfo(torch.float32).min
+        bias = bias.repeat(K, 1, 1, 1)
+        for i, layer in enumerate(self.frozen.encoder.layer):
+            x = self._layer(task, layer, [m.model.backbone.encoder.layer[i] for m in members], x, bias)
+        model = members[0].model
+        if model.pooling == "cls":  # the [CLS] pooler (under mean pooling the solo run computes it unused: skipped)
+            pooled = torch.tanh(self._linear([m.model.backbone.pooler.dense for m in members], x[:, 0]))
+        with torch.autocast(x.device.type, enabled=False):  # pooling and heads in fp32, as MultitaskModel
+            hidden = x.float()
+            if model.pooling == "mean":
+                weights = attention_mask.repeat(K, 1).unsqueeze(-1).to(hidden.dtype)  # (K*B, T, 1)
+                pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)  # (K*B, H)
+            else:
+                pooled = pooled.float()
+            outputs = []
+            for member, rows in zip(members, _rows(pooled, K), strict=True):
+                drop, linear = member.model.heads[task]  # Sequential(Dropout, Linear)
+                outputs.append(linear(dropout(rows, drop.p, True, generator=member.generator)))  # (B, n)
+        return outputs
+
+    def _layer(self, task: str, frozen, mine: list[nn.Module], x, bias):
+        """One encoder layer (BertLayer.forward) on K*B rows; ``mine``: each member's own layer (its parameters)."""
+        gens = [m.generator for m in self.active]
+        KB, T, H = x.shape
+        attn = frozen.attention.self
+        q, k, v = (
+            t.view(KB, T, attn.num_heads, attn.head_dim).transpose(1, 2)  # (K*B, nh, T, hd)
+            for t in self._qkv(attn, [layer.attention.self for layer in mine], x)
+        )
+        p = attn.dropout_p
+        y = attention(q, k, v, bias, p, True, drop=lambda probs: member_dropout(probs, [p] * len(gens), gens))
+        y = y.transpose(1, 2).reshape(KB, T, -1)  # (K*B, T, H)
+        outs = [layer.attention.output for layer in mine]
+        h = member_dropout(
+            self._linear([o.dense for o in outs], y), [frozen.attention.output.dropout.p] * len(gens), gens
+        )
+        x = self._layer_norm([o.LayerNorm for o in outs], self._adapter(task, [o.adapter for o in outs], h) + x)
+        h = frozen.intermediate.act(self._linear([layer.intermediate.dense for layer in mine], x))  # (K*B, T, I)
+        outs = [layer.output for layer in mine]
+        h = member_dropout(self._linear([o.dense for o in outs], h), [frozen.output.dropout.p] * len(gens), gens)
+        return self._layer_norm([o.LayerNorm for o in outs], self._adapter(task, [o.adapter for o in outs], h) + x)
+
+    def _qkv(self, frozen, mine: list[nn.Module], x):
+        """q, k, v (each (K*B, T, H)) as each member's BertSelfAttention computes them."""
+        if mine[0].qkv_projection is fused_qkv:  # LoRA on all three
+            return self._lora_qkv(mine, x)
+        if all(isinstance(getattr(mine[0], n), nn.Linear) for n in ("query", "key", "value")):
+            weight, bias = stacked_qkv((frozen.query, frozen.key, frozen.value))  # (3H, H), (3H,)
+            if not any(m.query.bias.requires_grad for m in mine):
+                out = F.linear(x, weight, bias)
+            else:  # BitFit: each member's stacked biases
+                biases = torch.stack([stacked_qkv((m.query, m.key, m.value))[1] for m in mine])  # (K, 3H)
+                out = _linear_with_member_bias(x, weight, biases)
+            return out.split(frozen.query.out_features, dim=-1)
+        return tuple(self._linear([getattr(m, n) for m in mine], x) for n in ("query", "key", "value"))
+
+    def _linear(self, linears: list[nn.Module], x):
+        """Each member's version of one linear (frozen, with its own bias, or LoRA-adapted) on its rows."""
+        if isinstance(linears[0], LoraLinear):
+            return self._lora_linear(linears, x)
+        if not linears[0].bias.requires_grad:  # frozen: one matmul for every member
+            return F.linear(x, linears[0].weight, linears[0].bias)
+        return _linear_with_member_bias(x, linears[0].weight, torch.stack([m.bias for m in linears]))
+
+    def _lora_qkv(self, attentions: list[nn.Module], x):
+        """``lora.fused_qkv`` for K members: the frozen q/k/v matmul once over all rows; one dropout of x per member;
+        then each member's [A_q; A_k; A_v] and scaled block-diagonal B on its own rows (see ``_rows``)."""
+        members = [(a.query, a.key, a.value) for a in attentions]
+        base_weight, base_bias = stacked_qkv([m.base_layer for m in members[0]])  # (3H, H), (3H,): shared
+        h = member_dropout(x, [lin[0].dropout for lin in members], [m.generator for m in self.active])
+        base = F.linear(x, base_weight, base_bias)  # (K*B, T, 3H)
+        lora = []
+        for lin, rows in zip(members, _rows(h, len(members)), strict=True):
+            a_weight = torch.cat([m.lora_A["default"].weight for m in lin])  # (3r, H)
+            b_weight = torch.block_diag(*(m.lora_B["default"].weight * m.scaling for m in lin))  # (3H, 3r)
+            lora.append(F.linear(F.linear(rows, a_weight), b_weight))  # (B, T, 3H)
+        return (base + torch.cat(lora)).split(x.shape[-1], dim=-1)
+
+    def _lora_linear(self, linears: list[LoraLinear], x):
+        """``LoraLinear.forward`` for K members: the frozen base once, each member's B A dropout(x) on its rows."""
+        h = member_dropout(x, [m.dropout for m in linears], [m.generator for m in self.active])
+        base = linears[0].base_layer(x)
+        lora = [
+            m.lora_B["default"](m.lora_A["default"](rows)) * m.scaling
+            for m, rows in zip(linears, _rows(h, len(linears)), strict=True)
+        ]
+        return base + torch.cat(lora)
+
+    def _adapter(self, task: str, hooks: list[nn.Module], x):
+        """The adapter hook (Identity, or each member's Houlsby adapter for ``task``) on its own rows."""
+        if not isinstance(hooks[0], TaskAdapters):
+            return x
+        out = []
+        for hook, member, rows in zip(hooks, self.active, _rows(x, len(hooks)), strict=True):
+            adapter = hook.per_task[task]
+            h = dropout(adapter.act(adapter.down(rows)), adapter.dropout.p, True, generator=member.generator)
+            out.append(rows + adapter.up(h))  # (B, T, H): HoulsbyAdapter.forward
+        return torch.cat(out)
+
+    def _layer_norm(self, norms: list[nn.LayerNorm], x):
+        """One LayerNorm: once over all rows where frozen, else once per member with its gain and bias."""
+        if _frozen(norms):
+            return norms[0](x)
+        rows = x.split(x.shape[0] // len(norms))
+        return torch.cat(
+            [F.layer_norm(r, n.normalized_shape, n.weight, n.bias, n.eps) for n, r in zip(norms, rows, strict=True)]
+        )
+
+    # ------------------------------------------------------------------------- epochs
+
+    def train_epoch(self, epoch: int, report=None) -> None:
+        """One epoch of every active member: its steps, its divergence guard (a diverged member stops, the others
+        go on), then each member's evaluation and history entry (and ``report(member, metrics)`` if given)."""
+        plan = self.begin_epoch(epoch)
+        started = time.perf_counter()
+        tokens = 0
+        for member in self.active:
+            member.loss_sum = torch.zeros((), device=self.device)
+            member.window, member.window_start = torch.zeros((), device=self.device), 0
+        for step, batch in enumerate(plan):
+            if not self.active:
+                break
+            batch_tokens = int(batch.attention_mask.sum())
+            tokens += batch_tokens
+            stepped = list(self.active)
+            for member, loss in zip(stepped, self.step(batch), strict=True):
+                member.window = member.window + loss
+                member.progress["examples_seen"] += int(batch.input_ids.shape[0])
+                member.progress["tokens_seen"] += batch_tokens
+                self._look(member, epoch, step, len(plan))
+        epoch_time = time.perf_counter() - started
+        self.train_time += epoch_time
+        for member in list(self.active):
+            self._end_epoch(member, epoch, member.loss_sum.item() / max(1, len(plan)), epoch_time, tokens, report)
+
+    def _look(self, member: Member, epoch: int, step: int, steps: int) -> None:
+        """The divergence guard, at the steps _Trial.train_epoch looks at."""
+        guard = member.guard
+        first_look = guard.reference is None and step == 0
+        if first_look or (step + 1) % guard.every == 0 or step + 1 == steps:
+            try:
+                guard.check(member.window, step + 1 - member.window_start, epoch, member.window_start, step)
+            except TrainingDiverged as error:
+                self.stop(member, f"diverged: {error}")
+                return
+            member.loss_sum += member.window
+            member.window, member.window_start = torch.zeros((), device=self.device), step + 1
+
+    def _end_epoch(self, member: Member, epoch: int, train_loss: float, epoch_time: float, tokens: int, report):
+        evaluated = evaluate_splits(member.model, self.tasks, member.config, self.device, self.precision)
+        metrics = {
+            EPOCH: epoch + 1,
+            **evaluated,
+            "train_loss": train_loss,
+            "epoch_time_s": epoch_time,  # the pack's: every member's steps ran in it
+            "tokens_per_s": tokens / epoch_time,  # this member's tokens
+            **member.progress,
+            "progress": member.progress["examples_seen"] / self.examples_per_run,
+            "precision": self.precision,
+            "pack_size": len(self.members),
+            **member.counts.summary(),
+        }
+        member.history.append({k: v for k, v in metrics.items() if k != "predictions"})
+        if report is not None:
+            report(member, metrics)
+
+
+@dataclass
+class PackResult:
+    history: list[dict]
+    model: MultitaskModel
+    stopped: str | None
+
+
+def run_pack(configs: list[TrainConfig], prepared: PreparedData, report=None) -> list[PackResult]:
+    """Train ``configs`` as one pack (see :class:`Pack`); each member's history, model and why it stopped early."""
+    pack = Pack(configs, prepared)
+    for epoch in range(pack.config.epochs):
+        if not pack.active:
+            break
+        pack.train_epoch(epoch, report)
+    return [PackResult(m.history, m.model, m.stopped) for m in pack.members]
+
+
+def _rows(x, members: int) -> tuple[torch.Tensor, ...]:
+    """Each member's rows of ``x`` (K*B, ...): contiguous (B, ...) views, one split node for autograd.
+
+    A member's own matmuls (LoRA's A and B, an adapter's projections, its head) run on its rows one member at a time,
+    as ``F.linear`` on the solo run's shapes: the solo run's very op, so the same sums to the bit. Batched as one bmm
+    (ranks and bottlenecks zero-padded to the largest, or grouped by size) they were not: MKL picks another kernel
+    for another width or batch, and some gradients summed in another order (measured: LoRA rank 1 padded to 4, or
+    two rank-1 members in one bmm, and an adapter bottleneck 4 padded to 16: a loss 1e-7 off within a few steps).
+    On the CPU the loop costs a few microseconds a call, against the frozen matmuls' milliseconds."""
+    return x.split(x.shape[0] // members)
+
+
+def _frozen(modules: list[nn.Module]) -> bool:
+    """No member trains these modules' parameters: they are the pack's shared frozen ones."""
+    return not any(p.requires_grad for module in modules for p in module.parameters())
+
+
+def _linear_with_member_bias(x, weight, biases):
+    """``F.linear(x_k, weight, biases[k])`` for each member's rows x_k of ``x`` (K*B, ..., in), as one ``baddbmm``:
+    per member it is the ``addmm`` the solo run computes (the bias in the matmul's accumulator, bit for bit)."""
+    K = biases.shape[0]
+    rows = x.reshape(K, -1, x.shape[-1])  # (K, B*T, in)
+    out = torch.baddbmm(biases.unsqueeze(1), rows, weight.t().expand(K, -1, -1))  # (K, B*T, out)
+    return out.view(*x.shape[:-1], -1)
