@@ -456,7 +456,7 @@ def write_confirmation_runs(logger, configs: list[dict], examples: dict, tasks: 
 
 def record_reads(db: Path, definition, prepared, data_dir: Path, work: Path, calls: MlflowCalls) -> dict:
     """The MLflow calls of the reads that scale with the record, on a copy of it (see the module docstring): a
-    resumed driver's (``TrialLogger.setup``, ``RecordedResults.results``), then the confirmation's opening reads
+    resumed driver's (``RecordedResults.results``, ``TrialLogger.setup``), then the confirmation's opening reads
     and two rounds' reads; with the runs the record held."""
     from analysis.report import read_predictions
 
@@ -510,10 +510,11 @@ def record_reads(db: Path, definition, prepared, data_dir: Path, work: Path, cal
             confirmation.wanted = list(first)
             return confirmation, confirmation.todo(first)
 
-        # what a resumed driver reads before its first trial: TrialLogger.setup (every child run, and its score
-        # histories) and the scheduler's refill (tracking.RecordedResults: every search run's histories)
-        counted("resume_logger", logger.setup)
+        # what a resumed driver reads before its first trial, in Tune's order: the restored scheduler's refill
+        # (tracking.RecordedResults: the logger reads every child run once, then every search run's rung
+        # histories), then TrialLogger.setup (the histories of the unfinished runs it has not read yet)
         counted("resume_rungs", tracking.RecordedResults(sweep_record).results)
+        counted("resume_logger", logger.setup)
         confirmation, todo = counted("opening", opening)
         out["confirm_runs"] = len(todo)
         for n in (1, 2):
@@ -598,7 +599,7 @@ def format_table(rows: list[dict], end: dict, confirmations: list[dict], trials:
     )
     if confirmations:
         lines.append("reads of the record: MLflow calls against the runs in it (a resume's; the confirmation's)")
-        parts = ("resume_logger", "resume_rungs", "opening", "round_1", "round_2")
+        parts = ("resume_rungs", "resume_logger", "opening", "round_1", "round_2")
         lines.append(f"{'search runs':>11} {'confirm runs':>12} " + " ".join(f"{p:>13}" for p in parts))
         for c in confirmations:
             counts = " ".join(f"{c[p]['calls'] if p in c else '-':>13}" for p in parts)

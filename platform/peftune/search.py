@@ -26,8 +26,9 @@ trial id and, once the record has it, its MLflow run id as user attributes (``Ru
 
 State across a resume, through public means only: Tune saves and restores the searcher
 (``save``/``restore``); the studies themselves live in the Optuna storage. The scheduler's rungs
-are not part of Tune's saved state, so the scheduler refills them from the MLflow record of the
-sweep (``tracking.RecordedResults``) the first time it sees a trial after it was (un)pickled.
+are not part of Tune's saved state, so the scheduler refills them from the sweep's results as the running driver
+holds them (``tracking.RecordedResults``: its trial logger, which reads an earlier driver's record once) the first
+time it sees a trial after it was (un)pickled.
 """
 
 from __future__ import annotations
@@ -482,8 +483,8 @@ class PerMethodScheduler(FIFOScheduler):
 
     ``per_method=False`` (the joint search) keeps one ASHA for all trials, with the same floor and refill.
 
-    ``history``: an object with ``results() -> {trial_id: (method, [result, ...])}`` (the MLflow
-    record of the sweep so far); the rungs are refilled from it after a restore.
+    ``history``: an object with ``results() -> {trial_id: (method, [result, ...])}`` (the sweep's results so
+    far); the rungs are refilled from it after a restore.
     """
 
     def __init__(
@@ -683,7 +684,7 @@ def make_scheduler(definition: spaces.SweepDefinition, history=None, steps_per_r
     ``steps_per_run``: a trial's optimizer steps, which decides the rungs that stay (:func:`live_rungs`)."""
     if definition.scheduler.type == "none" or definition.multi_objective:
         return None
-    # ASHA per method (or one for all, in the joint search) that refills its rungs from the record on a restore
+    # ASHA per method (or one for all, in the joint search) that refills its rungs from the sweep's results on a restore
     data = definition.scheduler.fidelity == "data"  # rungs in the fraction of the run's examples seen
     fractions = live_rungs(definition, steps_per_run)
     return PerMethodScheduler(

@@ -5,8 +5,10 @@ The trial logger (``peftune.tracking.TrialLogger``) sends every write of a trial
 as the buffer has). So the state holds what the record holds once the buffer has drained: each run's tags, params
 (as the strings MLflow stores), latest metrics (MLflow's rule: the greatest step, then timestamp, then value) and
 status, and each trial's best epoch (what its end writes as ``best_*``). A resumed driver starts it from the
-record, read once (:meth:`SweepState.from_runs`). Not in it: what the sweep's end writes on the record itself (the
-best checkpoints, ``peftune.checkpoint``), read by nothing after.
+record, read once (:meth:`SweepState.from_runs`), and reads a metric's history of a run an earlier driver left at
+most once, when something needs it (:meth:`SweepState.history`: the best epoch of a run a trial continues, the
+rungs a restored scheduler refills, :meth:`SweepState.rung_results`). Not in it: what the sweep's end writes on
+the record itself (the best checkpoints, ``peftune.checkpoint``), read by nothing after.
 
 The search's end, the confirmation's candidates and seeds, and the sweep's summary read :meth:`SweepState.runs`:
 MLflow ``Run`` entities built in memory (the run ids and start times the buffer got from the server), so the code
@@ -20,6 +22,7 @@ from dataclasses import dataclass, field
 
 from peftune.record import (
     BEST_EPOCH,
+    EPOCH,
     ERROR,
     FAILED,
     METHOD,
@@ -27,6 +30,7 @@ from peftune.record import (
     RETRIES,
     ROLE,
     SCORE,
+    SEARCH,
     STATUS,
     SWEEP,
     TRIAL_ID,
@@ -34,7 +38,11 @@ from peftune.record import (
     best_epoch,
     best_metric,
     improves,
+    run_phase,
 )
+
+# the histories a search trial's rungs are read back from (``SweepState.rung_results``)
+RUNG_HISTORIES = (SCORE, "steps", "progress", "fidelity_score", "fidelity_steps", "fidelity_progress")
 
 # MLflow's status of a run (``RunInfo.status``), as the buffer's operations set it
 RUNNING, FINISHED, MLFLOW_FAILED = "RUNNING", "FINISHED", "FAILED"
@@ -69,6 +77,9 @@ class SweepState:
         # trial id -> the epoch kept so far (record.improves on the scores logged: the best, the earliest on a tie)
         # and that epoch's metrics as logged: written as best_* when the trial ends, not read back from the record
         self.best: dict[str, tuple[int, dict[str, float]]] = {}
+        # (run id, metric) -> {step: value}: a history of a run the record held when the driver started, read once
+        # (``history``) and kept up to date by the writes after
+        self.histories: dict[tuple[str, str], dict[int, float]] = {}
 
     @classmethod
     def from_runs(cls, runs, parent_run_id: str | None, experiment_id: str | None) -> SweepState:
@@ -102,6 +113,8 @@ class SweepState:
         run = self.trials[trial_id]
         for key, value, timestamp, step in metrics:
             run.log_metric(key, value, timestamp, step)
+            if (run.run_id, key) in self.histories:
+                self.histories[(run.run_id, key)][int(step)] = float(value)
         for epoch in sorted({step for key, _, _, step in metrics if key == SCORE}):  # an epoch's end (a rung's is
             kept = self.best.get(trial_id)  # fidelity_score): the epoch kept if its score improves on the best's
             logged = {key: value for key, value, _, step in metrics if step == epoch}
@@ -138,6 +151,39 @@ class SweepState:
 
     # -- what reads it
 
+    def history(self, run_id: str, key: str, read: Callable[[str, str], dict[int, float]]) -> dict[int, float]:
+        """A metric's values by step of a run an earlier driver left: ``read(run_id, key)`` from the record the first
+        time it is asked for, then kept here."""
+        if (run_id, key) not in self.histories:
+            self.histories[(run_id, key)] = read(run_id, key)
+        return self.histories[(run_id, key)]
+
+    def rung_results(self, read: Callable[[str, str], dict[int, float]]) -> dict[str, tuple[str, list[dict]]]:
+        """Ray trial id -> (method, [{"epoch" or "progress", "score", "steps"}, ...] in the order they were reported)
+        of every search trial that logged a score: what a restored scheduler refills its rungs from. A rung within
+        an epoch is ``fidelity_<score|steps|progress>`` at step = examples seen; an epoch's, ``score``, ``steps`` and
+        ``progress`` at step = epoch. The histories come through :meth:`history` (read once)."""
+        out = {}
+        for trial_id, run in self.trials.items():
+            if run_phase(run.tags) != SEARCH or SCORE not in run.metrics or run.run_id is None:
+                continue
+            metric = {key: self.history(run.run_id, key, read) for key in RUNG_HISTORIES}
+            inf = float("inf")
+            results = [
+                {"progress": metric["fidelity_progress"][seen], SCORE: score,
+                 "steps": metric["fidelity_steps"].get(seen, inf)}
+                for seen, score in metric["fidelity_score"].items()
+                if seen in metric["fidelity_progress"]
+            ]  # fmt: skip
+            results += [
+                {EPOCH: epoch, SCORE: score, "steps": metric["steps"].get(epoch, inf),
+                 **({"progress": metric["progress"][epoch]} if epoch in metric["progress"] else {})}
+                for epoch, score in metric[SCORE].items()
+            ]  # fmt: skip
+            results.sort(key=lambda r: (r["steps"], r.get(EPOCH, 0)))
+            out[trial_id] = (run.tags.get(METHOD, ""), results)
+        return out
+
     def start_best(self, trial_id: str, histories: dict[str, dict[int, float]]) -> None:
         """The best epoch so far of a run a resumed trial continues, from its ``histories`` ({metric: {epoch:
         value}}, score's among them) as the record holds them (``record.best_epoch``'s rule)."""
@@ -154,9 +200,14 @@ class SweepState:
         values = [(key, logged[key]) for key in (SCORE, *task_metrics) if key in logged]
         return [(BEST_EPOCH, float(epoch), timestamp, 0), *((best_metric(k), v, timestamp, 0) for k, v in values)]
 
-    def forget(self, run_id: str) -> None:
-        """A run deleted from the record (the confirmation replaces a partial run)."""
-        self.trials = {key: run for key, run in self.trials.items() if run.run_id != run_id}
+    def forget(self, run_id: str) -> list[str]:
+        """A run deleted from the record (the confirmation replaces a partial run); the trial ids it had."""
+        gone = [key for key, run in self.trials.items() if run.run_id == run_id]
+        for trial_id in gone:
+            del self.trials[trial_id]
+            self.best.pop(trial_id, None)
+        self.histories = {key: values for key, values in self.histories.items() if key[0] != run_id}
+        return gone
 
     def runs(self, created: Callable[[str], tuple[str, int] | None] = lambda trial_id: None) -> list:
         """The trial runs as MLflow ``Run`` entities; ``created(trial_id)``: the run id and start time the server

@@ -85,7 +85,7 @@ import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import mlflow
 from mlflow.entities import Metric, Param
@@ -459,38 +459,18 @@ def search_tags(config: dict, method: str, sampled: dict) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class RecordedResults:
-    """The per-epoch results of the sweep's search trials: a restored scheduler refills its rungs from them."""
+    """The per-epoch results of the sweep's search trials, as the driver running it holds them: a restored scheduler
+    refills its rungs from them. Pickled with the scheduler in Tune's state, so it holds only the record it names;
+    the running driver's ``TrialLogger`` of that record answers (it reads an earlier driver's record once)."""
 
     record: SweepRecord
 
     def results(self) -> dict[str, tuple[str, list[dict]]]:
-        """Ray trial id -> (method, [{"epoch", "score", "steps"}, ...] in epoch order)."""
-        client = _client(self.record.tracking_uri)
-        out = {}
-        for run in child_runs(client, self.record.experiment_id, self.record.parent_run_id):
-            tags = run.data.tags
-            searched = tags.get(TRIAL_ID) and run_phase(tags) == SEARCH
-            if not searched or SCORE not in run.data.metrics:
-                continue
-            histories = {
-                key: {int(m.step): m.value for m in client.get_metric_history(run.info.run_id, key)}
-                for key in (SCORE, "steps", "progress", "fidelity_score", "fidelity_steps", "fidelity_progress")
-            }
-            inf = float("inf")
-            results = [
-                {"progress": histories["fidelity_progress"][seen], SCORE: score,
-                 "steps": histories["fidelity_steps"].get(seen, inf)}
-                for seen, score in histories["fidelity_score"].items()
-                if seen in histories["fidelity_progress"]
-            ]  # fmt: skip
-            results += [
-                {EPOCH: epoch, SCORE: score, "steps": histories["steps"].get(epoch, inf),
-                 **({"progress": histories["progress"][epoch]} if epoch in histories["progress"] else {})}
-                for epoch, score in histories[SCORE].items()
-            ]  # fmt: skip
-            results.sort(key=lambda r: (r["steps"], r.get(EPOCH, 0)))
-            out[tags[TRIAL_ID]] = (tags.get(METHOD, ""), results)
-        return out
+        """Ray trial id -> (method, [{"epoch", "score", "steps"}, ...] in epoch order) (``SweepState.rung_results``)."""
+        logger = TrialLogger.driving.get(self.record.parent_run_id)
+        if logger is None:
+            raise RuntimeError(f"no trial logger of sweep run {self.record.parent_run_id} in this process")
+        return logger.rung_results()
 
 
 def log_method_budgets(record: SweepRecord, runs: list) -> dict[str, dict[str, float]]:
@@ -638,7 +618,13 @@ class TrialLogger(tune.Callback):
     ``TrainConfig``, as the trainable does, so the params logged are exactly what the trial trains.
     The writes go through a durable write-ahead buffer (``peftune.tracking_buffer``, kept at
     ``pending_path``) drained by a background thread: a tracking-server outage never holds up a trial.
+    The record an earlier driver left is read once per driver (``load``): at the first Tune experiment's start,
+    or at a restored scheduler's refill (``rung_results``) when that comes first.
     """
+
+    # parent run id -> the logger that writes that sweep's record in this process (the last one made): what a
+    # scheduler restored from Tune's state finds it through (``RecordedResults``)
+    driving: ClassVar[dict[str, TrialLogger]] = {}
 
     def __init__(
         self,
@@ -659,9 +645,11 @@ class TrialLogger(tune.Callback):
         # between its rounds, instead of reading back the record it wrote (kept across Tune experiments)
         self.confirmed: dict[tuple[str, int], ConfirmedPair] = {}
         self._reset()
+        TrialLogger.driving[record.parent_run_id] = self  # not an unpickled copy (__setstate__)
 
     def _reset(self):
         self._client = None
+        self._loaded = False  # the record an earlier driver left is read (load)
         self._runs: dict[str, str | None] = {}  # trial id -> run id (None: its creation is queued)
         self._finished: set[str] = set()  # trial ids with a final peftune.status
         self._failed: set[str] = set()  # of those, the failed ones (re-running the sweep retries them)
@@ -726,8 +714,14 @@ class TrialLogger(tune.Callback):
         return self.state.runs(self.buffer.created if self.buffer is not None else lambda trial_id: None)
 
     def forget(self, run_id: str) -> None:
-        """A run deleted from the record (the confirmation replaces a partial run): out of the state too."""
-        self.state.forget(run_id)
+        """A run deleted from the record (the confirmation replaces a partial run): out of the state, and no write
+        goes to it again (closing the open runs at an experiment's end)."""
+        for trial_id in self.state.forget(run_id):
+            self._runs.pop(trial_id, None)
+            for kept in (self._finished, self._failed, self._counted):
+                kept.discard(trial_id)
+            for kept in (self._last_epoch, self._partials, self._predicted, self._decision):
+                kept.pop(trial_id, None)
 
     @property
     def client(self):
@@ -736,9 +730,16 @@ class TrialLogger(tune.Callback):
         return self._client
 
     def setup(self, **info):
-        """Find the child runs of a resumed sweep, so no trial gets a second run."""
-        self.open_buffer()
-        self._reset()
+        """A Tune experiment starts: the record an earlier driver left is read, if it was not yet."""
+        self.load()
+
+    def load(self) -> None:
+        """Find the child runs of a resumed sweep, so no trial gets a second run: the record read once per driver
+        (every write after goes to it and to the state); a fresh sweep's has none."""
+        if self._loaded:
+            return
+        self.open_buffer()  # first the writes an earlier run left pending
+        self._loaded = True
         runs = child_runs(self.client, self.record.experiment_id, self.record.parent_run_id)
         self.state = SweepState.from_runs(runs, self.record.parent_run_id, self.record.experiment_id)
         for run in runs:
@@ -757,18 +758,25 @@ class TrialLogger(tune.Callback):
                 self._counted.add(trial_id)
             if run.data.tags.get(STATUS) not in (None, FAILED):
                 continue  # ended: what it reports again is not logged (on_trial_result), so no history is read
-            if SCORE in run.data.metrics:
-                self._read_best(trial_id, run.info.run_id)
+            if SCORE in run.data.metrics:  # the last epoch logged and the best so far of the run a trial continues
+                histories = {key: self._history(run.info.run_id, key) for key in (SCORE, *self.task_metrics)}
+                self._last_epoch[trial_id] = max(histories[SCORE])
+                self.state.start_best(trial_id, histories)
             if "fidelity_score" in run.data.metrics:
-                history = self.client.get_metric_history(run.info.run_id, "fidelity_score")
-                self._partials[trial_id] = {int(m.step) for m in history}
+                self._partials[trial_id] = set(self._history(run.info.run_id, "fidelity_score"))
 
-    def _read_best(self, trial_id: str, run_id: str) -> None:
-        """The last epoch logged and the best so far of a run a resumed trial continues: read once, at setup."""
-        histories = {key: {int(m.step): m.value for m in self.client.get_metric_history(run_id, key)}
-                     for key in (SCORE, *self.task_metrics)}  # fmt: skip
-        self._last_epoch[trial_id] = max(histories[SCORE])
-        self.state.start_best(trial_id, histories)
+    def _history(self, run_id: str, key: str) -> dict[int, float]:
+        """A metric's values by step of a run an earlier driver left: read from the record once (``SweepState``)."""
+        return self.state.history(run_id, key, self._read_history)
+
+    def _read_history(self, run_id: str, key: str) -> dict[int, float]:
+        return {int(m.step): m.value for m in self.client.get_metric_history(run_id, key)}
+
+    def rung_results(self) -> dict[str, tuple[str, list[dict]]]:
+        """Every search trial's results by rung (``SweepState.rung_results``): what a restored scheduler refills
+        from. Tune restores the scheduler before it starts the experiment's callbacks, so this may read first."""
+        self.load()
+        return self.state.rung_results(self._read_history)
 
     # -- run lifecycle
 
