@@ -54,6 +54,7 @@ from analysis import confirmed, pareto, plots
 from analysis.publish import ARTIFACT_PATH
 from analysis.render import to_markdown
 from analysis.runs import SweepRuns, read_sweep_record
+from peftune import trial_spec
 from peftune.backbone import load_tokenizer, resolve_model_dir
 from peftune.checkpoint import CheckpointError, load_checkpoint, load_trainable
 from peftune.data import DataError, TaskData, encode_split, read_task_file
@@ -72,7 +73,7 @@ from peftune.record import (
 )
 from peftune.tasks import get_task, overall_score
 from peftune.train import TrainConfig, evaluate, run_trial, select_device
-from peftune.trial_spec import DataSettings
+from peftune.trial_spec import DataSettings, TrialSpec
 
 log = logging.getLogger("analysis.evaluate")
 
@@ -152,8 +153,26 @@ def method_params(row: pd.Series) -> dict[str, str]:
     }
 
 
+def rerun_splits(epochs: int, selecting: bool) -> list[str]:
+    """As the sweep's confirmation: selection keeps the epoch (with more than one), dev is reported."""
+    return [SELECTION, DEV] if epochs > 1 and selecting else [DEV]
+
+
+def recorded_config(text: str, source: str, seed: int, device: str, selecting: bool = True) -> TrainConfig:
+    """The ``TrainConfig`` the trial trained, from its stored specification (``text``, the run's
+    ``trial_spec.json``), with another seed, on ``device``: exactly what it trained, nothing rebuilt."""
+    try:
+        raw = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise UserError(f"{source}: not valid JSON: line {error.lineno}: {error.msg}") from None
+    config = TrialSpec.from_dict(raw, source).config
+    return dataclasses.replace(config, seed=seed, device=device, eval_splits=rerun_splits(config.epochs, selecting),
+                               predictions_of=())  # fmt: skip
+
+
 def rerun_config(row: pd.Series, seed: int, train_settings: dict, device: str, selecting: bool = True):
-    """The ``TrainConfig`` the trial trained, with another seed: its params, the sweep's fixed settings, the device."""
+    """The ``TrainConfig`` a trial of a record without stored specifications (written before peftune stored
+    ``trial_spec.json``) trained, with another seed: its params, the sweep's fixed settings, the device."""
 
     fields = {f.name for f in dataclasses.fields(TrainConfig)}
     settings = {k: v for k, v in train_settings.items() if k in fields and k not in ("eval_splits", "predictions_of")}
@@ -162,8 +181,7 @@ def rerun_config(row: pd.Series, seed: int, train_settings: dict, device: str, s
             settings[key] = row[key]
     epochs = int(row["epochs"])
     return TrainConfig(
-        # as the sweep's confirmation: selection keeps the epoch (with more than one), dev is reported
-        eval_splits=[SELECTION, DEV] if epochs > 1 and selecting else [DEV],
+        eval_splits=rerun_splits(epochs, selecting),
         method=row["method"],
         method_options=options_from_params(row["method"], method_params(row)),
         tasks=str(row["tasks"]).split(","),
@@ -361,7 +379,12 @@ def _evaluate_seed(data: _EvaluationData, trial: pd.Series, seed: int, restore: 
     else:
         source = "retrained"
         selecting = next(iter(data.prepared.tasks.values())).selection is not None
-        config = rerun_config(trial, seed, data.train_settings, data.device, selecting)
+        stored = _artifact_text(data.client, trial["run_id"], trial_spec.ARTIFACT)  # None in an older record
+        if stored is not None:
+            where = f"run {trial['run_id']}: {trial_spec.ARTIFACT}"
+            config = recorded_config(stored, where, seed, data.device, selecting)
+        else:
+            config = rerun_config(trial, seed, data.train_settings, data.device, selecting)
         model, dev = _retrain(config, data.prepared)
     test = evaluate(model, data.test_tasks, batch_size, data.torch_device)
     test[SCORE] = overall_score(test)

@@ -23,6 +23,8 @@ from analysis.evaluate import evaluate_sweep, method_params
 from analysis.runs import param_from_mlflow, read_sweep_record
 from conftest import NEGATIVE, POSITIVE, write_task_file
 from peftune.methods.options import options_from_params
+from peftune.trial_spec import DataSettings
+from peftune.trial_spec import TrialSpec as Spec
 from sweep_record import COUNT_KEYS, TrialSpec, record_sweep
 
 TASKS = ["sst", "sts"]
@@ -85,7 +87,7 @@ def sweep_store(tmp_path_factory, tiny_model_dir, data_dirs):
     data, _ = data_dirs
     root = tmp_path_factory.mktemp("mlflow")
     prepared = prepare(data, TASKS, model=str(tiny_model_dir), max_length=32, seed=0)
-    specs = []
+    specs, stored = [], {}
     # frozen (heads only) and full fine-tuning land far apart on both axes: both are on any frontier
     trials = (("t0", "frozen", {}, 1e-2), ("t1", "lora", {"rank": 2}, 3e-2), ("t2", "full", {}, 1e-3))
     for trial_id, method, options, lr in trials:
@@ -101,6 +103,8 @@ def sweep_store(tmp_path_factory, tiny_model_dir, data_dirs):
                 save(checkpoint)
 
         history = run_trial(config, prepared, report).history
+        data_settings = DataSettings(str(data), model=str(tiny_model_dir), max_length=32)
+        stored[trial_id] = Spec(config, data_settings).to_json()  # as every sweep run stores it
         fields = dataclasses.asdict(methods.make_method_config(method, config.method_options_with_dropout()))
         fields.pop("dropout")
         specs.append(
@@ -115,7 +119,7 @@ def sweep_store(tmp_path_factory, tiny_model_dir, data_dirs):
             )
         )
     uri = f"sqlite:///{root / 'mlflow.db'}"
-    _, parent_id, _ = record_sweep(
+    _, parent_id, runs = record_sweep(
         uri,
         SWEEP,
         TASKS,
@@ -126,6 +130,9 @@ def sweep_store(tmp_path_factory, tiny_model_dir, data_dirs):
         planned_epochs=2,
         batch_size=16,
     )
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    for trial_id, text in stored.items():  # what a re-trained seed trains (analysis.evaluate.recorded_config)
+        client.log_text(runs[trial_id], text, "trial_spec.json")
     return uri, parent_id
 
 
@@ -237,3 +244,22 @@ def test_a_retrained_trial_is_its_own_method_kept_on_the_selection_split_as_the_
     assert config.eval_splits == ["selection", "dev"]  # selection keeps the epoch; dev is reported
     one = rerun_config(row.copy().replace({2: 1}), seed=3, train_settings={}, device="cpu")
     assert one.eval_splits == ["dev"]  # one epoch: nothing to choose
+
+
+def test_a_retrained_trial_with_a_stored_spec_trains_exactly_that_spec_with_the_new_seed(tmp_path):
+    from analysis.evaluate import recorded_config
+    from peftune.train import TrainConfig
+
+    trained = TrainConfig(
+        method="lora", method_options={"rank": 4, "targets": ["query", "value"]}, tasks=["sst"], lr=3e-4,
+        dropout=0.05, weight_decay=0.01, epochs=3, batch_size=8, seed=0, warmup_ratio=0.2, head_lr=1e-3,
+        eval_splits=["selection", "decision", "dev"], predictions_of=("decision",),
+    )  # fmt: skip
+    spec = Spec(trained, DataSettings(str(tmp_path), selection_examples=16, decision_examples=8))
+    config = recorded_config(spec.to_json(), "run r: trial_spec.json", seed=7, device="cpu")
+    # what a row of the trials frame cannot give back (the heads' rate, the warm-up) comes from the spec
+    expected = {"seed": 7, "device": "cpu", "eval_splits": ["selection", "dev"], "predictions_of": ()}
+    assert config == dataclasses.replace(spec.config, **expected)
+    assert recorded_config(spec.to_json(), "x", seed=7, device="cpu", selecting=False).eval_splits == ["dev"]
+    with pytest.raises(Exception, match="run r: trial_spec.json: not valid JSON"):
+        recorded_config("{", "run r: trial_spec.json", seed=7, device="cpu")
