@@ -66,3 +66,28 @@ def test_mlflow_links_and_download_bars_are_off_unless_the_user_set_them(monkeyp
 
 def test_durations_read_as_a_person_writes_them():
     assert [console.duration(s) for s in (5, 125, 3720, float("nan"))] == ["5s", "2m05s", "1h02m", "?"]
+
+
+def test_tunes_slow_step_warnings_show_once_per_kind_and_the_rest_in_one_line_at_the_end(caplog):
+    from ray.tune.utils.util import warn_if_slow
+
+    from peftune.console import SlowLoopWarnings, slow_loop_warnings
+
+    tune_log = logging.getLogger(SlowLoopWarnings.LOGGER)  # where Tune's warn_if_slow writes
+    slow = [("on_trial_result", 0.61), ("on_trial_result", 0.93), ("process_trial_result", 0.55),
+            ("on_trial_result", 0.58), ("process_trial_result", 0.7)]  # fmt: skip
+    with caplog.at_level(logging.WARNING), slow_loop_warnings():
+        for name, seconds in slow:
+            tune_log.warning(warn_if_slow.DEFAULT_MESSAGE.format(name=name, duration=seconds))
+        tune_log.warning("another warning of Tune's")  # not a slow step: always shown
+    lines = [entry.getMessage() for entry in caplog.records]
+    assert lines[:3] == [
+        warn_if_slow.DEFAULT_MESSAGE.format(name="on_trial_result", duration=0.61),
+        warn_if_slow.DEFAULT_MESSAGE.format(name="process_trial_result", duration=0.55),
+        "another warning of Tune's",
+    ]
+    assert len(lines) == 4 and "3 more time(s)" in lines[3] and "the slowest 0.9 s" in lines[3]
+    assert "--verbose" in lines[3]
+    caplog.clear()
+    tune_log.warning(warn_if_slow.DEFAULT_MESSAGE.format(name="on_trial_result", duration=0.6))
+    assert len(caplog.records) == 1  # outside a sweep (and with --verbose) every one shows

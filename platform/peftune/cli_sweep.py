@@ -8,6 +8,7 @@ them is inside the function that needs it)."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 from pathlib import Path
@@ -202,12 +203,25 @@ def main_from_args(args) -> int:
     lease.Lease(lease.lease_dir(record.storage_uri(args.storage_path)), definition.name).check_free()
     prepared = spaces.prepare_data(definition, args.data_dir)
     from analysis.publish import on_sweep_finished
-    from analysis.report import read_predictions
-    from peftune import console, sweep
+    from peftune import console
 
     _warn_relative_paths_in_job(args)
     verbose = getattr(args, "verbose", False)
-    result = sweep.run_sweep(
+    with contextlib.nullcontext() if verbose else console.slow_loop_warnings():
+        result = _run_sweep(args, definition, prepared, verbose)
+    if test_dir is not None and result.status in (record.COMPLETED, record.COMPLETED_WITH_FAILURES):
+        final_evaluation(result, args, definition.invalid_rows, on_sweep_finished)
+    ignore_further_interrupts()  # the records are closed: a late Ctrl-C must not turn the exit status into a lie
+    print("\n" + result.summary(), flush=True)
+    return exit_code(result.status, allow_failures=getattr(args, "allow_failures", False))
+
+
+def _run_sweep(args, definition: spaces.SweepDefinition, prepared, verbose: bool) -> SweepResult:
+    from analysis.publish import on_sweep_finished
+    from analysis.report import read_predictions
+    from peftune import console, sweep
+
+    return sweep.run_sweep(
         definition,
         args.data_dir,
         args.tracking_uri,
@@ -222,11 +236,6 @@ def main_from_args(args) -> int:
         verbose=console.TUNE_TABLES if verbose else console.TUNE_QUIET,
         prepared=prepared,
     )
-    if test_dir is not None and result.status in (record.COMPLETED, record.COMPLETED_WITH_FAILURES):
-        final_evaluation(result, args, definition.invalid_rows, on_sweep_finished)
-    ignore_further_interrupts()  # the records are closed: a late Ctrl-C must not turn the exit status into a lie
-    print("\n" + result.summary(), flush=True)
-    return exit_code(result.status, allow_failures=getattr(args, "allow_failures", False))
 
 
 def check_test_args(test_dir, definition: spaces.SweepDefinition, seeds: int) -> None:

@@ -10,11 +10,13 @@ per-run links and download bars are off unless the user sets them (``quiet_libra
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import os
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 import optuna
 from ray import tune
@@ -44,6 +46,53 @@ def quiet_trial_logs() -> None:
     """In a trial's process: Ray Train's "Checkpoint successfully created" line per checkpoint (107 lines of the
     SST cpu job) is kept at debug level; its warnings still show."""
     logging.getLogger("ray.train").setLevel(logging.WARNING)
+
+
+class SlowLoopWarnings(logging.Filter):
+    """Ray Tune warns each time a step of its loop (a callback, a scheduler's decision, a result's processing) took
+    over half a second, "which may be a performance bottleneck": on a busy 2-core machine that was 24 of the SST
+    cpu job's 204 lines, several per slow result. The first warning of each kind shows; the others are counted and
+    told in one line when the sweep ends (:func:`slow_loop_warnings`); ``--verbose`` shows every one."""
+
+    LOGGER = "ray.tune.utils.util"  # where Tune's ``warn_if_slow`` logs
+    SECONDS = re.compile(r"(\d+(?:\.\d+)?) s\b")
+
+    def __init__(self):
+        super().__init__()
+        self.seen: dict[str, int] = {}  # the warning's text without its duration -> how many times
+        self.slowest = 0.0
+
+    def filter(self, entry: logging.LogRecord) -> bool:
+        text = entry.getMessage()
+        if "bottleneck" not in text:
+            return True
+        kind = self.SECONDS.sub("N s", text)
+        self.seen[kind] = self.seen.get(kind, 0) + 1
+        if (took := self.SECONDS.search(text)) is not None:
+            self.slowest = max(self.slowest, float(took.group(1)))
+        return self.seen[kind] == 1
+
+    def summary(self) -> str | None:
+        """One line for the warnings held back; None when there were none."""
+        held = sum(count - 1 for count in self.seen.values())
+        if held == 0:
+            return None
+        return (f"Ray Tune warned {held} more time(s) that a step of its loop was slow (the slowest {self.slowest:.1f}"
+                " s): the driver shared its cores; --verbose shows each warning")  # fmt: skip
+
+
+@contextlib.contextmanager
+def slow_loop_warnings() -> Iterator[SlowLoopWarnings]:
+    """Ray Tune's slow-step warnings, the first of each kind shown and the rest told in one line at the end."""
+    counted = SlowLoopWarnings()
+    logger = logging.getLogger(SlowLoopWarnings.LOGGER)
+    logger.addFilter(counted)
+    try:
+        yield counted
+    finally:
+        logger.removeFilter(counted)
+        if (line := counted.summary()) is not None:
+            log.warning(line)
 
 
 def duration(seconds: float) -> str:
