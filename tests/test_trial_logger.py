@@ -35,7 +35,6 @@ def logger_with(trial_id: str) -> TrialLogger:
     record = SimpleNamespace(parent_run_id="parent", experiment_id="1")
     logger = TrialLogger(record=record, settings=settings, task_metrics=["sst_accuracy", "dev_score"])
     logger.buffer = Buffer()
-    logger._runs[trial_id] = "run"  # its run exists: results only log metrics
     logger.state.apply("trial_run", {"trial_id": trial_id, "run_name": trial_id, "method": "lora", "sweep": "s",
                                      "params": {}})  # fmt: skip
     logger._counted.add(trial_id)

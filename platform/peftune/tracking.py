@@ -650,9 +650,6 @@ class TrialLogger(tune.Callback):
     def _reset(self):
         self._client = None
         self._loaded = False  # the record an earlier driver left is read (load)
-        self._runs: dict[str, str | None] = {}  # trial id -> run id (None: its creation is queued)
-        self._finished: set[str] = set()  # trial ids with a final peftune.status
-        self._failed: set[str] = set()  # of those, the failed ones (re-running the sweep retries them)
         self._last_epoch: dict[str, int] = {}  # trial id -> last epoch logged
         self._counted: set[str] = set()  # trial ids whose parameter counts are logged
         self._partials: dict[str, set[int]] = {}  # trial id -> examples_seen of the rungs logged within epochs
@@ -699,7 +696,8 @@ class TrialLogger(tune.Callback):
 
     def known_run_id(self, trial_id: str) -> str | None:
         """The trial's MLflow run id when this driver knows it already (from memory: no call to the store)."""
-        known = self._runs.get(trial_id)
+        run = self.state.trials.get(trial_id)
+        known = run.run_id if run is not None else None
         return known or (self.buffer.known_run_id(trial_id) if self.buffer is not None else None)
 
     def _write(self, op: str, **args) -> None:
@@ -717,9 +715,7 @@ class TrialLogger(tune.Callback):
         """A run deleted from the record (the confirmation replaces a partial run): out of the state, and no write
         goes to it again (closing the open runs at an experiment's end)."""
         for trial_id in self.state.forget(run_id):
-            self._runs.pop(trial_id, None)
-            for kept in (self._finished, self._failed, self._counted):
-                kept.discard(trial_id)
+            self._counted.discard(trial_id)
             for kept in (self._last_epoch, self._partials, self._predicted, self._decision):
                 kept.pop(trial_id, None)
 
@@ -746,11 +742,6 @@ class TrialLogger(tune.Callback):
             trial_id = run.data.tags.get(TRIAL_ID)
             if not trial_id:
                 continue
-            self._runs[trial_id] = run.info.run_id
-            if run.data.tags.get(STATUS):
-                self._finished.add(trial_id)
-            if run.data.tags.get(STATUS) == FAILED:
-                self._failed.add(trial_id)
             searched = run_phase(run.data.tags) == SEARCH  # confirmation has its own resume
             if searched and not run.data.tags.get(STATUS) and run.data.tags.get(CONFIG_KEY):
                 self._unfinished[run.data.tags[CONFIG_KEY]] = (trial_id, run.info.run_id)
@@ -764,6 +755,11 @@ class TrialLogger(tune.Callback):
                 self.state.start_best(trial_id, histories)
             if "fidelity_score" in run.data.metrics:
                 self._partials[trial_id] = set(self._history(run.info.run_id, "fidelity_score"))
+
+    def _status(self, trial_id: str) -> str | None:
+        """The trial's final ``peftune.status`` (its run is closed), None while it has none (or no run yet)."""
+        run = self.state.trials.get(trial_id)
+        return run.tags.get(STATUS) if run is not None else None
 
     def _history(self, run_id: str, key: str) -> dict[int, float]:
         """A metric's values by step of a run an earlier driver left: read from the record once (``SweepState``)."""
@@ -783,7 +779,7 @@ class TrialLogger(tune.Callback):
     def _run_for(self, trial) -> None:
         """Queue the creation of the trial's child run (found again by trial id if it exists)."""
         trial_id = trial.trial_id
-        if trial_id in self._runs:
+        if trial_id in self.state.trials:
             return
         method, sampled = self.settings.split(trial.config)
         settings = self.settings.for_trial(trial.config)  # a confirmation trial's own seed and phase
@@ -809,7 +805,6 @@ class TrialLogger(tune.Callback):
         )  # fmt: skip
         if rerunnable:  # the trial's specification, which `peftune train --spec` re-runs
             self._write("artifact", trial_id=trial_id, path=trial_spec.ARTIFACT, text=spec.to_json())
-        self._runs[trial_id] = None
 
     def _adopt(self, trial, known: set[str]) -> None:
         """Continue the child run of the same configuration whose Ray trial Tune no longer knows.
@@ -825,7 +820,6 @@ class TrialLogger(tune.Callback):
             return
         del self._unfinished[key]
         self._write("tags", trial_id=old_id, tags={TRIAL_ID: trial.trial_id})  # the run is found by trial id
-        self._runs[trial.trial_id] = self._runs.pop(old_id, run_id)
         for logged in (self._last_epoch, self._partials):
             if old_id in logged:
                 logged[trial.trial_id] = logged.pop(old_id)
@@ -834,20 +828,18 @@ class TrialLogger(tune.Callback):
         log.info("trial %s continues the child run of trial %s (the same configuration)", trial.trial_id, old_id)
 
     def on_trial_start(self, iteration, trials, trial, **info):
-        if trial.trial_id not in self._runs:
+        if trial.trial_id not in self.state.trials:
             self._adopt(trial, {t.trial_id for t in trials})
-        existed = trial.trial_id in self._runs
+        existed = trial.trial_id in self.state.trials
         self._run_for(trial)
-        if trial.trial_id in self._failed:  # Tuner.restore(resume_errored=True) gives it another chance
-            self._failed.discard(trial.trial_id)
-            self._finished.discard(trial.trial_id)
+        if self._status(trial.trial_id) == FAILED:  # Tuner.restore(resume_errored=True) gives it another chance
             self._write("delete_tags", trial_id=trial.trial_id, keys=[STATUS, ERROR])
-        if existed and trial.trial_id not in self._finished:  # an interrupted (or retried) trial goes on
+        if existed and self._status(trial.trial_id) is None:  # an interrupted (or retried) trial goes on
             self._write("run_status", trial_id=trial.trial_id, status="RUNNING")
 
     def on_trial_result(self, iteration, trials, trial, result, **info):
         self._run_for(trial)
-        if trial.trial_id in self._finished:
+        if self._status(trial.trial_id) is not None:
             return  # its run is closed (a driver stopped before Tune saved that the trial ended re-runs its end)
         if result.get(DIVERGED):
             return  # the final result of a diverged trial carries no epoch's metrics; on_trial_complete records it
@@ -948,7 +940,7 @@ class TrialLogger(tune.Callback):
         return full is not None
 
     def _finish(self, trial, status: str, error: str | None = None) -> None:
-        if trial.trial_id in self._finished:
+        if self._status(trial.trial_id) is not None:
             return
         self._run_for(trial)
         if error is not None:
@@ -959,7 +951,6 @@ class TrialLogger(tune.Callback):
             "finish", trial_id=trial.trial_id, status=status, error=error, retries=retries,
             best=self.state.best_metrics(trial.trial_id, self.task_metrics, _now_ms()),
         )  # fmt: skip
-        self._finished.add(trial.trial_id)
         marks = trial.config.get("peftune") or {}
         if marks.get("phase") == CONFIRM:
             decision = self._decision.get(trial.trial_id) if status == COMPLETED else None
@@ -970,9 +961,8 @@ class TrialLogger(tune.Callback):
 
     def close_open_runs(self) -> None:
         """Trials still open when the experiment ends were interrupted: KILLED until the sweep resumes."""
-        for trial_id in self._runs:
-            if trial_id not in self._finished:
-                self._write("run_status", trial_id=trial_id, status="KILLED")
+        for trial_id in [trial_id for trial_id, run in self.state.trials.items() if STATUS not in run.tags]:
+            self._write("run_status", trial_id=trial_id, status="KILLED")
 
 
 # how an error refused for space reads once Ray has turned it into text: Python's OSError ("[Errno 28] No space left
