@@ -373,9 +373,10 @@ def run_sweep(
         logged = _close(definition, record, trial_logger, grid, status, complete)
     except BaseException as error:
         _close_after(error, definition, record, trial_logger, tracking_wait_s)
-        full = disk_full(error, path=_databases(tracking_uri, optuna_url))
-        if full is not None and full.path is None:  # a write after the first refused one (Tune's own, stopping)
-            full = trial_logger.space_refused() or full  # the first names its file
+        full = disk_full(error)
+        if full is not None and full.path is None:  # it names no file: a write after the first refused one (Tune's
+            # own, stopping), or a database's refusal. The first refused write the driver saw names its file
+            full = trial_logger.space_refused() or disk_full(error, path=_databases(tracking_uri, optuna_url))
         if full is not None and full is not error:
             raise full from error  # one line for the command line, naming the path: interrupted, exit 3
         raise
