@@ -466,7 +466,8 @@ class RecordedResults:
     record: SweepRecord
 
     def results(self) -> dict[str, tuple[str, list[dict]]]:
-        """Ray trial id -> (method, [{"epoch", "score", "steps"}, ...] in epoch order) (``SweepState.rung_results``)."""
+        """Ray trial id -> (method, [{"epoch" or "progress", "score", "steps"}, ...] in the order they were reported)
+        (``SweepState.rung_results``)."""
         logger = TrialLogger.driving.get(self.record.parent_run_id)
         if logger is None:
             raise RuntimeError(f"no trial logger of sweep run {self.record.parent_run_id} in this process")
