@@ -355,16 +355,17 @@ def by_kind(results: dict[str, Result]) -> dict[str, Result]:
 
 
 def target_ratios(results: dict[str, Result]) -> list[tuple[str, float, str]]:
-    """(label, ratio, target) of issue 19's targets, each against the strongest peer of its kind."""
+    """(label, ratio, target) of the targets (issue 19's, raised by issue 32's), each against the strongest peer of
+    its kind."""
     by = by_kind(results)
     core_full, core_lora = by["core, full FT"], by["core, LoRA r=8"]
     trainer, trainer_bf16 = by["Trainer, full FT, defaults"], by["Trainer, full FT, bf16=True"]
     peft_lora, peft_lora_bf16 = by["Trainer + peft, LoRA r=8"], by["Trainer + peft, LoRA r=8, bf16=True"]
     return [
         ("core full FT / Trainer defaults", core_full.tokens_per_s / trainer.tokens_per_s, ">= 2.5x"),
-        ("core full FT / Trainer bf16=True", core_full.tokens_per_s / trainer_bf16.tokens_per_s, ">= 1.35x"),
+        ("core full FT / Trainer bf16=True", core_full.tokens_per_s / trainer_bf16.tokens_per_s, ">= 1.6x"),
         ("core LoRA / Trainer + peft defaults", core_lora.tokens_per_s / peft_lora.tokens_per_s, "(peer)"),
-        ("core LoRA / Trainer + peft bf16=True", core_lora.tokens_per_s / peft_lora_bf16.tokens_per_s, ">= 1.35x"),
+        ("core LoRA / Trainer + peft bf16=True", core_lora.tokens_per_s / peft_lora_bf16.tokens_per_s, ">= 1.6x"),
         ("core LoRA epoch / core full FT epoch", core_lora.seconds / core_full.seconds, "<= 0.65x"),
         ("Trainer LoRA epoch / Trainer epoch", peft_lora.seconds / trainer.seconds, "(peer)"),
     ]

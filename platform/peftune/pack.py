@@ -51,7 +51,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from peftune import methods
-from peftune.backbone import BertModel, stacked_qkv
+from peftune.backbone import BertModel, cast_frozen, stacked_qkv
 from peftune.dropout import attention, dropout, member_dropout
 from peftune.errors import UserError
 from peftune.methods.adapter import TaskAdapters
@@ -167,6 +167,8 @@ class Pack:
         first_plan = _epoch_plan(self.config, self.tasks, prepared.pad_token_id, epoch=0)
         self.steps_per_epoch = len(first_plan)
         self.examples_per_run = self.config.epochs * sum(len(batch) for batch in first_plan)
+        if self.precision == "bf16":  # the frozen weights cast once for the pack (as each solo run casts its own)
+            cast_frozen(self.frozen, torch.bfloat16)
         self.members = [self._build_member(i, config) for i, config in enumerate(configs)]
         self.active = list(self.members)  # the members still training, in the order of their rows
         self.train_time = 0.0
@@ -179,6 +181,8 @@ class Pack:
         for name, parameter in model.backbone.named_parameters():
             if parameter.requires_grad and name in model.pretrained_parameter_names:
                 parameter.data = parameter.data.clone()  # a pretrained tensor it trains (BitFit's biases): its own
+        if self.precision == "bf16":  # the pack's casts, not a copy per member
+            cast_frozen(model.backbone, torch.bfloat16, like=self.frozen)
         optimizer = build_optimizer(model, config)
         return Member(
             index=index,
@@ -295,7 +299,7 @@ class Pack:
         if mine[0].qkv_projection is fused_qkv:  # LoRA on all three
             return self._lora_qkv(mine, x)
         if all(isinstance(getattr(mine[0], n), nn.Linear) for n in ("query", "key", "value")):
-            weight, bias = stacked_qkv((frozen.query, frozen.key, frozen.value))  # (3H, H), (3H,)
+            weight, bias = stacked_qkv((frozen.query, frozen.key, frozen.value), x)  # (3H, H), (3H,)
             if not any(m.query.bias.requires_grad for m in mine):
                 out = F.linear(x, weight, bias)
             else:  # BitFit: each member's stacked biases
@@ -309,14 +313,16 @@ class Pack:
         if isinstance(linears[0], LoraLinear):
             return self._lora_linear(linears, x)
         if not linears[0].bias.requires_grad:  # frozen: one matmul for every member
-            return F.linear(x, linears[0].weight, linears[0].bias)
-        return _linear_with_member_bias(x, linears[0].weight, torch.stack([m.bias for m in linears]))
+            return linears[0](x)
+        lowp = linears[0].lowp  # the frozen weight cast once, as autocast would cast it
+        weight = lowp.weight if lowp is not None and lowp.applies(x) else linears[0].weight
+        return _linear_with_member_bias(x, weight, torch.stack([m.bias for m in linears]))
 
     def _lora_qkv(self, attentions: list[nn.Module], x):
         """``lora.fused_qkv`` for K members: the frozen q/k/v matmul once over all rows; one dropout of x per member;
         then each member's [A_q; A_k; A_v] and scaled block-diagonal B on its own rows (see ``_rows``)."""
         members = [(a.query, a.key, a.value) for a in attentions]
-        base_weight, base_bias = stacked_qkv([m.base_layer for m in members[0]])  # (3H, H), (3H,): shared
+        base_weight, base_bias = stacked_qkv([m.base_layer for m in members[0]], x)  # (3H, H), (3H,): shared
         h = member_dropout(x, [lin[0].dropout for lin in members], [m.generator for m in self.active])
         base = F.linear(x, base_weight, base_bias)  # (K*B, T, 3H)
         lora = []

@@ -64,7 +64,7 @@ class IA3Linear(nn.Module):
 def fused_ia3_qkv(attention, x):
     """q, k, v in one matmul (the frozen weights stacked), then k and v rescaled. x: (B, T, H) -> three (B, T, H)."""
     key, value = attention.key, attention.value
-    weight, bias = stacked_qkv((attention.query, key.base_layer, value.base_layer))  # (3H, H), (3H,)
+    weight, bias = stacked_qkv((attention.query, key.base_layer, value.base_layer), x)  # (3H, H), (3H,)
     q, k, v = F.linear(x, weight, bias).split(attention.query.out_features, dim=-1)
     return q, k * key.ia3_l["default"].flatten(), v * value.ia3_l["default"].flatten()
 

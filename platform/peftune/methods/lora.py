@@ -181,7 +181,7 @@ def fused_qkv(attention, x):
     x: (B, T, H) -> three (B, T, H). Three matmuls instead of nine, one dropout instead of three.
     """
     linears = (attention.query, attention.key, attention.value)
-    base_weight, base_bias = stacked_qkv([m.base_layer for m in linears])  # (3H, H), (3H,)
+    base_weight, base_bias = stacked_qkv([m.base_layer for m in linears], x)  # (3H, H), (3H,)
     a_weight = torch.cat([m.lora_A["default"].weight for m in linears])  # (3r, H)
     # (3H, 3r): B_q, B_k, B_v on the diagonal, each scaled, zeros elsewhere
     b_weight = torch.block_diag(*(m.lora_B["default"].weight * m.scaling for m in linears))
