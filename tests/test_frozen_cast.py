@@ -50,7 +50,7 @@ def steps(config, prepared) -> dict:
 def test_a_trial_computes_the_same_numbers_with_its_frozen_weights_cast_once(tiny_prepared, case, monkeypatch):
     config = bf16_config(case)
     cast = steps(config, tiny_prepared)
-    monkeypatch.setattr(train, "cast_for", lambda model, precision: None)
+    monkeypatch.setattr(train, "cast_for", lambda model, precision, like=None: None)
     plain = steps(config, tiny_prepared)
     assert [loss.item() for loss in cast["losses"]] == [loss.item() for loss in plain["losses"]]
     assert torch.equal(torch.stack(cast["losses"]), torch.stack(plain["losses"]))

@@ -121,7 +121,7 @@ def test_each_member_trains_as_its_solo_run_bitwise_in_fp32(tiny_prepared, case)
         solo = solo_epoch(config, tiny_prepared)
         assert_same(run, solo, bitwise)
         # the zero padding of LoRA's ranks is no parameter: the optimizer's state has each member's solo shapes
-        ours = [[t.shape for t in state.values()] for state in member.optimizer.state.values()]
+        ours = [[t.shape for t in state.values()] for state in member.trial.optimizer.state.values()]
         theirs = [[t.shape for t in state.values()] for state in solo["trial"].optimizer.state.values()]
         assert ours == theirs
         # and its evaluation on its own modules: the same dev score
@@ -154,7 +154,7 @@ def test_a_stopped_member_leaves_the_others_unchanged(tiny_prepared):
 
 def test_a_pack_over_epochs_reports_each_members_solo_history(tiny_prepared):
     configs = member_configs("bitfit", epochs=2)
-    results = pack.run_pack(configs, tiny_prepared)
+    results = pack.run_pack(configs, tiny_prepared).members
     for config, result in zip(configs, results, strict=True):
         solo = train.run_trial(config, tiny_prepared)
         assert result.stopped is None
@@ -167,7 +167,7 @@ def test_a_pack_over_epochs_reports_each_members_solo_history(tiny_prepared):
 def test_a_diverging_member_stops_and_the_others_go_on(tiny_prepared):
     configs = member_configs("lora")
     configs[1].lr = configs[1].head_lr = 10.0  # diverges
-    results = pack.run_pack(configs, tiny_prepared)
+    results = pack.run_pack(configs, tiny_prepared).members
     assert results[1].stopped and results[1].stopped.startswith("diverged") and not results[1].history
     assert results[0].stopped is None and results[2].stopped is None and len(results[0].history) == 1
 
@@ -182,7 +182,6 @@ def test_a_diverging_member_stops_and_the_others_go_on(tiny_prepared):
         ({"method_options": {"targets": ["query", "value"]}}, "targets"),
         ({"dropout": 0.0}, "dropout 0"),
         ({"method_options": {"init": "pissa"}}, "init"),
-        ({"report_fractions": [0.5]}, "report_fractions"),
         ({"precision": "bf16"}, "precision"),
     ],
 )
@@ -198,3 +197,58 @@ def test_members_that_cannot_share_batches_are_refused_naming_the_field(change, 
 def test_methods_that_do_not_pack_are_refused(method):
     with pytest.raises(UserError, match="does not pack"):
         pack.check_packable([train.TrainConfig(method=method)] * 2)
+
+
+def _untimed(metrics: dict) -> dict:
+    return {k: v for k, v in metrics.items() if not k.endswith("_s")}  # times (seconds, tokens/s) differ
+
+
+def recorder(reports: list, directory):
+    """A ``run_trial`` report function keeping each report's metrics, and its checkpoint written under
+    ``directory`` as Tune's worker writes it (within the call)."""
+
+    def report(metrics: dict, save) -> None:
+        entry = {"metrics": _untimed(metrics), "checkpoint": None}
+        if save is not None:
+            entry["checkpoint"] = directory / f"{len(reports)}"
+            entry["checkpoint"].mkdir(parents=True)
+            save(entry["checkpoint"])
+        reports.append(entry)
+
+    return report
+
+
+def test_a_member_reports_and_checkpoints_as_its_solo_run_at_rungs_and_epochs(tiny_prepared, tmp_path):
+    configs = [dataclasses.replace(c, epochs=2, report_fractions=[0.2, 0.4]) for c in member_configs("lora")]
+    packed = [[] for _ in configs]
+    pack.run_pack(configs, tiny_prepared, [recorder(r, tmp_path / f"m{k}") for k, r in enumerate(packed)])
+    for k, (config, reports) in enumerate(zip(configs, packed, strict=True)):
+        solo = []
+        train.run_trial(config, tiny_prepared, recorder(solo, tmp_path / f"solo{k}"))
+        assert [r["metrics"] for r in reports] == [r["metrics"] for r in solo]  # rungs (no checkpoint) and epochs
+        assert [r["checkpoint"] is None for r in reports] == [r["checkpoint"] is None for r in solo]
+        assert [r["metrics"].get("partial", False) for r in reports].count(True) == 2  # its two rungs
+        # the member's first-epoch checkpoint is a solo checkpoint: resumed alone, it ends as the solo run
+        first = next(r["checkpoint"] for r in reports if r["checkpoint"] is not None)
+        resumed = []
+        train.run_trial(config, tiny_prepared, recorder(resumed, tmp_path / f"resumed{k}"), resume_from=first)
+        assert resumed[-1]["metrics"] == solo[-1]["metrics"]
+
+
+def test_a_member_stopped_at_its_rung_by_a_scheduler_leaves_the_others_their_solo_runs(tiny_prepared, tmp_path):
+    configs = [dataclasses.replace(c, report_fractions=[0.3]) for c in member_configs("adapter")]
+    packed = [[] for _ in configs]
+
+    def decide(p):  # as ASHA would, on member 1's first report
+        if packed[1] and p.members[1] in p.active:
+            p.stop(1, "stopped by the scheduler")
+
+    result = pack.run_pack(configs, tiny_prepared, [recorder(r, tmp_path / f"m{k}") for k, r in enumerate(packed)],
+                           decide)  # fmt: skip
+    assert result.members[1].stopped == "stopped by the scheduler" and len(packed[1]) == 1
+    for k, config in enumerate(configs):
+        solo = []
+        train.run_trial(config, tiny_prepared, recorder(solo, tmp_path / f"solo{k}"))
+        assert [r["metrics"] for r in packed[k]] == [r["metrics"] for r in solo][: len(packed[k])]
+        if k != 1:
+            assert len(packed[k]) == len(solo)

@@ -21,57 +21,55 @@ AdamW state keep its solo run's shapes.
 Methods that pack: ``lora`` (initialised the LoRA paper's way: PiSSA and OLoRA rewrite the frozen weights, which
 a pack shares), ``bitfit`` and ``adapter``. Every other method runs alone: :func:`check_packable` refuses it, as it
 refuses members that could not share the batches (another seed, batch size, task list, sampling...), naming the
-field. Everything lives in this module: :class:`Pack` (build, step, stop a member, epochs), its packed forward
-(``Pack.forward`` mirrors ``BertModel.forward`` and ``MultitaskModel.forward`` op for op), and :func:`run_pack`.
+field; :func:`pack_key` is what members of one pack share. :class:`Pack` (build, step, stop a member, epochs), its
+packed forward (``Pack.forward`` mirrors ``BertModel.forward`` and ``MultitaskModel.forward`` op for op) and
+:func:`run_pack` live here; ``peftune.packing`` runs packs in a sweep.
 
-Exactness: each member keeps the modules of its solo run (``train.build_model`` over a backbone whose frozen
-tensors are the pack's, its trainable ones its own copies), built under ``torch.manual_seed(config.seed)`` in
-the solo run's order, so its parameters start as its solo run's; its own AdamW, schedule, clip, divergence guard
-and evaluation are the solo run's code on those modules. Its dropout masks come from its own
-``torch.Generator``, seeded per epoch as the solo run seeds the global RNG (``_epoch_seed``) and drawn at every
-site in the solo run's order and shapes (``dropout.member_dropout``; members whose streams agree, as a sweep's
-one seed makes them, draw each mask's bits once). The loss is the sum of the members' losses, so each member's
-gradient is its own. On the CPU, in fp32 and under bf16 autocast, a member's losses, gradients, weights and scores
-equal its solo run's to the bit (tests/test_pack.py). That rests on every shared op computing a row the same
-whatever the number of rows (MKL's and oneDNN's matmuls, torch's row-wise kernels: measured, at the tested sizes
-and MiniLM's), and on the graph summing each gradient in the solo run's order: LoRA members at dropout 0 and
-above 0 would not (see :func:`check_packable`). A pack runs on the CPU for now: CUDA's dropout takes no generator.
+Each member IS its solo run's state: a ``train._Trial`` (model, AdamW, schedule, clip, divergence guard, rung
+reports, evaluation, history, report and checkpoint), built over the pack's frozen tensors under
+``torch.manual_seed(config.seed)`` in the solo run's order, so its parameters start as its solo run's, and driven
+by the pack through the solo run's own pieces (``begin_epoch``, ``update``, ``after_step``, ``finish_epoch``). So a
+member reports at its rungs and epoch ends what its solo run reports, and writes the solo run's checkpoint, from
+which ``run_trial`` resumes it alone. Its dropout masks come from its own ``torch.Generator``, seeded per epoch as
+the solo run seeds the global RNG (``_epoch_seed``) and drawn at every site in the solo run's order and shapes
+(``dropout.member_dropout``; members whose streams agree, as a sweep's one seed makes them, draw each mask's bits
+once). The loss is the sum of the members' losses, so each member's gradient is its own. On the CPU, in fp32 and
+under bf16 autocast, a member's losses, gradients, weights, scores and reports equal its solo run's to the bit
+(tests/test_pack.py). That rests on every shared op computing a row the same whatever the number of rows (MKL's and
+oneDNN's matmuls, torch's row-wise kernels: measured, at the tested sizes and MiniLM's), and on the graph summing
+each gradient in the solo run's order: LoRA members at dropout 0 and above 0 would not (see :func:`check_packable`).
+A pack runs on the CPU for now: CUDA's dropout takes no generator.
 
-A member may stop mid-pack (``Pack.stop``: ASHA stopping it, or its divergence guard): the pack goes on with the
-rest, whose rows and generators never depended on it, so their results are unchanged by the stop.
+A member may stop mid-pack (``Pack.stop``: a scheduler stopping it at a rung, through the pack's ``decide``, or its
+divergence guard): the pack goes on with the rest, whose rows and generators never depended on it, so their
+results are unchanged by the stop.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from peftune import methods
-from peftune.backbone import BertModel, cast_frozen, stacked_qkv
+from peftune.backbone import cast_frozen, stacked_qkv
 from peftune.dropout import attention, dropout, member_dropout
 from peftune.errors import UserError
 from peftune.methods.adapter import TaskAdapters
 from peftune.methods.lora import LoraLinear, fused_qkv
 from peftune.model import MultitaskModel
-from peftune.params import count_parameters
-from peftune.record import EPOCH
 from peftune.train import (
-    DivergenceGuard,
     PreparedData,
-    PretrainedBackbone,
     TrainConfig,
     TrainingDiverged,
     _epoch_plan,
     _epoch_seed,
+    _Trial,
     autocast_for,
-    build_model,
-    build_optimizer,
-    evaluate_splits,
-    linear_schedule,
     resolve_precision,
     select_device,
 )
@@ -83,6 +81,22 @@ SHARED_FIELDS = ("method", "tasks", "batch_size", "sampling", "temperature", "ep
                  "precision", "eval_splits", "report_fractions")  # fmt: skip
 # method options that shape what the members share: where the adapters sit, what LoRA adapts
 SHARED_OPTIONS = {"lora": ("targets", "init"), "adapter": ("layers",), "bitfit": ()}
+
+
+def packs(config: TrainConfig) -> bool:
+    """Whether ``config`` can be a pack's member at all (its method packs, and not a PiSSA/OLoRA LoRA)."""
+    try:
+        check_packable([config])
+    except UserError:
+        return False
+    return True
+
+
+def pack_key(config: TrainConfig) -> tuple:
+    """What members of one pack must share (``check_packable``): configs with equal keys pack together."""
+    options = methods.make_method_config(config.method, config.method_options_with_dropout())
+    shared = tuple(repr(getattr(config, name)) for name in SHARED_FIELDS)
+    return (*shared, *(repr(getattr(options, name)) for name in SHARED_OPTIONS[config.method]), config.dropout > 0)
 
 
 def check_packable(configs: list[TrainConfig]) -> None:
@@ -98,8 +112,6 @@ def check_packable(configs: list[TrainConfig]) -> None:
         # at dropout 0 the solo run feeds x itself to A (F.dropout returns it): autograd then sums x's three gradient
         # contributions (residual, frozen projection, LoRA path) in another order than behind a dropout node
         raise UserError("LoRA members at dropout 0 and above 0 sum their gradients in other orders: they pack apart")
-    if first.report_fractions:
-        raise UserError("report_fractions: a pack reports at epoch ends only (for now); such a member runs alone")
     for index, config in enumerate(configs[1:], start=1):
         for name in SHARED_FIELDS:
             if getattr(config, name) != getattr(first, name):
@@ -117,84 +129,65 @@ def check_packable(configs: list[TrainConfig]) -> None:
                 )
 
 
-def shared_backbone(pretrained: PretrainedBackbone, device: torch.device) -> BertModel:
-    """A backbone whose parameters ARE the pretrained tensors (no copy, unlike ``PretrainedBackbone.build``): every
-    member's backbone and the pack's frozen one hold the same storage. Built on the meta device as ``build``
-    does, so that it draws from the global RNG exactly what ``build`` draws (nothing)."""
-    with torch.device("meta"):
-        model = BertModel(pretrained.config)
-    model.load_state_dict({k: v.to(device) for k, v in pretrained.state_dict.items()}, assign=True)
-    return model.requires_grad_(False)
-
-
 @dataclass
 class Member:
-    """One member's solo-run state: its model (over the shared frozen tensors), optimizer, schedule, guard."""
+    """One member: its solo run's state (``train._Trial``: model, optimizer, schedule, guard, history, counters,
+    reports and checkpoints) and its dropout stream, the global RNG of its solo run."""
 
     index: int
-    config: TrainConfig
-    model: MultitaskModel
-    optimizer: torch.optim.Optimizer
-    scheduler: torch.optim.lr_scheduler.LRScheduler
-    trainable: list[torch.Tensor]
-    generator: torch.Generator  # its dropout stream: the global RNG of its solo run
-    guard: DivergenceGuard
-    counts: object
-    history: list[dict] = field(default_factory=list)
-    progress: dict = field(default_factory=lambda: {"steps": 0, "examples_seen": 0, "tokens_seen": 0})
+    trial: _Trial
+    generator: torch.Generator
     stopped: str | None = None  # why it stopped before its last epoch (a scheduler's stop, a divergence)
-    # this epoch's loss bookkeeping, as _Trial.train_epoch keeps it (so that train_loss sums in its order)
-    loss_sum: torch.Tensor | None = None
-    window: torch.Tensor | None = None
-    window_start: int = 0
+
+    @property
+    def config(self) -> TrainConfig:
+        return self.trial.config
+
+    @property
+    def model(self) -> MultitaskModel:
+        return self.trial.model
+
+    @property
+    def trainable(self) -> list[torch.Tensor]:
+        return self.trial.trainable
+
+    @property
+    def history(self) -> list[dict]:
+        return self.trial.history
 
 
 class Pack:
-    """K members trained in lockstep; ``step`` trains the active ones on one batch, ``stop`` drops one."""
+    """K members trained in lockstep; ``step`` trains the active ones on one batch, ``stop`` drops one.
 
-    def __init__(self, configs: list[TrainConfig], prepared: PreparedData):
+    ``reports``: each member's report function (``train.ReportFn``, as ``run_trial`` takes; None: none), called with
+    its solo run's metrics and checkpoint at its rungs and epoch ends. ``decide(pack)``: called after every step and
+    every epoch's end, to stop the members a scheduler stopped on what they reported (``Pack.stop``) before the pack
+    trains on."""
+
+    def __init__(self, configs: list[TrainConfig], prepared: PreparedData, reports: list | None = None,
+                 decide: Callable[[Pack], None] | None = None):  # fmt: skip
         check_packable(configs)
         missing = [t for t in configs[0].tasks if t not in prepared.tasks]
         if missing:
             raise UserError(f"tasks {missing} were not prepared; prepared: {sorted(prepared.tasks)}")
-        self.config, self.prepared = configs[0], prepared
+        self.config, self.prepared, self.decide = configs[0], prepared, decide
         self.device = select_device(self.config.device)
         if self.device.type != "cpu":
             raise UserError(f"device {self.device}: a pack draws its members' dropout masks on the CPU (for now)")
         self.precision = resolve_precision(self.device, self.config.precision)
         self.tasks = {t: prepared.tasks[t] for t in self.config.tasks}
-        self.frozen = shared_backbone(prepared.backbone, self.device)  # the frozen ops' weights, shared
-        first_plan = _epoch_plan(self.config, self.tasks, prepared.pad_token_id, epoch=0)
-        self.steps_per_epoch = len(first_plan)
-        self.examples_per_run = self.config.epochs * sum(len(batch) for batch in first_plan)
-        if self.precision == "bf16":  # the frozen weights cast once for the pack (as each solo run casts its own)
+        # the frozen ops' weights, shared: its parameters ARE the pretrained tensors, as every member's frozen ones
+        self.frozen = prepared.backbone.build(self.device, copy=False).requires_grad_(False)
+        if self.precision == "bf16":  # cast once for the pack (each solo run casts its own)
             cast_frozen(self.frozen, torch.bfloat16)
-        self.members = [self._build_member(i, config) for i, config in enumerate(configs)]
+        reports = reports or [None] * len(configs)
+        self.members = [
+            # each built as its solo run builds its model, draw for draw, over the pack's frozen tensors
+            Member(i, _Trial(config, prepared, report, shared=self.frozen), torch.Generator(self.device))
+            for i, (config, report) in enumerate(zip(configs, reports, strict=True))
+        ]
         self.active = list(self.members)  # the members still training, in the order of their rows
-        self.train_time = 0.0
-
-    def _build_member(self, index: int, config: TrainConfig) -> Member:
-        # as _Trial.__init__ builds its model, draw for draw: the seed, the (meta) backbone, the method and heads
-        torch.manual_seed(config.seed)
-        backbone = shared_backbone(self.prepared.backbone, self.device)
-        model = build_model(config, backbone, self.prepared.backbone.pooling).to(self.device)
-        for name, parameter in model.backbone.named_parameters():
-            if parameter.requires_grad and name in model.pretrained_parameter_names:
-                parameter.data = parameter.data.clone()  # a pretrained tensor it trains (BitFit's biases): its own
-        if self.precision == "bf16":  # the pack's casts, not a copy per member
-            cast_frozen(model.backbone, torch.bfloat16, like=self.frozen)
-        optimizer = build_optimizer(model, config)
-        return Member(
-            index=index,
-            config=config,
-            model=model,
-            optimizer=optimizer,
-            scheduler=linear_schedule(optimizer, self.steps_per_epoch * config.epochs, config.warmup_ratio),
-            trainable=[p for p in model.parameters() if p.requires_grad],
-            generator=torch.Generator(self.device).manual_seed(config.seed),
-            guard=DivergenceGuard(config),
-            counts=count_parameters(model),
-        )
+        self.steps_per_epoch = len(_epoch_plan(self.config, self.tasks, prepared.pad_token_id, epoch=0))
 
     # ------------------------------------------------------------------------- stepping
 
@@ -206,11 +199,22 @@ class Pack:
             member.stopped = reason
 
     def begin_epoch(self, epoch: int) -> list:
-        """Seed each active member's dropout stream as its solo run seeds the global RNG; the epoch's batches."""
+        """Seed each active member's dropout stream as its solo run seeds the global RNG and start its epoch, on the
+        pack's clock (the pack's training time: every member's steps run in it, no member's evaluations); the
+        epoch's batches."""
+        plan = _epoch_plan(self.config, self.tasks, self.prepared.pad_token_id, epoch)
+        started, evaluated_before = time.perf_counter(), self._evaluated()
+
+        def clock() -> float:
+            return time.perf_counter() - started - (self._evaluated() - evaluated_before)
+
         for member in self.active:
-            member.model.train()
             member.generator.manual_seed(_epoch_seed(member.config, epoch))
-        return _epoch_plan(self.config, self.tasks, self.prepared.pad_token_id, epoch)
+            member.trial.begin_epoch(epoch, len(plan), clock)
+        return plan
+
+    def _evaluated(self) -> float:
+        return sum(member.trial.eval_time for member in self.members)
 
     def step(self, batch) -> list[torch.Tensor]:
         """One optimizer step of every active member on ``batch``; their losses, detached, in ``self.active`` order."""
@@ -221,14 +225,11 @@ class Pack:
             m.model.tasks[batch.task].loss(out.float(), batch.labels) for m, out in zip(members, outputs, strict=True)
         ]
         for member in members:
-            member.optimizer.zero_grad(set_to_none=True)
+            member.trial.optimizer.zero_grad(set_to_none=True)
         # d(sum)/d(loss_k) = 1: each member's gradient is exactly its own loss's, as in its solo run
         torch.stack(losses).sum().backward()
         for member in members:
-            torch.nn.utils.clip_grad_norm_(member.trainable, member.config.max_grad_norm)  # its own norm
-            member.optimizer.step()
-            member.scheduler.step()
-            member.progress["steps"] += 1
+            member.trial.update()  # its own clip, AdamW step and schedule
         return [loss.detach() for loss in losses]
 
     # ------------------------------------------------------------------------- the packed forward
@@ -364,78 +365,37 @@ class Pack:
 
     # ------------------------------------------------------------------------- epochs
 
-    def train_epoch(self, epoch: int, report=None) -> None:
-        """One epoch of every active member: its steps, its divergence guard (a diverged member stops, the others
-        go on), then each member's evaluation and history entry (and ``report(member, metrics)`` if given)."""
+    def train_epoch(self, epoch: int) -> None:
+        """One epoch of every active member: its steps, each member's bookkeeping after each (its rung reports, its
+        divergence guard: a diverged member stops, the others go on), then each member's epoch end (evaluation,
+        history, report and checkpoint), all by its solo run's code."""
         plan = self.begin_epoch(epoch)
-        started = time.perf_counter()
-        tokens = 0
-        for member in self.active:
-            member.loss_sum = torch.zeros((), device=self.device)
-            member.window, member.window_start = torch.zeros((), device=self.device), 0
         for step, batch in enumerate(plan):
             if not self.active:
                 break
-            batch_tokens = int(batch.attention_mask.sum())
-            tokens += batch_tokens
-            stepped = list(self.active)
-            for member, loss in zip(stepped, self.step(batch), strict=True):
-                member.window = member.window + loss
-                member.progress["examples_seen"] += int(batch.input_ids.shape[0])
-                member.progress["tokens_seen"] += batch_tokens
-                self._look(member, epoch, step, len(plan))
-        epoch_time = time.perf_counter() - started
-        self.train_time += epoch_time
+            for member, loss in zip(list(self.active), self.step(batch), strict=True):
+                try:
+                    member.trial.after_step(step, batch, loss)
+                except TrainingDiverged as error:
+                    self.stop(member, f"diverged: {error}")
+            if self.decide is not None:
+                self.decide(self)
         for member in list(self.active):
-            self._end_epoch(member, epoch, member.loss_sum.item() / max(1, len(plan)), epoch_time, tokens, report)
-
-    def _look(self, member: Member, epoch: int, step: int, steps: int) -> None:
-        """The divergence guard, at the steps _Trial.train_epoch looks at."""
-        guard = member.guard
-        first_look = guard.reference is None and step == 0
-        if first_look or (step + 1) % guard.every == 0 or step + 1 == steps:
-            try:
-                guard.check(member.window, step + 1 - member.window_start, epoch, member.window_start, step)
-            except TrainingDiverged as error:
-                self.stop(member, f"diverged: {error}")
-                return
-            member.loss_sum += member.window
-            member.window, member.window_start = torch.zeros((), device=self.device), step + 1
-
-    def _end_epoch(self, member: Member, epoch: int, train_loss: float, epoch_time: float, tokens: int, report):
-        evaluated = evaluate_splits(member.model, self.tasks, member.config, self.device, self.precision)
-        metrics = {
-            EPOCH: epoch + 1,
-            **evaluated,
-            "train_loss": train_loss,
-            "epoch_time_s": epoch_time,  # the pack's: every member's steps ran in it
-            "tokens_per_s": tokens / epoch_time,  # this member's tokens
-            **member.progress,
-            "progress": member.progress["examples_seen"] / self.examples_per_run,
-            "precision": self.precision,
-            "pack_size": len(self.members),
-            **member.counts.summary(),
-        }
-        member.history.append({k: v for k, v in metrics.items() if k != "predictions"})
-        if report is not None:
-            report(member, metrics)
+            member.trial.finish_epoch()
+        if self.decide is not None:
+            self.decide(self)
 
 
-@dataclass
-class PackResult:
-    history: list[dict]
-    model: MultitaskModel
-    stopped: str | None
-
-
-def run_pack(configs: list[TrainConfig], prepared: PreparedData, report=None) -> list[PackResult]:
-    """Train ``configs`` as one pack (see :class:`Pack`); each member's history, model and why it stopped early."""
-    pack = Pack(configs, prepared)
+def run_pack(configs: list[TrainConfig], prepared: PreparedData, reports: list | None = None,
+             decide: Callable[[Pack], None] | None = None) -> Pack:  # fmt: skip
+    """Train ``configs`` as one pack (see :class:`Pack`); the pack, each member's history, model and why it stopped
+    early in ``pack.members``."""
+    pack = Pack(configs, prepared, reports, decide)
     for epoch in range(pack.config.epochs):
         if not pack.active:
             break
-        pack.train_epoch(epoch, report)
-    return [PackResult(m.history, m.model, m.stopped) for m in pack.members]
+        pack.train_epoch(epoch)
+    return pack
 
 
 def _rows(x, members: int) -> tuple[torch.Tensor, ...]:

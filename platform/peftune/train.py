@@ -183,13 +183,14 @@ class PretrainedBackbone:
     state_dict: dict[str, torch.Tensor]
     pooling: str = "cls"  # the pooling the model was trained with (backbone.native_pooling)
 
-    def build(self, device: torch.device | str = "cpu") -> BertModel:
+    def build(self, device: torch.device | str = "cpu", copy: bool = True) -> BertModel:
         # built on the meta device (no memory, no random initialisation that the weights would
         # overwrite), then the parameters take copies of the pretrained tensors (`assign=True`);
-        # copies, so that full fine-tuning never writes into weights that other trials share
+        # copies, so that full fine-tuning never writes into weights that other trials share.
+        # copy=False: the parameters ARE the pretrained tensors (a pack's members share them; see peftune.pack)
         with torch.device("meta"):
             model = BertModel(self.config)
-        model.load_state_dict({k: v.to(device, copy=True) for k, v in self.state_dict.items()}, assign=True)
+        model.load_state_dict({k: v.to(device, copy=copy) for k, v in self.state_dict.items()}, assign=True)
         return model
 
 
@@ -378,12 +379,13 @@ def autocast_for(device: torch.device, precision: str = "fp32"):
     return nullcontext()
 
 
-def cast_for(model: torch.nn.Module, precision: str) -> None:
+def cast_for(model: MultitaskModel, precision: str, like: BertModel | None = None) -> None:
     """Cast the model's frozen weights once for what ``autocast_for(precision)`` computes in (``cast_frozen``): the
     same numbers as autocast's cast at every call. A bf16 LoRA step on MiniLM spent 19% of its time in casts and
-    copies (``peftune bench --profile``), the frozen weights' part of it at every step."""
+    copies (``peftune bench --profile``), the frozen weights' part of it at every step. ``like``: a pack's frozen
+    backbone, whose casts its members reuse."""
     if precision == "bf16":
-        cast_frozen(model, torch.bfloat16)
+        cast_frozen(model if like is None else model.backbone, torch.bfloat16, like=like)
 
 
 # ----------------------------------------------------------------------------- model + optimizer
@@ -510,10 +512,31 @@ def run_trial(
     return TrialResult(trial.history, trial.model)
 
 
-class _Trial:
-    """One run's state: the model, its optimizer and schedule, the history and the fidelity counters."""
+@dataclass
+class _Epoch:
+    """The epoch a trial is in: its index and length, its clock, and its loss bookkeeping (kept on the device)."""
 
-    def __init__(self, config: TrainConfig, prepared: PreparedData, report: ReportFn | None):
+    index: int
+    steps: int
+    clock: Callable[[], float]  # the epoch's training seconds so far (its evaluations left out)
+    loss_sum: torch.Tensor
+    window: torch.Tensor  # the losses since the divergence guard last looked
+    window_start: int = 0
+    tokens: int = 0
+
+
+class _Trial:
+    """One run's state: the model, its optimizer and schedule, the history and the fidelity counters.
+
+    ``train_epoch`` runs an epoch alone. A pack (``peftune.pack``) runs its members' epochs in lockstep through the
+    same pieces: ``begin_epoch``, its own packed step, then each member's ``update`` and ``after_step`` (the rung
+    reports and the divergence guard), and ``finish_epoch`` (evaluation, the report and its checkpoint): a member
+    reports, checkpoints and resumes exactly as its solo run."""
+
+    def __init__(self, config: TrainConfig, prepared: PreparedData, report: ReportFn | None,
+                 shared: BertModel | None = None):  # fmt: skip
+        """``shared``: a pack's frozen backbone (built with ``copy=False``): this trial's backbone is built over its
+        tensors and uses its casts, with copies of its own of the pretrained tensors it trains (BitFit's biases)."""
         self.started = time.perf_counter()
         self.config, self.prepared, self.report = config, prepared, report
         torch.manual_seed(config.seed)
@@ -521,9 +544,13 @@ class _Trial:
         self.precision = resolve_precision(self.device, config.precision)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        backbone = prepared.backbone.build(self.device)
+        backbone = prepared.backbone.build(self.device, copy=shared is None)
         self.model = build_model(config, backbone, prepared.backbone.pooling).to(self.device)
-        cast_for(self.model, self.precision)
+        if shared is not None:
+            for name, parameter in self.model.backbone.named_parameters():
+                if parameter.requires_grad and name in self.model.pretrained_parameter_names:
+                    parameter.data = parameter.data.clone()  # trained: its own, never the pack's
+        cast_for(self.model, self.precision, like=shared)
         # a prompt's vectors go through every layer with each example: they count as tokens trained on
         prompt = backbone.embeddings.input_prompt
         self.virtual_tokens = prompt.length if prompt is not None else 0
@@ -559,38 +586,30 @@ class _Trial:
 
     def train_epoch(self, epoch: int) -> None:
         """One epoch: its steps (with any rung reports within it), then evaluation and the epoch's report."""
-        config, model, device = self.config, self.model, self.device
-        model.train()
         # dropout draws depend on (seed, epoch) only, so a resumed trial continues exactly
-        torch.manual_seed(_epoch_seed(config, epoch))
-        plan = _epoch_plan(config, self.tasks, self.prepared.pad_token_id, epoch)
+        torch.manual_seed(_epoch_seed(self.config, epoch))
+        plan = _epoch_plan(self.config, self.tasks, self.prepared.pad_token_id, epoch)
+        self.begin_epoch(epoch, len(plan))
+        for step, batch in enumerate(plan):
+            self.after_step(step, batch, self.step(batch))
+        self.finish_epoch()
+
+    def begin_epoch(self, epoch: int, steps: int, clock: Callable[[], float] | None = None) -> None:
+        """Start epoch ``epoch`` of ``steps`` steps. ``clock``: its training seconds so far; by default this trial's
+        time from now, its own evaluations left out (a pack gives its members the pack's)."""
+        self.model.train()
         if self.startup_s is None:
             self.startup_s = time.perf_counter() - self.started
-        started, evaluated_before = time.perf_counter(), self.eval_time
+        if clock is None:
+            started, evaluated_before = time.perf_counter(), self.eval_time
 
-        def trained() -> float:  # the epoch's seconds so far, its rung evaluations left out
-            return time.perf_counter() - started - (self.eval_time - evaluated_before)
+            def clock() -> float:
+                return time.perf_counter() - started - (self.eval_time - evaluated_before)
 
-        # the loss stays on the device: summed there, looked at every `guard.every` steps (one host sync per
-        # look, not per step); tokens (the input's and a prompt's) are counted on the host from the CPU-side masks
-        loss_sum = torch.zeros((), device=device)
-        window, window_start, tokens = torch.zeros((), device=device), 0, 0
-        for step, batch in enumerate(plan):
-            batch_tokens = int(batch.attention_mask.sum()) + self.virtual_tokens * int(batch.input_ids.shape[0])
-            tokens += batch_tokens
-            window = window + self.step(batch)
-            self.progress["examples_seen"] += int(batch.input_ids.shape[0])
-            self.progress["tokens_seen"] += batch_tokens
-            self.rung_reports(epoch, trained, within=step + 1 < len(plan))  # an epoch's end reports anyway
-            first_look = self.guard.reference is None and step == 0  # the first step alone is the reference
-            if first_look or (step + 1) % self.guard.every == 0 or step + 1 == len(plan):
-                window_mean = self.guard.check(window, step + 1 - window_start, epoch, window_start, step)
-                loss_sum += window
-                window, window_start = torch.zeros((), device=device), step + 1
-                self.log_progress(epoch, step, len(plan), window_mean, tokens, started)
-        epoch_time = trained()
-        self.train_time += epoch_time
-        self.end_epoch(epoch, loss_sum.item() / max(1, len(plan)), epoch_time, tokens)
+        # the loss stays on the device: summed there, looked at every `guard.every` steps (one host sync per look,
+        # not per step)
+        zero = functools.partial(torch.zeros, (), device=self.device)
+        self.epoch = _Epoch(epoch, steps, clock, loss_sum=zero(), window=zero())
 
     def step(self, batch) -> torch.Tensor:
         """One optimizer step on ``batch``; its loss, detached, on the device."""
@@ -600,11 +619,40 @@ class _Trial:
         loss = self.model.tasks[batch.task].loss(outputs.float(), batch.labels)
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
+        self.update()
+        return loss.detach()
+
+    def update(self) -> None:
+        """The optimizer step once the gradients are in: the clip (this trial's norm), AdamW, the schedule."""
         torch.nn.utils.clip_grad_norm_(self.trainable, self.config.max_grad_norm)
         self.optimizer.step()
         self.scheduler.step()
         self.progress["steps"] += 1
-        return loss.detach()
+
+    def after_step(self, step: int, batch, loss: torch.Tensor) -> None:
+        """A step's bookkeeping: the counters, any rung report it reached, the divergence guard (which raises
+        ``TrainingDiverged``). Tokens (the input's and a prompt's) are counted on the host from the CPU-side masks."""
+        epoch = self.epoch
+        batch_tokens = int(batch.attention_mask.sum()) + self.virtual_tokens * int(batch.input_ids.shape[0])
+        epoch.tokens += batch_tokens
+        epoch.window = epoch.window + loss
+        self.progress["examples_seen"] += int(batch.input_ids.shape[0])
+        self.progress["tokens_seen"] += batch_tokens
+        self.rung_reports(epoch.index, epoch.clock, within=step + 1 < epoch.steps)  # an epoch's end reports anyway
+        first_look = self.guard.reference is None and step == 0  # the first step alone is the reference
+        if first_look or (step + 1) % self.guard.every == 0 or step + 1 == epoch.steps:
+            window_mean = self.guard.check(epoch.window, step + 1 - epoch.window_start, epoch.index,
+                                           epoch.window_start, step)  # fmt: skip
+            epoch.loss_sum += epoch.window
+            epoch.window, epoch.window_start = torch.zeros((), device=self.device), step + 1
+            self.log_progress(epoch, step, window_mean)
+
+    def finish_epoch(self) -> None:
+        """The epoch's end: its time, then evaluation and the epoch's report."""
+        epoch = self.epoch
+        epoch_time = epoch.clock()
+        self.train_time += epoch_time
+        self.end_epoch(epoch.index, epoch.loss_sum.item() / max(1, epoch.steps), epoch_time, epoch.tokens)
 
     def rung_reports(self, epoch: int, trained: Callable[[], float], within: bool) -> None:
         """Report (without a checkpoint) each data-fidelity rung the run has just passed ``within`` the epoch;
@@ -625,11 +673,11 @@ class _Trial:
             }
             self.report(_partial_metrics(epoch, metrics, progress, self.examples_per_run), None)
 
-    def log_progress(self, epoch: int, step: int, steps: int, loss: float, tokens: int, started: float) -> None:
+    def log_progress(self, epoch: _Epoch, step: int, loss: float) -> None:
         every = self.config.log_every
         if every and (step + 1) % every < self.guard.every:
-            elapsed = time.perf_counter() - started
-            log.info("epoch %d step %d/%d loss %.4f %.0f tokens/s", epoch + 1, step + 1, steps, loss, tokens / elapsed)
+            rate = epoch.tokens / max(epoch.clock(), 1e-9)
+            log.info("epoch %d step %d/%d loss %.4f %.0f tokens/s", epoch.index + 1, step + 1, epoch.steps, loss, rate)
 
     def end_epoch(self, epoch: int, train_loss: float, epoch_time: float, tokens: int) -> None:
         """Evaluate, append the epoch to the history and report it with its checkpoint."""
