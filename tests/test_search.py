@@ -493,3 +493,30 @@ def test_within_a_round_the_slowest_method_starts_first_so_the_phase_ends_on_sho
     again = make_searcher(tmp_path, methods, num_samples=9, asynchronous=False)
     again.restore(str(checkpoint))
     assert again.mean_seconds("prompt") == 200.0 and again.mean_seconds("frozen") == 10.0
+
+
+def test_a_packable_methods_trials_are_handed_out_as_one_round_of_a_pack(tmp_path):
+    # not asynchronous: a method's trial waits for its earlier ones, but a pack's round of trials is handed out
+    # together (asked of its study with the same trials told), the other methods' trials after it
+    searcher = search.PerMethodSearcher(
+        {m: shipped_space(m) for m in ("frozen", "bitfit")}, sweep="s", num_samples=8,
+        storage_url=f"sqlite:///{tmp_path / 'optuna.db'}", n_startup_trials=2, asynchronous=False,
+        pack_sizes={"bitfit": 3},
+    )  # fmt: skip
+    first = hand_out(searcher, 0, 4)
+    assert [c["method"] for c in first] == ["frozen", "bitfit", "bitfit", "bitfit"]
+    assert searcher.suggest("t4") is None  # frozen waits for its trial; bitfit's round is full
+    searcher.on_trial_complete("t1", {"score": 0.4})
+    assert searcher.suggest("t4") is None  # a round closes when all its trials ended
+    for i in (2, 3):
+        searcher.on_trial_complete(f"t{i}", {"score": 0.4})
+    assert [c["method"] for c in hand_out(searcher, 4, 1)] == ["bitfit"]  # its next round
+    state = tmp_path / "searcher.json"
+    searcher.save(str(state))
+    again = search.PerMethodSearcher(
+        {m: shipped_space(m) for m in ("frozen", "bitfit")}, sweep="s", num_samples=8,
+        storage_url=f"sqlite:///{tmp_path / 'optuna.db'}", n_startup_trials=2, asynchronous=False,
+        pack_sizes={"bitfit": 3},
+    )  # fmt: skip
+    again.restore(str(state))
+    assert again.open_round("bitfit") == 1 and again.pack_size("bitfit") == 3

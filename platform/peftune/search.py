@@ -52,6 +52,7 @@ from ray.tune.search.optuna import OptunaSearch
 
 from peftune import spaces
 from peftune.errors import UserError
+from peftune.pack import PACKABLE
 from peftune.record import DEFAULT, SCORE, SEARCH, config_key, sqlite_path
 from peftune.spaces import MethodSpace
 
@@ -238,9 +239,14 @@ class PerMethodSearcher(Searcher):
         n_startup_trials: int = 10,
         asynchronous: bool = False,
         allocation: Allocation | None = None,
+        pack_sizes: dict[str, int] | None = None,
     ):
         super().__init__(metric=METRIC, mode=MODE)
         self.asynchronous = asynchronous
+        # method -> how many of its trials may train as one pack (peftune.packing): they are handed out as a round,
+        # one after another, asked of its study with the same trials told
+        self.pack_sizes = dict(pack_sizes or {})
+        self.rounds: dict[str, int] = {}  # method -> trials handed in its open round
         self.spaces = dict(method_spaces)
         self.sweep, self.storage_url, self.seed = sweep, storage_url, seed
         self.n_startup_trials = n_startup_trials
@@ -295,8 +301,18 @@ class PerMethodSearcher(Searcher):
         asynchronous = getattr(self, "asynchronous", True)  # a searcher pickled before the option was async
         running = self.running()
         ready = [m for m in self.spaces if self.budgets().may_start(m, self.handed[m], running[m])]
+        filling = [m for m in ready if running[m] and self.open_round(m) < self.pack_size(m)]
+        if filling:  # a pack's round is being handed out: its next member first
+            return filling[0]
         ready = [m for m in ready if asynchronous or not running[m]]
         return min(ready, key=lambda m: (self.handed[m], -self.mean_seconds(m))) if ready else None
+
+    def pack_size(self, method: str) -> int:
+        return getattr(self, "pack_sizes", {}).get(method, 1)  # a searcher pickled before packing: 1
+
+    def open_round(self, method: str) -> int:
+        """The trials of ``method`` handed in its current round (a round opens when none of its trials runs)."""
+        return getattr(self, "rounds", {}).get(method, 0)
 
     def mean_seconds(self, method: str) -> float:
         """The mean training seconds of ``method``'s finished trials; inf before any (unknown: maybe the longest)."""
@@ -338,6 +354,9 @@ class PerMethodSearcher(Searcher):
                 params = _suggest(optuna_trial, self.spaces[method])
             number, is_default = optuna_trial.number, bool(optuna_trial.user_attrs.get(DEFAULT_ATTR))
         self.handed[method] += 1
+        if not hasattr(self, "rounds"):  # a searcher pickled before packing
+            self.rounds = {}
+        self.rounds[method] = self.open_round(method) + 1 if self.running()[method] else 1
         self.live[trial_id] = [method, number]
         name = study_name(self.sweep, method)
         set_user_attr(self.storage(), name, number, RAY_TRIAL_ATTR, trial_id)  # an orphan's: its new Ray trial
@@ -383,6 +402,7 @@ class PerMethodSearcher(Searcher):
     def get_state(self) -> dict:
         state = {"handed": dict(self.handed), "live": dict(self.live), "budget": dict(self.budget)}
         state["seconds"] = {m: list(v) for m, v in self.timings().items()}
+        state["rounds"] = dict(getattr(self, "rounds", {}))  # each pack's round handed so far
         return {**state, "allocation": self.budgets().state()}
 
     def set_state(self, state: dict) -> None:
@@ -390,6 +410,7 @@ class PerMethodSearcher(Searcher):
         self.live = {k: list(v) for k, v in state["live"].items()}
         self.budget.update(state["budget"])
         self.seconds = {m: list(v) for m, v in state.get("seconds", {}).items()}
+        self.rounds = dict(state.get("rounds", {}))
         self.budgets().costs.update(state.get("allocation", {}).get("costs", {}))
 
     def save(self, checkpoint_path: str) -> None:
@@ -635,6 +656,7 @@ def make_searcher(
             n_startup_trials=definition.search.n_startup_trials,
             asynchronous=definition.search.asynchronous,
             allocation=budgets,
+            pack_sizes=pack_sizes(definition),
         )
 
     # TPE's `group` (conditional spaces) is flagged experimental; it is what a per-method space needs
@@ -659,6 +681,12 @@ def make_searcher(
     return StoredOptunaSearch(
         space, storage_url=storage_url, study=study_name(definition.name), metric=metric, mode=mode, sampler=sampler
     )
+
+
+def pack_sizes(definition: spaces.SweepDefinition) -> dict[str, int]:
+    """Each method whose trials may pack, and how many to a pack (``resources.pack_size``; see peftune.packing)."""
+    size = definition.resources.pack_size
+    return {method: size for method in definition.spaces if size > 1 and method in PACKABLE}
 
 
 def live_rungs(definition: spaces.SweepDefinition, steps_per_run: int | None = None) -> list[float]:

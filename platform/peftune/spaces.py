@@ -293,6 +293,9 @@ class Resources(Section):
     max_concurrent_trials: count(1, 100_000, "at most a sweep's trials") | None = (
         None  # None: as many as resources allow
     )
+    # search trials of lora, bitfit and adapter trained K at a time over one frozen backbone (peftune.packing); 1: never
+    pack_size: count(1, 64, "a sane bound on a pack's members") = 1
+    pack_wait_s: Bound(0.0, 600.0, "ten minutes").annotated(integer=False) = 5.0  # a cohort's wait for its members
 
 
 @section()

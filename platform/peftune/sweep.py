@@ -52,7 +52,7 @@ import pyarrow.fs
 import ray
 from ray import tune
 
-from peftune import confirm, console, lease, search, spaces, tracking, tracking_buffer, worker
+from peftune import confirm, console, lease, packing, search, spaces, tracking, tracking_buffer, worker
 from peftune import record as record_names
 from peftune.errors import UserError, disk_full, no_space, one_line
 from peftune.record import (
@@ -238,7 +238,7 @@ def every_slot_pending(resources: spaces.Resources):
     if PENDING_ENV in os.environ:
         yield
         return
-    os.environ[PENDING_ENV] = str(trial_slots(resources))
+    os.environ[PENDING_ENV] = str(trial_slots(resources) * resources.pack_size)  # a slot holds a pack's members
     try:
         yield
     finally:
@@ -372,6 +372,7 @@ def run_sweep(
         status = sweep_status(trials) if complete else INTERRUPTED
         logged = _close(definition, record, trial_logger, grid, status, complete)
     except BaseException as error:
+        packing.stop_hubs()
         _close_after(error, definition, record, trial_logger, tracking_wait_s)
         full = disk_full(error)
         if full is not None and full.path is None:  # it names no file: a write after the first refused one (Tune's
@@ -380,6 +381,7 @@ def run_sweep(
         if full is not None and full is not error:
             raise full from error  # one line for the command line, naming the path: interrupted, exit 3
         raise
+    packing.stop_hubs()
     confirmed = dataclasses.asdict(confirmation) if confirmation else None
     result = _result(definition, record, where, status, trials, checkpoints_logged=logged, confirmation=confirmed)
     if complete and on_finished is not None:
@@ -400,10 +402,19 @@ def _trial_logger(definition, record, settings, prepared, storage: str, exists: 
 
 
 def _runnable(definition: SweepDefinition, prepared, settings: worker.TrialSettings):
-    """Tune's trainable: the data put once in the object store (each worker fetches it once, not per trial)."""
+    """Tune's trainable: the data put once in the object store (each worker fetches it once, not per trial), and
+    with ``resources.pack_size`` > 1 the hub where search trials of packable methods form packs."""
     shared = worker.SharedData(ray.put(prepared))
+    resources = definition.resources
+    if resources.pack_size > 1 and ray.cluster_resources().get("GPU", 0) > 0:
+        log.warning("resources.pack_size %d: packs train on the CPU only (for now): off on this GPU cluster",
+                    resources.pack_size)  # fmt: skip
+    elif resources.pack_size > 1:
+        hub = packing.start_hub(shared, settings.threads or 1, resources.pack_size, resources.pack_wait_s)
+        settings = dataclasses.replace(settings, packing=hub)
     trainable = tune.with_parameters(worker.trainable, prepared=shared, settings=settings)
-    return tune.with_resources(trainable, trial_resources(definition.resources))
+    per_trial = packing.TrialResources(**trial_resources(resources), packing=settings.packing)
+    return tune.with_resources(trainable, per_trial)
 
 
 def _set_environment() -> None:

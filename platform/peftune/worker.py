@@ -24,6 +24,7 @@ import torch
 from ray import tune
 
 from peftune import console, record
+from peftune.packing import PackSettings, packed_trial
 from peftune.train import TrainConfig, TrainingDiverged, run_trial, select_device
 from peftune.trial_spec import DataSettings, TrialSpec
 
@@ -44,6 +45,7 @@ class TrialSettings:
     data: DataSettings | None = None  # what the sweep's data was read with (None: unknown to these settings)
     threads: int | None = None  # torch's threads in a trial: its CPUs (a trial re-runs exactly on as many)
     reporting: bool = False  # a report run (``record.REPORT_REASON``): dev only, no decision split, no predictions
+    packing: PackSettings | None = None  # how search trials of packable methods pack (peftune.packing); None: never
 
     def for_trial(self, config: dict) -> TrialSettings:
         """These settings with the trial's own seed and phase where its config carries them (a confirmation)."""
@@ -131,7 +133,6 @@ def trainable(config: dict, prepared, settings: TrialSettings) -> None:
     ``prepared``: the sweep's ``PreparedData``, or a ``SharedData`` reference to it (see :func:`worker_prepared`).
     """
     console.quiet_trial_logs()
-    prepared = worker_prepared(prepared)
     settings = settings.for_trial(config)
     granted = granted_resources()
     torch.set_num_threads(settings.threads or max(1, int(granted["granted_cpu"])))
@@ -150,6 +151,11 @@ def trainable(config: dict, prepared, settings: TrialSettings) -> None:
 
     try:
         checkpoint = tune.get_checkpoint()
+        packing = settings.packing
+        if checkpoint is None and packing is not None and packing.packs(config, train_config):
+            packed_trial(train_config, packing, report)  # a pack's runner trains it (a resumed trial: alone)
+            return
+        prepared = worker_prepared(prepared)
         if checkpoint is None:
             run_trial(train_config, prepared, report)
             return

@@ -1,0 +1,316 @@
+"""Packed trials in a sweep: single-configuration Tune trials that train together in one pack (``peftune.pack``).
+
+Ray Tune still schedules one trial per configuration: the searcher, ASHA, the equal budget, the record (one MLflow
+run per configuration), the checkpoints and the retries see nothing else. What changes is where a search trial of
+a packable method trains (``resources.pack_size`` K > 1):
+
+- it asks for 1/K of a trial's CPUs (and GPU share), so that K of them hold one slot;
+- it joins a *cohort* at the sweep's :class:`PackHub`: trials of the same node whose configurations can share the
+  batches (``pack.pack_key``). A cohort closes at K members, or ``pack_wait_s`` after its first one joined;
+- the hub starts the cohort as one pack on a :class:`PackRunner`, a process of its own on that node (reused by the
+  next cohort), which trains with one trial's threads on the CPUs its members hold;
+- the trial relays its member's reports: the metrics and the checkpoint files the member wrote (the solo run's, see
+  ``pack.py``) go to ``tune.report``. When ``tune.report`` returns, Tune let the trial go on; when it raises
+  ``SystemExit``, Tune stopped it (ASHA at a rung): either way the trial tells the runner, which holds the pack
+  after every member's report until each decision is in, and stops the members Tune stopped (``Pack.stop``): the
+  others' results are unchanged, as the solo runs they are.
+
+A pack as one Tune trial of K configurations was the other design: the searcher, ASHA, the budget and the record
+would each have had to learn that one trial is K configurations, and a stopped member could not free its share.
+Here they do not know, and a stopped member's share goes back to Tune at once (it refills the slot with a trial
+that joins the next cohort).
+
+Faults: a runner that fails or dies fails its members' trials; Tune retries each (``max_failures``) from its last
+checkpoint, alone (a resumed trial never packs: its cohort would have to be at the same step). A member whose trial
+stops without a word (its process killed) is stopped after ``DECISION_TIMEOUT_S``. The confirmation does not pack
+(its trials differ in seed, so in batches).
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import tempfile
+import threading
+import time
+import traceback
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+from ray import tune
+from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+from peftune import pack, record
+from peftune.train import TrainConfig
+
+log = logging.getLogger("peftune.packing")
+
+# a member's trial that neither went on nor stopped within this is taken as stopped (its process died): Tune
+# answers a report in well under a second, and its slowest driver steps measured here took seconds, not minutes
+DECISION_TIMEOUT_S = 300.0
+
+
+@dataclass(frozen=True)
+class PackSettings:
+    """How a sweep's search trials pack: ``size`` members at most (1: never), a cohort waiting ``wait_s`` for them,
+    at the hub named ``hub``."""
+
+    size: int
+    wait_s: float
+    hub: str
+
+    def packs(self, config: dict, train_config: TrainConfig | None = None) -> bool:
+        """Whether the trial of this Tune ``config`` joins a pack: a search trial of a packable configuration."""
+        marks = config.get("peftune") or {}
+        if self.size <= 1 or (marks.get("phase") or record.SEARCH) != record.SEARCH:
+            return False
+        return pack.packs(train_config) if train_config is not None else config.get("method") in pack.PACKABLE
+
+
+@dataclass(frozen=True)
+class TrialResources:
+    """Tune's resources per trial (``tune.with_resources`` takes a callable of the trial's config): a trial that
+    may pack asks for 1/K of a trial's share, every other trial for the whole."""
+
+    cpu: float
+    gpu: float = 0.0
+    packing: PackSettings | None = None
+
+    def __call__(self, config: dict) -> tune.PlacementGroupFactory:
+        share = 1 / self.packing.size if self.packing is not None and self.packing.packs(config) else 1.0
+        bundle = {"CPU": self.cpu * share, **({"GPU": self.gpu * share} if self.gpu else {})}
+        return tune.PlacementGroupFactory([bundle])
+
+
+# the hubs this driver started, by name: a handle held (Ray ends an actor no handle refers to) until stop_hubs
+_HUBS: dict[str, Any] = {}
+
+
+def start_hub(prepared, threads: int, size: int, wait_s: float) -> PackSettings:
+    """The sweep's pack hub (``prepared``: the ``worker.SharedData`` its runners train on), started and owned by the
+    driver (it ends with the driver at the latest). Returns the settings every trial gets."""
+    name = f"peftune-packs-{uuid.uuid4().hex[:12]}"
+    _HUBS[name] = PackHub.options(name=name, num_cpus=0, max_concurrency=1000).remote(prepared, threads, size, wait_s)
+    return PackSettings(size, wait_s, name)
+
+
+def stop_hubs() -> None:
+    """End the hubs this driver started, and with them their runners (actors they own)."""
+    while _HUBS:
+        _, hub = _HUBS.popitem()
+        ray.kill(hub)
+
+
+# ----------------------------------------------------------------------------- the hub
+
+
+class _Cohort:
+    def __init__(self, deadline: float):
+        self.deadline = deadline
+        self.configs: list[TrainConfig] = []
+        self.closed = threading.Event()
+        self.runner = None
+        self.id = uuid.uuid4().hex  # the pack's: every call to its runner names it (a runner trains one after another)
+
+
+@ray.remote
+class PackHub:
+    """Forms the cohorts (per node and ``pack_key``) and starts each on an idle runner of its node."""
+
+    def __init__(self, prepared, threads: int, size: int, wait_s: float):
+        self.prepared, self.threads, self.size, self.wait_s = prepared, threads, size, wait_s
+        self.lock = threading.Lock()
+        self.open: dict[tuple, _Cohort] = {}
+        self.idle: dict[str, list] = {}  # node id -> runners whose pack ended
+
+    def join(self, key: tuple, config: TrainConfig, node: str) -> tuple[Any, str, int, int]:
+        """Add a member; blocks until its cohort closes. (its runner, the pack's id, the member's index, the size)"""
+        with self.lock:
+            cohort = self.open.get((node, key))
+            if cohort is None:
+                cohort = self.open[(node, key)] = _Cohort(time.monotonic() + self.wait_s)
+            index = len(cohort.configs)
+            cohort.configs.append(config)
+            if len(cohort.configs) >= self.size:
+                self._close(node, key, cohort)
+        cohort.closed.wait(max(0.0, cohort.deadline - time.monotonic()))
+        with self.lock:
+            if not cohort.closed.is_set():
+                self._close(node, key, cohort)
+        return cohort.runner, cohort.id, index, len(cohort.configs)
+
+    def _close(self, node: str, key: tuple, cohort: _Cohort) -> None:  # under the lock
+        self.open.pop((node, key), None)
+        runners = self.idle.setdefault(node, [])
+        if runners:
+            runner = runners.pop()
+        else:
+            where = NodeAffinitySchedulingStrategy(node, soft=False)  # the CPUs its members hold are there
+            options = {"num_cpus": 0, "max_concurrency": 1000, "scheduling_strategy": where}
+            runner = PackRunner.options(**options).remote(self.prepared, self.threads)
+        runner.start.remote(cohort.id, list(cohort.configs), ray.get_runtime_context().current_actor, node)
+        cohort.runner = runner
+        cohort.closed.set()
+
+    def release(self, node: str, runner) -> None:
+        """A runner whose pack ended: the next cohort of its node takes it."""
+        with self.lock:
+            self.idle.setdefault(node, []).append(runner)
+
+
+# ----------------------------------------------------------------------------- the runner
+
+
+@dataclass
+class _Channel:
+    """A member's way to its trial: what it reported, and whether Tune let it go on."""
+
+    reports: queue.Queue
+    decision: queue.Queue
+    awaiting: bool = False  # it reported: the pack waits for Tune's decision before it trains on
+    told: bool = False  # its trial was told it diverged
+
+
+@ray.remote
+class PackRunner:
+    """Trains one pack at a time, in a thread of its own; members' trials fetch their reports with ``next`` and
+    answer with ``decide``, each call naming its pack (a call may reach the runner before the pack's ``start``, and
+    a late one of an earlier pack after it)."""
+
+    def __init__(self, prepared, threads: int):
+        self.prepared, self.threads = prepared, threads
+        self.packs: dict[str, list[_Channel]] = {}  # pack id -> its members' channels
+        self.started = threading.Condition()
+
+    def start(self, pack_id: str, configs: list[TrainConfig], hub, node: str) -> None:
+        channels = [_Channel(queue.Queue(), queue.Queue()) for _ in configs]
+        with self.started:
+            self.packs = {pack_id: channels}  # an earlier pack's calls find nothing now
+            self.started.notify_all()
+        me = ray.get_runtime_context().current_actor
+        threading.Thread(target=self._train, args=(configs, channels, hub, node, me), daemon=True).start()
+
+    def _channel(self, pack_id: str, index: int, wait: bool) -> _Channel | None:
+        with self.started:
+            if wait:
+                self.started.wait_for(lambda: pack_id in self.packs, timeout=DECISION_TIMEOUT_S)
+            channels = self.packs.get(pack_id)
+        return None if channels is None else channels[index]
+
+    def next(self, pack_id: str, index: int) -> tuple[str, Any]:
+        """The member's next item: ("report", (metrics, {file: bytes} | None)), ("diverged", reason), ("end", None)
+        or ("error", the pack's traceback)."""
+        channel = self._channel(pack_id, index, wait=True)
+        return ("error", "the pack never started on its runner") if channel is None else channel.reports.get()
+
+    def decide(self, pack_id: str, index: int, go_on: bool) -> None:
+        channel = self._channel(pack_id, index, wait=False)
+        if channel is not None:
+            channel.decision.put(go_on)
+
+    def _train(self, configs: list[TrainConfig], channels: list[_Channel], hub, node: str, me) -> None:
+        from peftune.worker import release_freed_memory, worker_prepared
+
+        torch.set_num_threads(self.threads)
+        try:
+            prepared = worker_prepared(self.prepared)
+            reports = [_reporter(channel, len(configs)) for channel in channels]
+            packed = pack.run_pack(configs, prepared, reports, decide=lambda p: _decide(p, channels))
+            _tell_diverged(packed, channels)
+            for channel in channels:
+                if not channel.told:
+                    channel.reports.put(("end", None))
+        except Exception:  # every member's trial fails with it; Tune retries each from its checkpoint, alone
+            error = traceback.format_exc()
+            log.error("a pack failed: %s", error)
+            for channel in channels:
+                channel.reports.put(("error", error))
+        finally:
+            release_freed_memory()
+            hub.release.remote(node, me)
+
+
+def _reporter(channel: _Channel, size: int):
+    """A member's report function (``train.ReportFn``): its metrics, and the checkpoint it writes, as file bytes."""
+
+    def report(metrics: dict, save) -> None:
+        files = None
+        if save is not None:
+            with tempfile.TemporaryDirectory(prefix="peftune-pack-") as directory:
+                root = Path(directory)
+                save(root)
+                files = {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+        channel.awaiting = True
+        channel.reports.put(("report", ({**metrics, "pack_size": size}, files)))
+
+    return report
+
+
+def _decide(packed: pack.Pack, channels: list[_Channel]) -> None:
+    """Wait for Tune's decision on every report the members just made; stop those it stopped. A member that just
+    diverged is told at once (its trial ends, and its share goes back to Tune)."""
+    _tell_diverged(packed, channels)
+    for member in list(packed.active):
+        channel = channels[member.index]
+        if not channel.awaiting:
+            continue
+        channel.awaiting = False
+        try:
+            go_on = channel.decision.get(timeout=DECISION_TIMEOUT_S)
+        except queue.Empty:
+            log.warning("member %d's trial gave no decision in %.0f s: stopped", member.index, DECISION_TIMEOUT_S)
+            go_on = False
+        if not go_on:
+            packed.stop(member, "stopped by the scheduler")
+
+
+def _tell_diverged(packed: pack.Pack, channels: list[_Channel]) -> None:
+    for member in packed.members:
+        channel = channels[member.index]
+        if member.stopped is not None and member.stopped.startswith("diverged") and not channel.told:
+            channel.told = True
+            channel.reports.put(("diverged", member.stopped))
+
+
+# ----------------------------------------------------------------------------- the trial's side
+
+
+def packed_trial(train_config: TrainConfig, settings: PackSettings, report) -> None:
+    """Run a search trial as a member of a pack: join a cohort, then relay the member's reports to Tune through
+    ``report`` (the worker's: metrics, and ``save(directory)`` writing the checkpoint) and Tune's decisions back.
+    Raises ``TrainingDiverged`` as ``run_trial`` would."""
+    from peftune.train import TrainingDiverged
+
+    hub = ray.get_actor(settings.hub)
+    node = ray.get_runtime_context().get_node_id()
+    runner, pack_id, index, size = ray.get(hub.join.remote(pack.pack_key(train_config), train_config, node))
+    log.info("training in a pack of %d (member %d)", size, index)
+    try:
+        while True:
+            kind, payload = ray.get(runner.next.remote(pack_id, index))
+            if kind == "end":
+                return
+            if kind == "diverged":
+                raise TrainingDiverged(payload.removeprefix("diverged: "))
+            if kind == "error":
+                raise RuntimeError(f"the pack this trial trained in failed:\n{payload}")
+            metrics, files = payload
+            report(metrics, None if files is None else _writer(files))  # SystemExit when Tune stopped the trial
+            runner.decide.remote(pack_id, index, True)  # it returned: Tune lets the trial go on
+    except BaseException:  # stopped, failed or ended: the pack goes on without this member
+        runner.decide.remote(pack_id, index, False)
+        raise
+
+
+def _writer(files: dict[str, bytes]):
+    def save(directory: Path) -> None:
+        for name, data in files.items():
+            path = directory / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            path.write_bytes(data)
+
+    return save
