@@ -18,8 +18,6 @@ from ray.tune.schedulers import TrialScheduler
 from peftune import packing, record, search, spaces, sweep
 from tiny_sweep import FROZEN_AND_TOP_K, write_definition
 
-pytestmark = pytest.mark.slow
-
 BITFIT = """\
     method: bitfit
     lr: {low: 1.0e-4, high: 1.0e-2, log: true}
@@ -105,6 +103,7 @@ def stop_each_methods_second_trial_at_its_first_rung(monkeypatch) -> None:
     monkeypatch.setattr(search.PerMethodScheduler, "on_trial_result", on_trial_result)
 
 
+@pytest.mark.slow
 def test_packed_search_trials_record_their_solo_twins_scores(local_ray, tmp_path, tiny_data_dir, monkeypatch):
     stop_each_methods_second_trial_at_its_first_rung(monkeypatch)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -139,6 +138,8 @@ def test_only_search_trials_of_packable_methods_ask_for_a_share_of_a_slot():
     bundle = per_trial({"method": "lora", "peftune": {"phase": "search"}}).bundles[0]
     assert bundle == {"CPU": 0.25, "GPU": 0.125}
     assert per_trial({"method": "full", "peftune": {"phase": "search"}}).bundles[0] == {"CPU": 1.0, "GPU": 0.5}
+    pissa = {"method": "lora", "lora": {"init": "pissa"}, "peftune": {"phase": "search"}}  # rewrites shared weights
+    assert per_trial(pissa).bundles[0] == {"CPU": 1.0, "GPU": 0.5}
     assert per_trial({"method": "lora", "peftune": {"phase": "confirm"}}).bundles[0] == {"CPU": 1.0, "GPU": 0.5}
     alone = packing.TrialResources(cpu=1.0)
     assert alone({"method": "lora", "peftune": {"phase": "search"}}).bundles[0] == {"CPU": 1.0}

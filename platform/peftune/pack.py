@@ -83,13 +83,10 @@ SHARED_FIELDS = ("method", "tasks", "batch_size", "sampling", "temperature", "ep
 SHARED_OPTIONS = {"lora": ("targets", "init"), "adapter": ("layers",), "bitfit": ()}
 
 
-def packs(config: TrainConfig) -> bool:
-    """Whether ``config`` can be a pack's member at all (its method packs, and not a PiSSA/OLoRA LoRA)."""
-    try:
-        check_packable([config])
-    except UserError:
-        return False
-    return True
+def packs(method: str, options: dict) -> bool:
+    """Whether a configuration of ``method`` with these method ``options`` can be a pack's member at all (its
+    method packs, and it is not a PiSSA/OLoRA LoRA)."""
+    return method in PACKABLE and (method != "lora" or options.get("init", "lora") == "lora")
 
 
 def pack_key(config: TrainConfig) -> tuple:
@@ -106,7 +103,7 @@ def check_packable(configs: list[TrainConfig]) -> None:
     first = configs[0]
     if first.method not in PACKABLE:
         raise UserError(f"method {first.method!r} does not pack (packable: {', '.join(PACKABLE)}); it runs alone")
-    if first.method == "lora" and first.method_options.get("init", "lora") != "lora":
+    if not packs(first.method, first.method_options):
         raise UserError("LoRA init pissa/olora rewrites the frozen weights a pack shares: such a member runs alone")
     if first.method == "lora" and len({config.dropout > 0 for config in configs}) > 1:
         # at dropout 0 the solo run feeds x itself to A (F.dropout returns it): autograd then sums x's three gradient

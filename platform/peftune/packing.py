@@ -63,12 +63,13 @@ class PackSettings:
     wait_s: float
     hub: str
 
-    def packs(self, config: dict, train_config: TrainConfig | None = None) -> bool:
+    def packs(self, config: dict) -> bool:
         """Whether the trial of this Tune ``config`` joins a pack: a search trial of a packable configuration."""
         marks = config.get("peftune") or {}
         if self.size <= 1 or (marks.get("phase") or record.SEARCH) != record.SEARCH:
             return False
-        return pack.packs(train_config) if train_config is not None else config.get("method") in pack.PACKABLE
+        method = config.get("method")
+        return pack.packs(method, config.get(method) or {})
 
 
 @dataclass(frozen=True)

@@ -152,7 +152,7 @@ def trainable(config: dict, prepared, settings: TrialSettings) -> None:
     try:
         checkpoint = tune.get_checkpoint()
         packing = settings.packing
-        if checkpoint is None and packing is not None and packing.packs(config, train_config):
+        if checkpoint is None and packing is not None and packing.packs(config):
             packed_trial(train_config, packing, report)  # a pack's runner trains it (a resumed trial: alone)
             return
         prepared = worker_prepared(prepared)
