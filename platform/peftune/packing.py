@@ -127,6 +127,7 @@ class PackHub:
         self.lock = threading.Lock()
         self.open: dict[tuple, _Cohort] = {}
         self.idle: dict[str, list] = {}  # node id -> runners whose pack ended
+        self.runners: list = []  # every runner it started: a handle held keeps a runner alive (Ray ends the rest)
 
     def join(self, key: tuple, config: TrainConfig, node: str) -> tuple[Any, str, int, int]:
         """Add a member; blocks until its cohort closes. (its runner, the pack's id, the member's index, the size)"""
@@ -153,6 +154,7 @@ class PackHub:
             where = NodeAffinitySchedulingStrategy(node, soft=False)  # the CPUs its members hold are there
             options = {"num_cpus": 0, "max_concurrency": 1000, "scheduling_strategy": where}
             runner = PackRunner.options(**options).remote(self.prepared, self.threads)
+            self.runners.append(runner)
         runner.start.remote(cohort.id, list(cohort.configs), ray.get_runtime_context().current_actor, node)
         cohort.runner = runner
         cohort.closed.set()
