@@ -135,6 +135,7 @@ class Member:
     trial: _Trial
     generator: torch.Generator
     stopped: str | None = None  # why it stopped before its last epoch (a scheduler's stop, a divergence)
+    divergence: str | None = None  # its divergence guard's reason, where that stopped it
 
     @property
     def config(self) -> TrainConfig:
@@ -375,6 +376,7 @@ class Pack:
                     member.trial.after_step(step, batch, loss)
                 except TrainingDiverged as error:
                     self.stop(member, f"diverged: {error}")
+                    member.divergence = str(error)
             if self.decide is not None:
                 self.decide(self)
         for member in list(self.active):

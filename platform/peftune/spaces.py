@@ -295,7 +295,7 @@ class Resources(Section):
     )
     # search trials of lora, bitfit and adapter trained K at a time over one frozen backbone (peftune.packing); 1: never
     pack_size: count(1, 64, "a sane bound on a pack's members") = 1
-    pack_wait_s: Bound(0.0, 600.0, "ten minutes").annotated(integer=False) = 5.0  # a cohort's wait for its members
+    pack_wait_s: Bound(0.0, 600.0, "ten minutes").annotated(integer=False) = 10.0  # a cohort's wait for its members
 
 
 @section()
@@ -403,6 +403,8 @@ class SweepDefinition(_Settings):
     def fingerprint(self) -> str:
         """What must not change when a sweep resumes (everything but the description)."""
         data = {k: v for k, v in self.to_dict().items() if k != "description"}
+        for key in ("pack_size", "pack_wait_s"):  # how trials run, not what is searched: a resume may change them
+            data["resources"].pop(key)
         # the budget's trials as sweeps spelled them before trials_per_method (all methods' in one number), so that
         # a sweep begun then resumes under the same fingerprint
         data["budget_num_samples"] = data.pop("budget_trials_per_method") * len(self.spaces)

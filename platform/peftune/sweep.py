@@ -410,7 +410,8 @@ def _runnable(definition: SweepDefinition, prepared, settings: worker.TrialSetti
         log.warning("resources.pack_size %d: packs train on the CPU only (for now): off on this GPU cluster",
                     resources.pack_size)  # fmt: skip
     elif resources.pack_size > 1:
-        hub = packing.start_hub(shared, settings.threads or 1, resources.pack_size, resources.pack_wait_s)
+        hub = packing.start_hub(shared, settings.threads or 1, resources.pack_size, resources.pack_wait_s,
+                                resources.cpus_per_trial)  # fmt: skip
         settings = dataclasses.replace(settings, packing=hub)
     trainable = tune.with_parameters(worker.trainable, prepared=shared, settings=settings)
     per_trial = packing.TrialResources(**trial_resources(resources), packing=settings.packing)
