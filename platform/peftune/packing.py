@@ -8,8 +8,8 @@ a packable method trains (``resources.pack_size`` K > 1):
 - it joins a *cohort* at the sweep's :class:`PackHub`: trials of the same node whose configurations can share the
   batches (``pack.pack_key``). A cohort closes at K members, or ``pack_wait_s`` after its first one joined;
 - the hub starts the cohort as one pack on a :class:`PackRunner`, a process of its own on that node (reused by the
-  next cohort of its size), which trains with one trial's threads on the CPUs its members hold, and holds the rest
-  of a trial's share itself where the cohort closed short of K;
+  next full cohort), which trains with one trial's threads on the CPUs its members hold, and holds the rest of a
+  trial's share itself where the cohort closed short of K (such a runner ends with its pack);
 - the trial relays its member's reports: the metrics and the checkpoint files the member wrote (the solo run's, see
   ``pack.py``) go to ``tune.report``. When ``tune.report`` returns, Tune let the trial go on; when it raises
   ``SystemExit``, Tune stopped it (ASHA at a rung): either way the trial tells the runner, which holds the pack
@@ -169,9 +169,15 @@ class PackHub:
         cohort.closed.set()
 
     def release(self, node: str, members: int, runner) -> None:
-        """A runner whose pack of ``members`` ended: the next cohort of its node and size takes it."""
+        """A runner whose pack of ``members`` ended: the next cohort of its node and size takes it, if it holds no
+        CPUs; one that holds a top-up is ended (idle, it kept the CPUs from every trial: in the SST job with packs
+        of 3, the confirmation, which never packs, ran at about half its speed)."""
         with self.lock:
-            self.idle.setdefault((node, members), []).append(runner)
+            if members >= self.size:
+                self.idle.setdefault((node, members), []).append(runner)
+                return
+            self.runners = [r for r in self.runners if r != runner]
+        ray.kill(runner)
 
 
 # ----------------------------------------------------------------------------- the runner

@@ -356,6 +356,7 @@ def run_sweep(
         if not trial_logger.flush(tracking_wait_s):
             return _unrecorded(definition, record, *where, trial_logger, len(grid))
         runs = trial_logger.runs()  # the record as the driver holds it: every write reached it (flushed)
+        packing.stop_hubs()  # the search's packs are over (the confirmation never packs)
         searched = confirm.search_run_ids(runs)
         trials = [t for t in tracking.trial_records(runs) if t.run_id in searched]
         complete = search_over(definition, grid, budgets) and len([t for t in trials if t.status]) >= len(grid)
