@@ -185,7 +185,6 @@ class Pack:
             for i, (config, report) in enumerate(zip(configs, reports, strict=True))
         ]
         self.active = list(self.members)  # the members still training, in the order of their rows
-        self.steps_per_epoch = len(_epoch_plan(self.config, self.tasks, prepared.pad_token_id, epoch=0))
 
     # ------------------------------------------------------------------------- stepping
 

@@ -47,7 +47,7 @@ from ray import tune
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from peftune import pack, record
-from peftune.train import TrainConfig
+from peftune.train import TrainConfig, TrainingDiverged
 
 log = logging.getLogger("peftune.packing")
 
@@ -264,7 +264,7 @@ def _reporter(channel: _Channel, size: int):
                 save(root)
                 files = {str(p.relative_to(root)): p.read_bytes() for p in root.rglob("*") if p.is_file()}
         channel.awaiting = True
-        channel.reports.put(("report", ({**metrics, "pack_size": size}, files)))
+        channel.reports.put(("report", ({**metrics, record.PACK_SIZE_RESULT: size}, files)))
 
     return report
 
@@ -302,8 +302,6 @@ def packed_trial(train_config: TrainConfig, settings: PackSettings, report) -> N
     """Run a search trial as a member of a pack: join a cohort, then relay the member's reports to Tune through
     ``report`` (the worker's: metrics, and ``save(directory)`` writing the checkpoint) and Tune's decisions back.
     Raises ``TrainingDiverged`` as ``run_trial`` would."""
-    from peftune.train import TrainingDiverged
-
     hub = ray.get_actor(settings.hub)
     node = ray.get_runtime_context().get_node_id()
     runner, pack_id, index, size = ray.get(hub.join.remote(pack.pack_key(train_config), train_config, node))

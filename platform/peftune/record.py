@@ -40,6 +40,7 @@ RAY_EXPERIMENT_PATH = "peftune.ray_experiment_path"
 # a trial run's tags of how it ran: its method, the precision it trained in, the retries Ray gave it
 METHOD, PRECISION, RETRIES = "peftune.method", "peftune.precision", "peftune.retries"
 PACK_SIZE = "peftune.pack_size"  # the members of the pack it trained in (peftune.packing); its times are the pack's
+PACK_SIZE_RESULT = "pack_size"  # the result key a packed trial reports it under
 
 # a trial run's tags of its place in the sweep (see peftune.confirm): its phase, the configuration it
 # trains (peftune.search.config_key), its seed, whether it is the method's default (control arm), and

@@ -373,7 +373,6 @@ def run_sweep(
         status = sweep_status(trials) if complete else INTERRUPTED
         logged = _close(definition, record, trial_logger, grid, status, complete)
     except BaseException as error:
-        packing.stop_hubs()
         _close_after(error, definition, record, trial_logger, tracking_wait_s)
         full = disk_full(error)
         if full is not None and full.path is None:  # it names no file: a write after the first refused one (Tune's
@@ -382,7 +381,8 @@ def run_sweep(
         if full is not None and full is not error:
             raise full from error  # one line for the command line, naming the path: interrupted, exit 3
         raise
-    packing.stop_hubs()
+    finally:
+        packing.stop_hubs()  # on every way out, the early returns of an unrecorded sweep included
     confirmed = dataclasses.asdict(confirmation) if confirmation else None
     result = _result(definition, record, where, status, trials, checkpoints_logged=logged, confirmation=confirmed)
     if complete and on_finished is not None:

@@ -117,6 +117,7 @@ from peftune.record import (
     INTERRUPTED,
     METHOD,
     PACK_SIZE,
+    PACK_SIZE_RESULT,
     PARENT_TAG,
     PARTIAL,
     PHASE,
@@ -845,8 +846,9 @@ class TrialLogger(tune.Callback):
             return  # its run is closed (a driver stopped before Tune saved that the trial ended re-runs its end)
         if result.get(DIVERGED):
             return  # the final result of a diverged trial carries no epoch's metrics; on_trial_complete records it
-        if "pack_size" in result and PACK_SIZE not in self.state.trials[trial.trial_id].tags:  # trained in a pack
-            self._write("tags", trial_id=trial.trial_id, tags={PACK_SIZE: str(int(result["pack_size"]))})
+        packed = result.get(PACK_SIZE_RESULT)
+        if packed is not None and PACK_SIZE not in self.state.trials[trial.trial_id].tags:  # trained in a pack
+            self._write("tags", trial_id=trial.trial_id, tags={PACK_SIZE: str(int(packed))})
         if result.get(PARTIAL):
             self._log_partial(trial.trial_id, result)
             return
