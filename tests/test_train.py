@@ -224,3 +224,23 @@ def test_checkpoint_time_counts_the_saves(tiny_prepared, tmp_path):
 def test_bad_config_is_refused(bad, message):
     with pytest.raises((ValueError, KeyError), match=message):
         config(**bad)
+
+
+def test_a_finished_trial_s_model_is_freed_without_the_cycle_collector(tiny_prepared):
+    """Tune runs a reused worker's trials one after another: a trial's state in a reference cycle outlived it until
+    a full collection, and the README worker grew ~330 MB a trial (an epoch's clock referred back to its trial)."""
+    import gc
+    import weakref
+
+    config = train.TrainConfig(method="lora", tasks=["sst"], epochs=2, batch_size=16, log_every=0)
+    train._Trial(config, tiny_prepared, report=None)  # the first build's lazy imports (torch._dynamo) keep its frames
+    gc.disable()
+    try:
+        trial = train._Trial(config, tiny_prepared, report=None)
+        for epoch in range(config.epochs):
+            trial.train_epoch(epoch)
+        model, optimizer = weakref.ref(trial.model), weakref.ref(trial.optimizer)
+        del trial
+        assert model() is None and optimizer() is None  # freed by reference counting, at once
+    finally:
+        gc.enable()

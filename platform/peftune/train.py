@@ -563,6 +563,7 @@ class _Trial:
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
         self.history: list[dict] = []
         self.start_epoch = 0
+        self.epoch: _Epoch | None = None  # the epoch in progress (begin_epoch to finish_epoch)
         self.guard = DivergenceGuard(config)
         self.train_time, self.startup_s, self.checkpoint_time = 0.0, None, [0.0]
         self.eval_time = 0.0  # every evaluation's, rungs' included (kept out of train_time)
@@ -649,7 +650,7 @@ class _Trial:
 
     def finish_epoch(self) -> None:
         """The epoch's end: its time, then evaluation and the epoch's report."""
-        epoch = self.epoch
+        epoch, self.epoch = self.epoch, None  # its clock refers to this trial: a cycle that kept a finished model
         epoch_time = epoch.clock()
         self.train_time += epoch_time
         self.end_epoch(epoch.index, epoch.loss_sum.item() / max(1, epoch.steps), epoch_time, epoch.tokens)
