@@ -74,11 +74,12 @@ def solo_epoch(config, prepared, steps: int | None = None) -> dict:
     return {"losses": losses, "grads": grads, "params": trial.model.trainable_state_dict(), "trial": trial}
 
 
-def packed_epoch(configs, prepared, stop: dict[int, int] | None = None, steps: int | None = None):
+def packed_epoch(configs, prepared, stop: dict[int, int] | None = None, steps: int | None = None,
+                 shared_draws: bool | None = None):  # fmt: skip
     """The pack's first epoch (or its first ``steps``) step by step; ``stop``: member -> the number of steps after
     which it is stopped. (the pack, each member's losses, gradients and trainable parameters)"""
     stop = stop or {}
-    packed = pack.Pack(configs, prepared)
+    packed = pack.Pack(configs, prepared, shared_draws=shared_draws)
     plan = packed.begin_epoch(0)
     runs = [{"losses": [], "grads": None} for _ in configs]
     for step, batch in enumerate(plan[:steps]):
@@ -113,10 +114,13 @@ def bitwise(a, b, what):
     assert torch.equal(a, b), f"{what}: max difference {(a.float() - b.float()).abs().max().item():.3g}"
 
 
+# draws apart: the path a pack takes on CUDA (each member's dropout and attention its solo run's calls, drawing
+# from the device's default generator in the member's state), run here on the CPU
+@pytest.mark.parametrize("shared_draws", [True, False], ids=["shared-draws", "draws-apart"])
 @pytest.mark.parametrize("case", CASES)
-def test_each_member_trains_as_its_solo_run_bitwise_in_fp32(tiny_prepared, case):
+def test_each_member_trains_as_its_solo_run_bitwise_in_fp32(tiny_prepared, case, shared_draws):
     configs = member_configs(case)
-    packed, runs = packed_epoch(configs, tiny_prepared)
+    packed, runs = packed_epoch(configs, tiny_prepared, shared_draws=shared_draws)
     for member, config, run in zip(packed.members, configs, runs, strict=True):
         solo = solo_epoch(config, tiny_prepared)
         assert_same(run, solo, bitwise)
@@ -143,9 +147,10 @@ def test_each_member_trains_as_its_solo_run_bitwise_in_bf16(tiny_prepared, metho
         assert_same(run, solo_epoch(config, tiny_prepared, steps=steps), bitwise)
 
 
-def test_a_stopped_member_leaves_the_others_unchanged(tiny_prepared):
+@pytest.mark.parametrize("shared_draws", [True, False], ids=["shared-draws", "draws-apart"])
+def test_a_stopped_member_leaves_the_others_unchanged(tiny_prepared, shared_draws):
     configs = member_configs("lora")
-    _, runs = packed_epoch(configs, tiny_prepared, stop={1: 3})
+    _, runs = packed_epoch(configs, tiny_prepared, stop={1: 3}, shared_draws=shared_draws)
     assert len(runs[1]["losses"]) == 3
     assert_same(runs[1], solo_epoch(configs[1], tiny_prepared, steps=3), bitwise)  # where it stopped
     for k in (0, 2):  # the others: their whole epoch, to the bit
@@ -252,3 +257,17 @@ def test_a_member_stopped_at_its_rung_by_a_scheduler_leaves_the_others_their_sol
         assert [r["metrics"] for r in packed[k]] == [r["metrics"] for r in solo][: len(packed[k])]
         if k != 1:
             assert len(packed[k]) == len(solo)
+
+
+def test_drawing_from_a_generator_draws_its_stream_and_leaves_the_default_one_alone():
+    from peftune.dropout import drawing_from
+
+    torch.manual_seed(1)
+    default_before = torch.get_rng_state()
+    mine = torch.Generator().manual_seed(5)
+    with drawing_from(mine):
+        drawn = torch.nn.functional.dropout(torch.ones(64), 0.5)  # torch's own dropout: it takes no generator
+    assert torch.equal(torch.get_rng_state(), default_before)  # the default generator: as it was
+    torch.manual_seed(5)
+    assert torch.equal(drawn, torch.nn.functional.dropout(torch.ones(64), 0.5))  # the draw a default seeded 5 makes
+    assert torch.equal(mine.get_state(), torch.get_rng_state())  # and mine left where that draw leaves it

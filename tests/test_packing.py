@@ -1,9 +1,11 @@
 """Packed trials in a real sweep (peftune.packing): Ray Tune, Optuna, ASHA and MLflow as every sweep runs them.
 
-The same sweep runs twice on a local Ray of 2 CPUs, its search trials of bitfit and adapter packed 3 to a pack
-(``resources.pack_size: 3``), then alone. Each method's three trials are its default and two random draws, the same
-whatever the order, so both sweeps train the same configurations: each packed trial's record holds exactly the
-scores its solo twin's holds, at every rung and epoch both reached, and one MLflow run per configuration.
+The same sweep runs twice on a local Ray of 2 CPUs and one declared GPU (this machine has no CUDA: the trials
+train on the CPU, but Ray grants GPU shares as on a GPU cluster, and a pack's members must be on one GPU), its
+search trials of bitfit and adapter packed 3 to a pack (``resources.pack_size: 3``), then alone. Each method's
+three trials are its default and two random draws, the same whatever the order, so both sweeps train the same
+configurations: each packed trial's record holds exactly the scores its solo twin's holds, at every rung and epoch
+both reached, and one MLflow run per configuration.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ SWEEP = """\
     seed: 3
     search: {{objective: single, sampler: tpe, n_startup_trials: 3, allocation: per_method}}
     scheduler: {{type: asha, grace_period: 1, reduction_factor: 3, fidelity: data, rungs: 2}}
-    resources: {{cpus_per_trial: 1, pack_size: {pack_size}, pack_wait_s: 20}}
+    resources: {{cpus_per_trial: 1, gpus_per_trial: 0.5, pack_size: {pack_size}, pack_wait_s: 20}}
     max_failures: 0
     checkpoints_per_method: 1
     confirm: {{seeds: 0}}
@@ -59,7 +61,7 @@ def definition(directory: Path, name: str, pack_size: int) -> spaces.SweepDefini
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False)
     yield
     ray.shutdown()
 
@@ -85,6 +87,7 @@ def histories(uri: str, name: str) -> dict[str, dict]:
             "scores": scores,
             "pack_size": int(pack_size) if isinstance(pack_size, str) else None,  # NaN: never packed
             "status": run["tags.peftune.status"],
+            "granted_gpu": run["metrics.granted_gpu"],
         }
     return out
 
@@ -122,6 +125,10 @@ def test_packed_search_trials_record_their_solo_twins_scores(local_ray, tmp_path
     )
     assert all(h["pack_size"] is None for h in ours.values() if h["method"] == "frozen")
     assert all(h["pack_size"] is None for h in theirs.values())
+    granted = [(h["method"], h["granted_gpu"]) for h in ours.values() if h["granted_gpu"] == h["granted_gpu"]]
+    assert granted  # (logged at an epoch's end: not by a trial stopped at its first rung)
+    for method, gpu in granted:  # a member holds its share of the slot's GPU, the pack's runner trains on it
+        assert gpu == pytest.approx(0.5 / 3 if method in ("bitfit", "adapter") else 0.5, abs=1e-4), method
     stopped = [h for h in ours.values() if h["pack_size"] and h["status"] == "early_stopped"]
     assert len(stopped) >= 2 and all(len(h["scores"]) == 1 for h in stopped)  # at its first rung
     for key, history in ours.items():

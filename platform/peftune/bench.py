@@ -44,6 +44,7 @@ class Result:
     tokens: int  # non-padding tokens trained on
     steps: int  # optimizer steps
     examples: list[int]  # indices of the examples seen, in the order seen
+    peak_memory_mb: float | None = None  # on CUDA: max_memory_allocated over the run, building included (a pack's)
 
     @property
     def tokens_per_s(self) -> float:
@@ -69,6 +70,17 @@ def synchronize(device: torch.device) -> None:
     """Wait for the device's queued work: a GPU's kernels run after the host has moved on."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+def reset_peak_memory(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+
+
+def peak_memory_mb(device: torch.device) -> float | None:
+    """The most memory the device's tensors took since ``reset_peak_memory`` (None on the CPU)."""
+    return torch.cuda.max_memory_allocated(device) / 2**20 if device.type == "cuda" else None
 
 
 def auto_precision(device: torch.device) -> str:
@@ -496,6 +508,7 @@ def pack_member_configs(method: str, k: int, batch_size: int, precision: str, de
 
 def packed_epoch(prepared, configs, device: torch.device) -> Result:
     """One epoch of the K members as one pack: its training steps only (building it is left out, as below)."""
+    reset_peak_memory(device)
     packed = pack.Pack(configs, prepared)
     plan = packed.begin_epoch(0)
     synchronize(device)
@@ -503,14 +516,16 @@ def packed_epoch(prepared, configs, device: torch.device) -> Result:
     for batch in plan:
         packed.step(batch)
     synchronize(device)
+    seconds = time.perf_counter() - started
     tokens = len(configs) * sum(int(b.attention_mask.sum()) for b in plan)
-    return Result(time.perf_counter() - started, tokens, len(plan), [])
+    return Result(seconds, tokens, len(plan), [], peak_memory_mb(device))
 
 
 def solo_epochs(prepared, configs, device: torch.device) -> Result:
     """One epoch of each of the K members, one after another, as ``run_trial`` steps (``_Trial.step``)."""
-    seconds, tokens, steps = 0.0, 0, 0
+    seconds, tokens, steps, peak = 0.0, 0, 0, None
     for config in configs:
+        reset_peak_memory(device)
         trial = train._Trial(config, prepared, None)
         torch.manual_seed(train._epoch_seed(config, 0))
         plan = train._epoch_plan(config, trial.tasks, prepared.pad_token_id, 0)
@@ -522,7 +537,9 @@ def solo_epochs(prepared, configs, device: torch.device) -> Result:
         seconds += time.perf_counter() - started
         tokens += sum(int(b.attention_mask.sum()) for b in plan)
         steps += len(plan)
-    return Result(seconds, tokens, steps, [])
+        peak = peak_memory_mb(device)  # one member's (each solo run frees the last's model first)
+        del trial
+    return Result(seconds, tokens, steps, [], peak)
 
 
 def run_pack_bench(prepared, methods: list[str], sizes: list[int], batch_size: int, repeats: int,
@@ -550,15 +567,18 @@ def print_pack_results(results, prepared, peaks: dict[str, float], device: torch
         f"\n{len(split)} SST train examples ({split.num_tokens()} tokens) per member, {title}, {device_name(device)}, "
         f"{auto_precision(device)}; matmul peak {peaks['fp32'] / 1e9:.0f} GFLOP/s fp32, {peaks['bf16'] / 1e9:.0f} bf16"
     )
-    print(f"  {'method':<8} {'K':>3} {'packed tok/s':>13} {'solo tok/s':>11} {'packed/solo':>12}  rounds")
+    memory = device.type == "cuda"  # the peak per member: how many members fit on this GPU
+    head = f"  {'method':<8} {'K':>3} {'packed tok/s':>13} {'solo tok/s':>11} {'packed/solo':>12}"
+    print(head + (f" {'packed MiB/member':>18} {'solo MiB':>9}" if memory else "") + "  rounds")
     for (method, k), rounds in results.items():
         packed, solo = (max(rounds[kind], key=lambda r: r.tokens_per_s) for kind in ("packed", "solo"))
         per_round = [p.tokens_per_s / s.tokens_per_s for p, s in zip(rounds["packed"], rounds["solo"], strict=True)]
         spread = f"{min(per_round):.2f}-{max(per_round):.2f}x" if len(per_round) > 1 else ""
-        print(
-            f"  {method:<8} {k:>3} {packed.tokens_per_s:>13.0f} {solo.tokens_per_s:>11.0f} "
-            f"{packed.tokens_per_s / solo.tokens_per_s:>11.2f}x  {spread}"
-        )
+        row = f"  {method:<8} {k:>3} {packed.tokens_per_s:>13.0f} {solo.tokens_per_s:>11.0f} "
+        row += f"{packed.tokens_per_s / solo.tokens_per_s:>11.2f}x"
+        if memory:
+            row += f" {packed.peak_memory_mb / k:>18.0f} {solo.peak_memory_mb:>9.0f}"
+        print(f"{row}  {spread}")
 
 
 def step_categories(step) -> dict[str, float]:
@@ -601,8 +621,6 @@ def print_pack_profile(prepared, method: str, k: int, batch_size: int, device: t
 
 def pack_main(args, device: torch.device) -> None:
     sizes, methods = pack_sizes(args.pack), pack_methods(args.pack_methods)
-    if device.type != "cpu":
-        raise UserError(f"--pack on {device}: a pack runs on the CPU for now (peftune.pack)")
     prepared = train.prepare(
         args.data_dir, ["sst"], model=args.model, max_train_examples=args.examples, max_dev_examples=64
     )

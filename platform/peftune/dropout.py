@@ -19,7 +19,10 @@ Philox draws are already fused into the kernels.
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 import torch.nn.functional as F
@@ -113,6 +116,29 @@ def member_dropout(x: torch.Tensor, ps: list[float], generators: list[torch.Gene
     # one scale per row: x * keep * scale_k, the product the solo run computes (fp32 by fp32)
     scale = torch.tensor(scales, dtype=torch.float32, device=x.device).repeat_interleave(shape[0])
     return (x * keep).mul_(scale.view(-1, *[1] * (x.ndim - 1)))
+
+
+@contextmanager
+def drawing_from(generator: torch.Generator) -> Iterator[None]:
+    """Within the block, torch's default generator of ``generator``'s device draws ``generator``'s stream: what the
+    block draws there (``F.dropout``, attention's dropout, the cheap mask) is what it would draw from ``generator``;
+    after it, ``generator`` is in the state the block left, and the default generator in its own again.
+
+    A pack's member draws so where its solo run's code draws from the default generator and takes no generator
+    (CUDA's ``F.dropout`` and fused attention): the member's draws are its solo run's, op for op, on any device."""
+    device = generator.device
+    if device.type == "cpu":
+        get, put = torch.get_rng_state, torch.set_rng_state
+    else:
+        get = functools.partial(torch.cuda.get_rng_state, device)
+        put = functools.partial(torch.cuda.set_rng_state, device=device)
+    saved = get()
+    put(generator.get_state())
+    try:
+        yield
+    finally:
+        generator.set_state(get())
+        put(saved)
 
 
 class Dropout(nn.Dropout):

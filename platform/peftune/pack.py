@@ -38,7 +38,11 @@ under bf16 autocast, a member's losses, gradients, weights, scores and reports e
 (tests/test_pack.py). That rests on every shared op computing a row the same whatever the number of rows (MKL's and
 oneDNN's matmuls, torch's row-wise kernels: measured, at the tested sizes and MiniLM's), and on the graph summing
 each gradient in the solo run's order: LoRA members at dropout 0 and above 0 would not (see :func:`check_packable`).
-A pack runs on the CPU for now: CUDA's dropout takes no generator.
+On a GPU (or wherever ``shared_draws`` is off) each member draws apart: its dropout and attention run on its own
+rows by its solo run's very calls, with the device's default generator in the member's state for the call
+(``dropout.drawing_from``), because CUDA's dropout and fused attention take no generator; the frozen matmuls are
+still shared. Built and tested on the CPU (tests/test_pack.py draws apart there too); on CUDA the frozen matmuls
+over K*B rows may sum a row in another order than over B (cuBLAS picks kernels by shape): not measured here.
 
 A member may stop mid-pack (``Pack.stop``: a scheduler stopping it at a rung, through the pack's ``decide``, or its
 divergence guard): the pack goes on with the rest, whose rows and generators never depended on it, so their
@@ -57,7 +61,7 @@ from torch import nn
 
 from peftune import methods
 from peftune.backbone import cast_frozen, stacked_qkv
-from peftune.dropout import attention, dropout, member_dropout
+from peftune.dropout import attention, drawing_from, dropout, member_dropout
 from peftune.errors import UserError
 from peftune.methods.adapter import TaskAdapters
 from peftune.methods.lora import LoraLinear, fused_qkv
@@ -68,6 +72,7 @@ from peftune.train import (
     TrainingDiverged,
     _epoch_plan,
     _epoch_seed,
+    _to_device,
     _Trial,
     autocast_for,
     resolve_precision,
@@ -163,15 +168,20 @@ class Pack:
     trains on."""
 
     def __init__(self, configs: list[TrainConfig], prepared: PreparedData, reports: list | None = None,
-                 decide: Callable[[Pack], None] | None = None):  # fmt: skip
+                 decide: Callable[[Pack], None] | None = None, shared_draws: bool | None = None):  # fmt: skip
+        """``shared_draws``: draw the members' dropout bits with ``member_dropout`` (each mask's bits once for the
+        members whose streams agree; the CPU's cheap mask only), rather than each member's draws apart, on its own
+        rows, by its solo run's very calls (``drawing_from``: any device). None: shared on the CPU, apart elsewhere.
+        Both give each member its solo run's masks."""
         check_packable(configs)
         missing = [t for t in configs[0].tasks if t not in prepared.tasks]
         if missing:
             raise UserError(f"tasks {missing} were not prepared; prepared: {sorted(prepared.tasks)}")
         self.config, self.prepared, self.decide = configs[0], prepared, decide
         self.device = select_device(self.config.device)
-        if self.device.type != "cpu":
-            raise UserError(f"device {self.device}: a pack draws its members' dropout masks on the CPU (for now)")
+        self.shared_draws = self.device.type == "cpu" if shared_draws is None else shared_draws
+        if self.shared_draws and self.device.type != "cpu":
+            raise UserError(f"device {self.device}: shared draws are the CPU's cheap mask; draw apart there")
         self.precision = resolve_precision(self.device, self.config.precision)
         self.tasks = {t: prepared.tasks[t] for t in self.config.tasks}
         # the frozen ops' weights, shared: its parameters ARE the pretrained tensors, as every member's frozen ones
@@ -216,6 +226,7 @@ class Pack:
     def step(self, batch) -> list[torch.Tensor]:
         """One optimizer step of every active member on ``batch``; their losses, detached, in ``self.active`` order."""
         members = self.active
+        batch = _to_device(batch, self.device)
         with autocast_for(self.device, self.precision):
             outputs = self.forward(batch.task, batch.input_ids, batch.attention_mask, batch.token_type_ids)
         losses = [
@@ -238,7 +249,6 @@ class Pack:
         on each member's rows), on K * B rows: member k's rows are k*B .. (k+1)*B - 1 throughout."""
         members = self.active
         K, T = len(members), input_ids.shape[1]
-        gens = [m.generator for m in members]
         embeddings = self.frozen.embeddings
         positions = torch.arange(T, device=input_ids.device)
         x = embeddings.word_embeddings(input_ids) + embeddings.token_type_embeddings(token_type_ids)
@@ -248,7 +258,7 @@ class Pack:
             x = norms[0](x).repeat(K, 1, 1)  # (K*B, T, H): every member's copy
         else:  # each member's own LayerNorm (BitFit's bias, adapters' trained LayerNorms) on the same rows
             x = torch.cat([F.layer_norm(x, n.normalized_shape, n.weight, n.bias, n.eps) for n in norms])
-        x = member_dropout(x, [embeddings.dropout.p] * K, gens)
+        x = self._dropout(x, [embeddings.dropout.p] * K)
         # (K*B, 1, 1, T): as BertModel.forward, a finite large negative where attending is not allowed
         bias = (1.0 - attention_mask[:, None, None, :].float()) * torch.finfo(torch.float32).min
         bias = bias.repeat(K, 1, 1, 1)
@@ -267,30 +277,57 @@ class Pack:
             outputs = []
             for member, rows in zip(members, _rows(pooled, K), strict=True):
                 drop, linear = member.model.heads[task]  # Sequential(Dropout, Linear)
-                outputs.append(linear(dropout(rows, drop.p, True, generator=member.generator)))  # (B, n)
+                outputs.append(linear(self._own_dropout(member, rows, drop.p)))  # (B, n)
         return outputs
 
     def _layer(self, task: str, frozen, mine: list[nn.Module], x, bias):
         """One encoder layer (BertLayer.forward) on K*B rows; ``mine``: each member's own layer (its parameters)."""
-        gens = [m.generator for m in self.active]
+        K = len(mine)
         KB, T, H = x.shape
         attn = frozen.attention.self
         q, k, v = (
             t.view(KB, T, attn.num_heads, attn.head_dim).transpose(1, 2)  # (K*B, nh, T, hd)
             for t in self._qkv(attn, [layer.attention.self for layer in mine], x)
         )
-        p = attn.dropout_p
-        y = attention(q, k, v, bias, p, True, drop=lambda probs: member_dropout(probs, [p] * len(gens), gens))
+        y = self._attention(q, k, v, bias, attn.dropout_p)
         y = y.transpose(1, 2).reshape(KB, T, -1)  # (K*B, T, H)
         outs = [layer.attention.output for layer in mine]
-        h = member_dropout(
-            self._linear([o.dense for o in outs], y), [frozen.attention.output.dropout.p] * len(gens), gens
-        )
+        h = self._dropout(self._linear([o.dense for o in outs], y), [frozen.attention.output.dropout.p] * K)
         x = self._layer_norm([o.LayerNorm for o in outs], self._adapter(task, [o.adapter for o in outs], h) + x)
         h = frozen.intermediate.act(self._linear([layer.intermediate.dense for layer in mine], x))  # (K*B, T, I)
         outs = [layer.output for layer in mine]
-        h = member_dropout(self._linear([o.dense for o in outs], h), [frozen.output.dropout.p] * len(gens), gens)
+        h = self._dropout(self._linear([o.dense for o in outs], h), [frozen.output.dropout.p] * K)
         return self._layer_norm([o.LayerNorm for o in outs], self._adapter(task, [o.adapter for o in outs], h) + x)
+
+    def _dropout(self, x, ps: list[float]):
+        """Training dropout of each active member's rows of ``x`` (K*B, ...), with its ``ps[k]``, from its stream."""
+        if self.shared_draws:
+            return member_dropout(x, ps, [m.generator for m in self.active])
+        rows = _rows(x, len(ps))
+        return torch.cat([self._own_dropout(m, r, p) for m, r, p in zip(self.active, rows, ps, strict=True)])
+
+    def _own_dropout(self, member: Member, rows, p: float):
+        """Training dropout of one member's rows, drawn from its stream as its solo run draws it."""
+        if self.shared_draws:
+            return dropout(rows, p, True, generator=member.generator)
+        with drawing_from(member.generator):
+            return dropout(rows, p, True)
+
+    def _attention(self, q, k, v, bias, p: float):
+        """Attention with dropout on K*B rows (q, k, v: (K*B, nh, T, hd); bias: (K*B, 1, 1, T)). Shared draws: one
+        attention over every row, each member's probabilities dropped from its stream. Apart: each member's own
+        attention on its rows, its solo run's call, drawing from its stream (CUDA's fused kernel draws inside)."""
+        members = self.active
+        if self.shared_draws:
+            generators = [m.generator for m in members]
+            return attention(
+                q, k, v, bias, p, True, drop=lambda probs: member_dropout(probs, [p] * len(members), generators)
+            )
+        out = []
+        for member, *parts in zip(members, *(_rows(t, len(members)) for t in (q, k, v, bias)), strict=True):
+            with drawing_from(member.generator):
+                out.append(attention(*parts, p, True))
+        return torch.cat(out)
 
     def _qkv(self, frozen, mine: list[nn.Module], x):
         """q, k, v (each (K*B, T, H)) as each member's BertSelfAttention computes them."""
@@ -321,7 +358,7 @@ class Pack:
         then each member's [A_q; A_k; A_v] and scaled block-diagonal B on its own rows (see ``_rows``)."""
         members = [(a.query, a.key, a.value) for a in attentions]
         base_weight, base_bias = stacked_qkv([m.base_layer for m in members[0]], x)  # (3H, H), (3H,): shared
-        h = member_dropout(x, [lin[0].dropout for lin in members], [m.generator for m in self.active])
+        h = self._dropout(x, [lin[0].dropout for lin in members])
         base = F.linear(x, base_weight, base_bias)  # (K*B, T, 3H)
         lora = []
         for lin, rows in zip(members, _rows(h, len(members)), strict=True):
@@ -332,7 +369,7 @@ class Pack:
 
     def _lora_linear(self, linears: list[LoraLinear], x):
         """``LoraLinear.forward`` for K members: the frozen base once, each member's B A dropout(x) on its rows."""
-        h = member_dropout(x, [m.dropout for m in linears], [m.generator for m in self.active])
+        h = self._dropout(x, [m.dropout for m in linears])
         base = linears[0].base_layer(x)
         lora = [
             m.lora_B["default"](m.lora_A["default"](rows)) * m.scaling
@@ -347,7 +384,7 @@ class Pack:
         out = []
         for hook, member, rows in zip(hooks, self.active, _rows(x, len(hooks)), strict=True):
             adapter = hook.per_task[task]
-            h = dropout(adapter.act(adapter.down(rows)), adapter.dropout.p, True, generator=member.generator)
+            h = self._own_dropout(member, adapter.act(adapter.down(rows)), adapter.dropout.p)
             out.append(rows + adapter.up(h))  # (B, T, H): HoulsbyAdapter.forward
         return torch.cat(out)
 

@@ -5,8 +5,8 @@ run per configuration), the checkpoints and the retries see nothing else. What c
 a packable method trains (``resources.pack_size`` K > 1):
 
 - it asks for 1/K of a trial's CPUs (and GPU share), so that K of them hold one slot;
-- it joins a *cohort* at the sweep's :class:`PackHub`: trials of the same node whose configurations can share the
-  batches (``pack.pack_key``). A cohort closes at K members, or ``pack_wait_s`` after its first one joined;
+- it joins a *cohort* at the sweep's :class:`PackHub`: trials of the same node (and GPU) whose configurations can
+  share the batches (``pack.pack_key``). A cohort closes at K members, or ``pack_wait_s`` after its first joined;
 - the hub starts the cohort as one pack on a :class:`PackRunner`, a process of its own on that node (reused by the
   next full cohort), which trains with one trial's threads on the CPUs its members hold, and holds the rest of a
   trial's share itself where the cohort closed short of K (such a runner ends with its pack);
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import queue
 import tempfile
 import threading
@@ -123,58 +124,62 @@ class _Cohort:
 
 @ray.remote
 class PackHub:
-    """Forms the cohorts (per node and ``pack_key``) and starts each on an idle runner of its node."""
+    """Forms the cohorts (per node, GPU and ``pack_key``) and starts each on an idle runner of its node and GPU."""
 
     def __init__(self, prepared, threads: int, size: int, wait_s: float, cpus_per_trial: float):
         self.prepared, self.threads, self.size, self.wait_s = prepared, threads, size, wait_s
         self.cpus_per_trial = cpus_per_trial
         self.lock = threading.Lock()
         self.open: dict[tuple, _Cohort] = {}
-        self.idle: dict[tuple, list] = {}  # (node id, members) -> runners whose pack ended
+        self.idle: dict[tuple, list] = {}  # ((node id, GPU ids), members) -> runners whose pack ended
         self.runners: list = []  # every runner it started: a handle held keeps a runner alive (Ray ends the rest)
 
-    def join(self, key: tuple, config: TrainConfig, node: str) -> tuple[Any, str, int, int]:
-        """Add a member; blocks until its cohort closes. (its runner, the pack's id, the member's index, the size)"""
+    def join(self, key: tuple, config: TrainConfig, place: tuple) -> tuple[Any, str, int, int]:
+        """Add a member; blocks until its cohort closes. (its runner, the pack's id, the member's index, the size)
+
+        ``place``: (node id, the ids of the GPUs Ray granted the trial): a pack's members share one GPU."""
         with self.lock:
-            cohort = self.open.get((node, key))
+            cohort = self.open.get((place, key))
             if cohort is None:
-                cohort = self.open[(node, key)] = _Cohort(time.monotonic() + self.wait_s)
+                cohort = self.open[(place, key)] = _Cohort(time.monotonic() + self.wait_s)
             index = len(cohort.configs)
             cohort.configs.append(config)
             if len(cohort.configs) >= self.size:
-                self._close(node, key, cohort)
+                self._close(place, key, cohort)
         cohort.closed.wait(max(0.0, cohort.deadline - time.monotonic()))
         with self.lock:
             if not cohort.closed.is_set():
-                self._close(node, key, cohort)
+                self._close(place, key, cohort)
         return cohort.runner, cohort.id, index, len(cohort.configs)
 
-    def _close(self, node: str, key: tuple, cohort: _Cohort) -> None:  # under the lock
-        self.open.pop((node, key), None)
+    def _close(self, place: tuple, key: tuple, cohort: _Cohort) -> None:  # under the lock
+        self.open.pop((place, key), None)
+        node, gpus = place
         members = len(cohort.configs)
-        runners = self.idle.setdefault((node, members), [])
+        runners = self.idle.setdefault((place, members), [])
         if runners:
             runner = runners.pop()
         else:
             # the runner holds what its members do not: a pack of k < K members holds k/K of a trial's CPUs, and
             # trains on one trial's threads; without the rest, Ray would give it to other trials (measured: packed
-            # trials trained 2x slower than alone in the cpu sweep, before this)
+            # trials trained 2x slower than alone in the cpu sweep, before this). Of a GPU it holds nothing: k
+            # members take about k/K of a slot's memory, and a GPU's share is not a share of its time anyway
             where = NodeAffinitySchedulingStrategy(node, soft=False)  # the CPUs its members hold are there
             top_up = self.cpus_per_trial * (self.size - members) / self.size
             options = {"num_cpus": top_up, "max_concurrency": 1000, "scheduling_strategy": where}
-            runner = PackRunner.options(**options).remote(self.prepared, self.threads)
+            runner = PackRunner.options(**options).remote(self.prepared, self.threads, gpus)
             self.runners.append(runner)
-        runner.start.remote(cohort.id, list(cohort.configs), ray.get_runtime_context().current_actor, node, members)
+        runner.start.remote(cohort.id, list(cohort.configs), ray.get_runtime_context().current_actor, place, members)
         cohort.runner = runner
         cohort.closed.set()
 
-    def release(self, node: str, members: int, runner) -> None:
-        """A runner whose pack of ``members`` ended: the next cohort of its node and size takes it, if it holds no
+    def release(self, place: tuple, members: int, runner) -> None:
+        """A runner whose pack of ``members`` ended: the next cohort of its place and size takes it, if it holds no
         CPUs; one that holds a top-up is ended (idle, it kept the CPUs from every trial: in the SST job with packs
         of 3, the confirmation, which never packs, ran at about half its speed)."""
         with self.lock:
             if members >= self.size:
-                self.idle.setdefault((node, members), []).append(runner)
+                self.idle.setdefault((place, members), []).append(runner)
                 return
             self.runners = [r for r in self.runners if r != runner]
         ray.kill(runner)
@@ -199,18 +204,23 @@ class PackRunner:
     answer with ``decide``, each call naming its pack (a call may reach the runner before the pack's ``start``, and
     a late one of an earlier pack after it)."""
 
-    def __init__(self, prepared, threads: int):
+    def __init__(self, prepared, threads: int, gpus: tuple[str, ...] = ()):
+        """``gpus``: the ids of the GPUs its members were granted. It asks Ray for none itself (its members hold the
+        pack's share), and Ray leaves the GPUs of an actor that asks for none as the node's; so it makes those
+        the ones it sees, as Ray would have, before torch starts CUDA."""
+        if gpus:
+            os.environ["CUDA_VISIBLE_DEVICES"] = ",".join(gpus)
         self.prepared, self.threads = prepared, threads
         self.packs: dict[str, list[_Channel]] = {}  # pack id -> its members' channels
         self.started = threading.Condition()
 
-    def start(self, pack_id: str, configs: list[TrainConfig], hub, node: str, members: int) -> None:
+    def start(self, pack_id: str, configs: list[TrainConfig], hub, place: tuple, members: int) -> None:
         channels = [_Channel(queue.Queue(), queue.Queue()) for _ in configs]
         with self.started:
             self.packs = {pack_id: channels}  # an earlier pack's calls find nothing now
             self.started.notify_all()
         me = ray.get_runtime_context().current_actor
-        release = functools.partial(hub.release.remote, node, members, me)
+        release = functools.partial(hub.release.remote, place, members, me)
         threading.Thread(target=self._train, args=(configs, channels, release), daemon=True).start()
 
     def _channel(self, pack_id: str, index: int, wait: bool) -> _Channel | None:
@@ -303,8 +313,8 @@ def packed_trial(train_config: TrainConfig, settings: PackSettings, report) -> N
     ``report`` (the worker's: metrics, and ``save(directory)`` writing the checkpoint) and Tune's decisions back.
     Raises ``TrainingDiverged`` as ``run_trial`` would."""
     hub = ray.get_actor(settings.hub)
-    node = ray.get_runtime_context().get_node_id()
-    runner, pack_id, index, size = ray.get(hub.join.remote(pack.pack_key(train_config), train_config, node))
+    place = (ray.get_runtime_context().get_node_id(), tuple(str(i) for i in ray.get_gpu_ids()))
+    runner, pack_id, index, size = ray.get(hub.join.remote(pack.pack_key(train_config), train_config, place))
     log.info("training in a pack of %d (member %d)", size, index)
     try:
         while True:

@@ -407,10 +407,7 @@ def _runnable(definition: SweepDefinition, prepared, settings: worker.TrialSetti
     with ``resources.pack_size`` > 1 the hub where search trials of packable methods form packs."""
     shared = worker.SharedData(ray.put(prepared))
     resources = definition.resources
-    if resources.pack_size > 1 and ray.cluster_resources().get("GPU", 0) > 0:
-        log.warning("resources.pack_size %d: packs train on the CPU only (for now): off on this GPU cluster",
-                    resources.pack_size)  # fmt: skip
-    elif resources.pack_size > 1:
+    if resources.pack_size > 1:
         hub = packing.start_hub(shared, settings.threads or 1, resources.pack_size, resources.pack_wait_s,
                                 resources.cpus_per_trial)  # fmt: skip
         settings = dataclasses.replace(settings, packing=hub)

@@ -183,14 +183,19 @@ class PretrainedBackbone:
     state_dict: dict[str, torch.Tensor]
     pooling: str = "cls"  # the pooling the model was trained with (backbone.native_pooling)
 
-    def build(self, device: torch.device | str = "cpu", copy: bool = True) -> BertModel:
+    def build(self, device: torch.device | str = "cpu", copy: bool = True, over: BertModel | None = None) -> BertModel:
         # built on the meta device (no memory, no random initialisation that the weights would
         # overwrite), then the parameters take copies of the pretrained tensors (`assign=True`);
         # copies, so that full fine-tuning never writes into weights that other trials share.
-        # copy=False: the parameters ARE the pretrained tensors (a pack's members share them; see peftune.pack)
+        # copy=False: the parameters ARE the pretrained tensors where they are on `device` already (on the CPU).
+        # over: a backbone built so (a pack's frozen one): the parameters ARE its tensors, on its device (a pack's
+        # members share them; see peftune.pack)
         with torch.device("meta"):
             model = BertModel(self.config)
-        model.load_state_dict({k: v.to(device, copy=copy) for k, v in self.state_dict.items()}, assign=True)
+        if over is not None:
+            model.load_state_dict(over.state_dict(), assign=True)
+        else:
+            model.load_state_dict({k: v.to(device, copy=copy) for k, v in self.state_dict.items()}, assign=True)
         return model
 
 
@@ -544,7 +549,7 @@ class _Trial:
         self.precision = resolve_precision(self.device, config.precision)
         if self.device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
-        backbone = prepared.backbone.build(self.device, copy=shared is None)
+        backbone = prepared.backbone.build(self.device) if shared is None else prepared.backbone.build(over=shared)
         self.model = build_model(config, backbone, prepared.backbone.pooling).to(self.device)
         if shared is not None:
             for name, parameter in self.model.backbone.named_parameters():
