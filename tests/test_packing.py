@@ -150,3 +150,34 @@ def test_only_search_trials_of_packable_methods_ask_for_a_share_of_a_slot():
     assert per_trial({"method": "lora", "peftune": {"phase": "confirm"}}).bundles[0] == {"CPU": 1.0, "GPU": 0.5}
     alone = packing.TrialResources(cpu=1.0)
     assert alone({"method": "lora", "peftune": {"phase": "search"}}).bundles[0] == {"CPU": 1.0}
+
+
+@pytest.mark.slow
+def test_a_pack_whose_runner_cannot_get_its_cpus_starts_without_them(local_ray, tiny_prepared):
+    """Every CPU held (here by one actor; in the SST job by members waiting for their runners): a cohort closed
+    short of K cannot get its runner's top-up. It must start without it after ``pack_wait_s``, not wait forever
+    (before, the SST job's search stood still: 5 runners pending, 6 members holding both CPUs)."""
+    import time
+
+    from peftune import pack, train, worker
+
+    @ray.remote(num_cpus=2)
+    class Holder:
+        def ready(self) -> bool:
+            return True
+
+    holder = Holder.remote()
+    ray.get(holder.ready.remote())
+    try:
+        settings = packing.start_hub(worker.SharedData(ray.put(tiny_prepared)), 1, 3, 1.0, 1.0)
+        hub = ray.get_actor(settings.hub)
+        config = train.TrainConfig(method="bitfit", tasks=["sst"], epochs=1, batch_size=8, device="cpu", log_every=0)
+        place = (ray.get_runtime_context().get_node_id(), ())
+        started = time.monotonic()
+        runner, _, index, size = ray.get(hub.join.remote(pack.pack_key(config), config, place), timeout=120)
+        assert (index, size) == (0, 1)  # closed short of 3 at its deadline
+        assert ray.get(runner.ready.remote(), timeout=120)  # and its runner runs, on the member's share alone
+        assert time.monotonic() - started < 120
+    finally:
+        packing.stop_hubs()
+        ray.kill(holder)

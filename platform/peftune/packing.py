@@ -117,7 +117,8 @@ class _Cohort:
     def __init__(self, deadline: float):
         self.deadline = deadline
         self.configs: list[TrainConfig] = []
-        self.closed = threading.Event()
+        self.taken = threading.Event()  # a member took it to start it: it admits no more
+        self.closed = threading.Event()  # it has its runner
         self.runner = None
         self.id = uuid.uuid4().hex  # the pack's: every call to its runner names it (a runner trains one after another)
 
@@ -135,43 +136,71 @@ class PackHub:
         self.runners: list = []  # every runner it started: a handle held keeps a runner alive (Ray ends the rest)
 
     def join(self, key: tuple, config: TrainConfig, place: tuple) -> tuple[Any, str, int, int]:
-        """Add a member; blocks until its cohort closes. (its runner, the pack's id, the member's index, the size)
+        """Add a member; blocks until its cohort has its runner. (the runner, the pack's id, the member's index, the
+        pack's size)
 
-        ``place``: (node id, the ids of the GPUs Ray granted the trial): a pack's members share one GPU."""
+        ``place``: (node id, the ids of the GPUs Ray granted the trial): a pack's members share one GPU. The cohort
+        closes at K members or at its deadline; the member that closes it finds its runner, outside the lock (that
+        may wait for CPUs), while the others wait."""
         with self.lock:
             cohort = self.open.get((place, key))
             if cohort is None:
                 cohort = self.open[(place, key)] = _Cohort(time.monotonic() + self.wait_s)
             index = len(cohort.configs)
             cohort.configs.append(config)
-            if len(cohort.configs) >= self.size:
-                self._close(place, key, cohort)
-        cohort.closed.wait(max(0.0, cohort.deadline - time.monotonic()))
-        with self.lock:
-            if not cohort.closed.is_set():
-                self._close(place, key, cohort)
+            closes = len(cohort.configs) >= self.size and self._take(place, key, cohort)
+        if not closes:
+            cohort.taken.wait(max(0.0, cohort.deadline - time.monotonic()))
+            with self.lock:
+                closes = self._take(place, key, cohort)
+        if closes:
+            cohort.runner = self._runner(place, len(cohort.configs))
+            hub = ray.get_runtime_context().current_actor
+            cohort.runner.start.remote(cohort.id, list(cohort.configs), hub, place, len(cohort.configs))
+            cohort.closed.set()
+        cohort.closed.wait()
         return cohort.runner, cohort.id, index, len(cohort.configs)
 
-    def _close(self, place: tuple, key: tuple, cohort: _Cohort) -> None:  # under the lock
+    def _take(self, place: tuple, key: tuple, cohort: _Cohort) -> bool:  # under the lock
+        """Whether the caller takes ``cohort`` to start it (False: another member already did)."""
+        if cohort.taken.is_set():
+            return False
         self.open.pop((place, key), None)
-        node, gpus = place
-        members = len(cohort.configs)
-        runners = self.idle.setdefault((place, members), [])
-        if runners:
-            runner = runners.pop()
-        else:
-            # the runner holds what its members do not: a pack of k < K members holds k/K of a trial's CPUs, and
-            # trains on one trial's threads; without the rest, Ray would give it to other trials (measured: packed
-            # trials trained 2x slower than alone in the cpu sweep, before this). Of a GPU it holds nothing: k
-            # members take about k/K of a slot's memory, and a GPU's share is not a share of its time anyway
-            where = NodeAffinitySchedulingStrategy(node, soft=False)  # the CPUs its members hold are there
-            top_up = self.cpus_per_trial * (self.size - members) / self.size
-            options = {"num_cpus": top_up, "max_concurrency": 1000, "scheduling_strategy": where}
-            runner = PackRunner.options(**options).remote(self.prepared, self.threads, gpus)
+        cohort.taken.set()
+        return True
+
+    def _runner(self, place: tuple, members: int):
+        """An idle runner of this place for a pack of ``members``, or a new one.
+
+        A new runner holds what its members do not: a pack of k < K members holds k/K of a trial's CPUs, and trains
+        on one trial's threads; without the rest, Ray would give it to other trials (measured: packed trials trained
+        2x slower than alone in the cpu sweep, before this). Where that top-up cannot start within ``pack_wait_s``
+        it holds none: every CPU may be held by members waiting for their runners, and then no top-up ever starts
+        (measured: the SST job's search stood still for 18 minutes, 5 runners waiting for their top-ups and 6
+        members holding both CPUs). Of a GPU it holds nothing: k members take about k/K of a slot's memory, and a
+        GPU's share is not a share of its time anyway."""
+        with self.lock:
+            idle = self.idle.get((place, members))
+            if idle:
+                return idle.pop()
+        top_up = self.cpus_per_trial * (self.size - members) / self.size
+        runner = self._spawn(place, top_up)
+        if top_up > 0:
+            ready, _ = ray.wait([runner.ready.remote()], timeout=self.wait_s)
+            if not ready:
+                log.warning("a pack of %d: its runner's %.2f CPUs did not free in %.0f s; it trains on its members' "
+                            "CPUs alone (oversubscribed)", members, top_up, self.wait_s)  # fmt: skip
+                ray.kill(runner)
+                runner = self._spawn(place, 0.0)
+        with self.lock:
             self.runners.append(runner)
-        runner.start.remote(cohort.id, list(cohort.configs), ray.get_runtime_context().current_actor, place, members)
-        cohort.runner = runner
-        cohort.closed.set()
+        return runner
+
+    def _spawn(self, place: tuple, cpus: float):
+        node, gpus = place
+        where = NodeAffinitySchedulingStrategy(node, soft=False)  # the CPUs its members hold are there
+        options = {"num_cpus": cpus, "max_concurrency": 1000, "scheduling_strategy": where}
+        return PackRunner.options(**options).remote(self.prepared, self.threads, gpus)
 
     def release(self, place: tuple, members: int, runner) -> None:
         """A runner whose pack of ``members`` ended: the next cohort of its place and size takes it, if it holds no
@@ -213,6 +242,10 @@ class PackRunner:
         self.prepared, self.threads = prepared, threads
         self.packs: dict[str, list[_Channel]] = {}  # pack id -> its members' channels
         self.started = threading.Condition()
+
+    def ready(self) -> bool:
+        """Answers once the runner has started (its process, with the CPUs it asked for)."""
+        return True
 
     def start(self, pack_id: str, configs: list[TrainConfig], hub, place: tuple, members: int) -> None:
         channels = [_Channel(queue.Queue(), queue.Queue()) for _ in configs]
