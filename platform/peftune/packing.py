@@ -55,6 +55,9 @@ log = logging.getLogger("peftune.packing")
 # a member's trial that neither went on nor stopped within this is taken as stopped (its process died): Tune
 # answers a report in well under a second, and its slowest driver steps measured here took seconds, not minutes
 DECISION_TIMEOUT_S = 300.0
+# the least a new runner waits for its top-up CPUs (``pack_wait_s`` where longer): about twice the 3.6-5.5 s a
+# runner's process took to start here, so that a short ``pack_wait_s`` does not leave every top-up unheld
+RUNNER_START_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -175,10 +178,10 @@ class PackHub:
         A new runner holds what its members do not: a pack of k < K members holds k/K of a trial's CPUs, and trains
         on one trial's threads; without the rest, Ray would give it to other trials (measured: packed trials trained
         2x slower than alone in the cpu sweep, before this). Where that top-up cannot start within ``pack_wait_s``
-        it holds none: every CPU may be held by members waiting for their runners, and then no top-up ever starts
-        (measured: the SST job's search stood still for 18 minutes, 5 runners waiting for their top-ups and 6
-        members holding both CPUs). Of a GPU it holds nothing: k members take about k/K of a slot's memory, and a
-        GPU's share is not a share of its time anyway."""
+        (``RUNNER_START_S`` at least) it holds none: every CPU may be held by members waiting for their runners,
+        and then no top-up ever starts (measured: the SST job's search stood still for 18 minutes, 5 runners waiting
+        for their top-ups and 6 members holding both CPUs). Of a GPU it holds nothing: k members take about k/K of a
+        slot's memory, and a GPU's share is not a share of its time anyway."""
         with self.lock:
             idle = self.idle.get((place, members))
             if idle:
@@ -186,10 +189,11 @@ class PackHub:
         top_up = self.cpus_per_trial * (self.size - members) / self.size
         runner = self._spawn(place, top_up)
         if top_up > 0:
-            ready, _ = ray.wait([runner.ready.remote()], timeout=self.wait_s)
+            wait_s = max(self.wait_s, RUNNER_START_S)
+            ready, _ = ray.wait([runner.ready.remote()], timeout=wait_s)
             if not ready:
                 log.warning("a pack of %d: its runner's %.2f CPUs did not free in %.0f s; it trains on its members' "
-                            "CPUs alone (oversubscribed)", members, top_up, self.wait_s)  # fmt: skip
+                            "CPUs alone (oversubscribed)", members, top_up, wait_s)  # fmt: skip
                 ray.kill(runner)
                 runner = self._spawn(place, 0.0)
         with self.lock:
