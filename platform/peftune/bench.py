@@ -141,7 +141,11 @@ def trainer_epoch(prepared, model_dir, mode: str, batch_size: int, seed: int, ou
         return pad(features)
 
     torch.manual_seed(seed)
-    model = transformers.BertForSequenceClassification.from_pretrained(str(model_dir), num_labels=5)
+    # fp32 weights whatever the checkpoint stores: transformers 5 loads in the checkpoint's dtype by default, and
+    # the Trainer's defaults (and bf16=True's autocast) are measured over fp32 weights
+    model = transformers.BertForSequenceClassification.from_pretrained(
+        str(model_dir), num_labels=5, dtype=torch.float32
+    )
     if mode.startswith("lora"):
         import peft
 
