@@ -34,15 +34,19 @@ which ``run_trial`` resumes it alone. Its dropout masks come from its own ``torc
 the solo run seeds the global RNG (``_epoch_seed``) and drawn at every site in the solo run's order and shapes
 (``dropout.member_dropout``; members whose streams agree, as a sweep's one seed makes them, draw each mask's bits
 once). The loss is the sum of the members' losses, so each member's gradient is its own. On the CPU, in fp32 and
-under bf16 autocast, a member's losses, gradients, weights, scores and reports equal its solo run's to the bit
-(tests/test_pack.py). That rests on every shared op computing a row the same whatever the number of rows (MKL's and
-oneDNN's matmuls, torch's row-wise kernels: measured, at the tested sizes and MiniLM's), and on the graph summing
-each gradient in the solo run's order: LoRA members at dropout 0 and above 0 would not (see :func:`check_packable`).
+under bf16 autocast, a member's losses, gradients, weights, scores and reports equal its solo run's to the bit at
+the tested sizes (tests/test_pack.py). That rests on the graph summing each gradient in the solo run's order (LoRA
+members at dropout 0 and above 0 would not: see :func:`check_packable`) and on every shared op computing a row the
+same whatever the number of rows. The second holds for torch's row-wise kernels but not for every matmul at every
+shape: at MiniLM's, MKL's fp32 FFN matmul over 2B rows differs from B rows in the last bit for some short batches
+(B*T = 192 on one machine here), oneDNN's bf16 ones for more, and cuBLAS's fp32 ones on one H200 for all methods
+(its bf16 ones were bitwise for LoRA and the adapters, not BitFit). Then a member drifts from its solo run by
+rounding, as a solo run does on another machine (measured: README, "Exact in fp32..." and "On one GPU";
+tests/test_pack.py bounds it at MiniLM's width).
 On a GPU (or wherever ``shared_draws`` is off) each member draws apart: its dropout and attention run on its own
 rows by its solo run's very calls, with the device's default generator in the member's state for the call
 (``dropout.drawing_from``), because CUDA's dropout and fused attention take no generator; the frozen matmuls are
-still shared. Built and tested on the CPU (tests/test_pack.py draws apart there too); on CUDA the frozen matmuls
-over K*B rows may sum a row in another order than over B (cuBLAS picks kernels by shape): not measured here.
+still shared.
 
 A member may stop mid-pack (``Pack.stop``: a scheduler stopping it at a rung, through the pack's ``decide``, or its
 divergence guard): the pack goes on with the rest, whose rows and generators never depended on it, so their
