@@ -75,8 +75,9 @@ def synchronize(device: torch.device) -> None:
 
 def reset_peak_memory(device: torch.device) -> None:
     if device.type == "cuda":
-        # a finished Pack (and a process's first _Trial) is freed by the cycle collector, not by its last reference:
-        # uncollected, the last run's tensors counted in the next one's peak (solo MiB 361-942 on one H200 run)
+        # the bench's bare epochs never call finish_epoch, so each trial keeps its epoch clock, a cycle through the
+        # trial (and a process's first _Trial is kept by torch's lazy imports): only the cycle collector frees them.
+        # Uncollected, the last run's tensors counted in the next one's peak (solo MiB 361-942 on one H200 run)
         gc.collect()
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats(device)
