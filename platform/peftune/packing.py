@@ -157,11 +157,16 @@ class PackHub:
             with self.lock:
                 closes = self._take(place, key, cohort)
         if closes:
-            cohort.runner = self._runner(place, len(cohort.configs))
-            hub = ray.get_runtime_context().current_actor
-            cohort.runner.start.remote(cohort.id, list(cohort.configs), hub, place, len(cohort.configs))
-            cohort.closed.set()
+            try:
+                runner = self._runner(place, len(cohort.configs))
+                hub = ray.get_runtime_context().current_actor
+                runner.start.remote(cohort.id, list(cohort.configs), hub, place, len(cohort.configs))
+                cohort.runner = runner
+            finally:  # its other members wait on this: released even where no runner could be had
+                cohort.closed.set()
         cohort.closed.wait()
+        if cohort.runner is None:  # each member's trial fails, and Tune retries it alone (a retry never packs)
+            raise RuntimeError("the pack's runner could not be started (the hub's log says why)")
         return cohort.runner, cohort.id, index, len(cohort.configs)
 
     def _take(self, place: tuple, key: tuple, cohort: _Cohort) -> bool:  # under the lock
