@@ -1,35 +1,12 @@
 """The answer: confirmation runs -> per-configuration statistics -> paired decisions -> recommendation, fairness.
 
-Definitions (the report quotes them):
-
-- **Roles of data.** The search selects on the *selection* split (rows of the train files the trials do
-  not train on); confirmation runs keep the epoch the selection split chose and report *dev* there. Every
-  number below is a dev number of confirmation runs (a record without them: search trials, marked).
-- **Seed mean.** A configuration (``config_key``) confirmed with S seeds has the mean, the sample standard
-  deviation (ddof 1) and a t-based 95% interval ``mean +- t(0.975, S-1) * std / sqrt(S)`` of each metric.
-- **Decisions** (``peftune.decisions``, the procedure the confirmation ran, replayed on its record): on the
-  *decision* split (train rows no trial trained on; dev chooses nothing). Per budget (0.1%, 1%, 10% of the
-  backbone trained per task), each configuration under it against the best of the others (Hsu's multiple
-  comparisons with the best) and, for the pair table, every pair's own simultaneous interval, from
-  per-example and per-seed variance components, at the level of the look that settled the budget (the
-  level is printed). Pair words: **better** (the interval lies above 0), **equivalent** (inside +-margin,
-  ``confirm.margin``), **cannot tell** (otherwise).
-- **Recommendation per budget.** The cheapest configuration shown not worse than the best of the others
-  under the budget by more than the margin ("not worse"); else the best, "better" when it is shown better
-  than every other, "not worse" when it is shown within the margin of every other, "cannot tell" otherwise,
-  with what would decide it. P(best) and the expected regret come from the same law as the intervals. The
-  dev score beside it is reported only.
-- **This answer's own error rates** (``own_rates``): the same procedure replayed on simulated records drawn
-  from this sweep's own measured variance components at its own sizes (``peftune.simulate.Measured``): the
-  false-'better' rate of each budget's number of equal configurations, and for two configurations how often
-  a cheaper one equal to the best is picked, one worse by twice the margin is picked, and a gap of the
-  margin is called better; each with its Monte-Carlo 95% interval.
-- **Tuning gain and frontier neighbours**: from the family of all confirmed configurations at the last look.
-- **Fairness per method.** Search trials, trial-steps and compute seconds the method received (the parent
-  run's ``budget_trials.<m>``, ``budget_steps.<m>``, ``budget_compute_s.<m>``; else counted from the trials),
-  its default's score (seed mean where the default was confirmed, else its one search run, marked), the best
-  tuned configuration's seed mean +- std, the tuning gain with its interval and word, and the spread of
-  its search trials' scores (interquartile range and std).
+Every number here is a dev number of confirmation runs (a record without them: search trials, marked). A
+configuration (``config_key``) confirmed with S seeds has its seed mean, sample std and t-based 95% interval per
+metric. The decisions are ``peftune.decisions``'s, replayed on the record's decision-split predictions; the
+recommendation per budget is the pick with its decision, P(best), the expected regret and the dev score, reported
+only; ``own_rates`` replays the procedure on records simulated from this sweep's own variance components. The
+fairness table gives per method the search budget it received, its default's score, its best tuned seed mean, the
+tuning gain and the spread of its trials. The definitions the report quotes: docs/report.md, "The answer".
 """
 
 from __future__ import annotations

@@ -1,35 +1,12 @@
 """Final evaluation: the frontier configurations, re-trained with several seeds, scored on a held-out test split.
 
-``peftune evaluate --sweep NAME --data-dir DIR --test-dir DIR --seeds 3`` calls :func:`evaluate_sweep`.
-
-The data roles are the sweep's: the train rows are exactly the sweep's (its selection and decision splits
-carved and held out as it did), and within each re-training run the epoch kept is the one with the best
-*selection* score, as the sweep kept its epochs (a one-epoch run has nothing to choose). Dev is reported.
-The configurations are the frontier of the completed trials (score up, trainable parameters per task down;
-``--top N`` keeps the N best-scoring of them). The test split is read here and nowhere else, once, after
-every selection is made, so its numbers are unbiased whatever chose the configurations.
-
-With confirmation runs in the record (``peftune.confirm``), the configurations are the frontier of
-the seed means instead, and each is re-trained with the seeds its confirmation used (the first
-``--seeds`` of them): dev and test are then means over the same configurations and seeds as the
-report's, with the same t-based 95% intervals (``<metric>_ci_low``/``_ci_high`` in ``evaluation.csv``).
-
-Seeds without confirmation runs: the first is the trial's own seed. When the trial's run holds its best checkpoint
-(``checkpoint/`` artifact), that seed is restored instead of re-trained (and its dev score is checked
-against the recorded one: a mismatch means other data or code). The other seeds are the trial's seed
-+ 1, + 2, ...: they change the initialisation of the new modules, dropout and batch order; the data
-subset (``max_train_examples``...) stays the sweep's, drawn with the sweep's seed.
-
-Data: the training and dev files are re-read from ``--data-dir`` with the sweep's recorded budget
-(parent run params ``max_length``, ``max_train_examples``, ``max_dev_examples``, ``seed``, ``model``) and
-must hash to the sweep's ``data_hashes.json``; the test files are ``TaskSpec.test_file`` in ``--test-dir``
-(``ids-sst-test.csv``, ``quora-test.csv``, ``sts-test.csv``: the dev file's format, labels included), all
-rows, and must differ from every file the sweep trained or selected on.
-
-Output (``<report dir>/evaluation/``, also logged under ``report/evaluation/`` in the parent run):
-``evaluation_runs.csv`` (one row per configuration, seed and split), ``evaluation.csv`` / ``.md``
-(mean ± sample std over the seeds per configuration: the sweep's dev figure, re-trained dev, test) and
-``evaluation.png``.
+``peftune evaluate --sweep NAME --data-dir DIR --test-dir DIR --seeds 3`` calls :func:`evaluate_sweep`. The data
+roles are the sweep's: the same train rows (its selection and decision splits held out as it did), the epoch kept
+by the selection score, dev reported; the test split is read here and nowhere else, once, after every selection is
+made. The configurations are the frontier of the seed means when the sweep confirmed (each re-trained with the
+seeds its confirmation used), else of the completed trials. The data must hash to the sweep's record, and the test
+files must differ from every file the sweep read. Output: ``<report dir>/evaluation/`` (also logged to the parent
+run). Seeds, data and outputs in detail: docs/report.md, "The final evaluation".
 """
 
 from __future__ import annotations
@@ -166,8 +143,9 @@ def recorded_config(text: str, source: str, seed: int, device: str, selecting: b
     except json.JSONDecodeError as error:
         raise UserError(f"{source}: not valid JSON: line {error.lineno}: {error.msg}") from None
     config = TrialSpec.from_dict(raw, source).config
+    # no rungs: a re-run is judged at its epochs' ends, as a confirmation run is (a rung's report saves nothing)
     return dataclasses.replace(config, seed=seed, device=device, eval_splits=rerun_splits(config.epochs, selecting),
-                               predictions_of=())  # fmt: skip
+                               predictions_of=(), report_fractions=[])  # fmt: skip
 
 
 def rerun_config(row: pd.Series, seed: int, train_settings: dict, device: str, selecting: bool = True):
@@ -332,11 +310,13 @@ def _evaluation_data(sweep: SweepRuns, client, data_dir, test_dir, invalid_rows:
     p = sweep.parent_params
     model = str(p.get("model") or sweep.backbone)
     max_length = int(p.get("max_length") or 128)
+    confirmed_rows = confirmation_train_rows(sweep, client)
     data = DataSettings(
         data_dir=str(data_dir),
         model=model,
         max_length=max_length,
-        max_train_examples=p.get("max_train_examples"),
+        # the rows the report's numbers trained on: the confirmation's where it ran, else the search's
+        max_train_examples=p.get("max_train_examples") if confirmed_rows is False else confirmed_rows,
         max_dev_examples=p.get("max_dev_examples"),
         seed=int(p.get("seed") or 0),
         invalid_rows=invalid_rows,
@@ -355,6 +335,19 @@ def _evaluation_data(sweep: SweepRuns, client, data_dir, test_dir, invalid_rows:
     check_data(prepared, json.loads(recorded) if recorded else None, test_hashes, data_dir)
     test_tasks = {t: TaskData(train=prepared.tasks[t].train, dev=tests[t]) for t in sweep.tasks}
     return _EvaluationData(client, prepared, test_tasks, definition.get("train") or {}, device, select_device(device))
+
+
+def confirmation_train_rows(sweep: SweepRuns, client) -> int | None | bool:
+    """The train rows per task the sweep's confirmation runs trained on (None: every row not held out), from a
+    completed confirmation run's recorded data settings; False without one (the search's rows are the report's)."""
+    runs = sweep.confirmations if sweep.confirmations is not None else pd.DataFrame()
+    done = runs[runs["status"] == COMPLETED] if len(runs) else runs
+    if not len(done):
+        return False
+    value = client.get_run(str(done["run_id"].iloc[0])).data.params.get("data.max_train_examples")
+    if value is None:
+        return False  # recorded before the data settings were params: the search's rows
+    return None if value == "None" else int(value)
 
 
 def _evaluate_seed(data: _EvaluationData, trial: pd.Series, seed: int, restore: bool) -> list[dict]:
@@ -393,7 +386,9 @@ def _evaluate_seed(data: _EvaluationData, trial: pd.Series, seed: int, restore: 
         "%s seed %d (%s, %.0fs): dev score %.4f, test score %.4f",
         *(trial["label"], seed, source, seconds, dev[SCORE], test[SCORE]),
     )
-    return [_row(trial, seed, "dev", source, dev), _row(trial, seed, "test", source, test)]
+    rows = ", ".join(f"{task} {len(split.train)}" for task, split in data.prepared.tasks.items())
+    return [{**_row(trial, seed, split, source, metrics), "train_rows": rows}
+            for split, metrics in (("dev", dev), ("test", test))]  # fmt: skip
 
 
 def _row(trial: pd.Series, seed: int | None, split: str, source: str, metrics: dict) -> dict:
@@ -452,6 +447,7 @@ def _retrain(config, prepared):
 def summarize(runs: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFrame:
     """Mean, sample standard deviation (ddof 1; NaN with one seed) and count per (configuration, split)."""
     keys = ["run_id", "label", "method", "size", pareto.COST, pareto.COST_PCT, "split"]
+    keys += ["train_rows"] if "train_rows" in runs.columns else []  # the budget the runs trained at
     grouped = runs.groupby(keys, sort=False, dropna=False)[list(metrics)]
     mean = grouped.mean().add_suffix("_mean")
     std = grouped.std(ddof=1).add_suffix("_std")
@@ -482,6 +478,8 @@ def mean_std_table(summary: pd.DataFrame, metrics: Sequence[str]) -> pd.DataFram
             f"{m:.3f}" if pd.isna(s) else f"{m:.3f} ± {s:.3f}"
             for m, s in zip(summary[f"{metric}_mean"], summary[f"{metric}_std"], strict=True)
         ]
+    if "train_rows" in summary.columns:  # what each run trained on (the sweep's own row: its search's budget)
+        table["Trained on (rows per task)"] = summary["train_rows"].fillna("the search's")
     table["Seeds"] = summary["n"].astype(int).astype(str)
     table["Run id"] = summary["run_id"].str[:12]
     return table

@@ -1,27 +1,11 @@
 """Pareto frontiers of (dev score: higher is better, trainable parameters per task: lower is better).
 
-Definitions used throughout the report:
-
-- **Dominance.** Trial *q* dominates trial *p* when ``q.score >= p.score`` and ``q.cost <= p.cost``
-  with at least one of the two strict. The *cost* is the trainable parameters per task (shared method
-  parameters + one task's own, heads excluded: the papers' "params updated per task").
-- **Frontier.** The trials no other eligible trial dominates. Two trials with exactly equal score and
-  cost do not dominate each other, so both stay on the frontier (a tie is reported, not broken).
-  A trial whose score or cost is NaN (it never finished an epoch, or its counts were not logged) is
-  neither on the frontier nor allowed to dominate anything.
-- **Eligible trials.** Only ``completed`` trials by default (:data:`FRONTIER_STATUSES`): an
-  early-stopped trial trained fewer epochs than the rest, and mixing it in would compare unlike
-  budgets. Callers can pass other statuses explicitly.
-- **Hypervolume.** The area of the (cost, score) plane the frontier dominates, bounded by the
-  reference point (cost = 100% of the backbone, score = 0), with cost on a log scale: a cost fraction
-  ``c`` (``trainable_params_per_task / backbone_params``) sits at ``u(c) = log10(max(c, floor) / floor)
-  / log10(1 / floor)``, floor ``LOG_FLOOR`` = 1e-5 (0.001% of the backbone; the frozen backbone's 0
-  sits there), so ``u`` runs from 0 at the floor to 1 at the whole backbone, and the hypervolume lies in
-  [0, 1] for scores in [0, 1]. With the frontier sorted by cost, ``HV = sum_i (u_{i+1} - u_i) * (s_i -
-  s_ref)`` with ``u_{n+1} = 1``. On a log scale every decade of parameters weighs the same, so reaching a
-  score at 0.1% instead of 1% counts as much as at 1% instead of 10%. Points at or beyond the reference
-  (full fine-tuning at 100%, a negative Pearson score) add nothing. The report's headline hypervolume is
-  that of the confirmed configurations' seed means; the per-method tables use the search trials.
+Trial q dominates p when it scores at least as high at no more cost, one of the two strictly; the frontier is the
+trials no eligible trial dominates (exact ties both stay; a NaN score or cost neither enters nor dominates).
+Eligible: ``completed`` trials by default (:data:`FRONTIER_STATUSES`). The hypervolume is the area the frontier
+dominates up to the reference point (cost = the whole backbone, score = 0), with cost on a log scale from
+``LOG_FLOOR`` (1e-5 of the backbone) to 1, so it lies in [0, 1] and every decade of parameters weighs the same.
+The definitions in full: docs/report.md, "Pareto frontiers and hypervolume".
 """
 
 from __future__ import annotations

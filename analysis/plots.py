@@ -1,23 +1,11 @@
 """Score versus trainable parameters, of the search trials and of the confirmed seed means.
 
 Each plot is described once (:func:`score_vs_params`, :func:`confirmed_configurations`: an
-:class:`analysis.figure.FigureSpec`) and drawn from that description as a PNG (matplotlib) and as an
-interactive HTML figure (plotly).
-
-What each plot shows, and why:
-
-- x: trainable parameters per task as % of the backbone, log scale (PEFT methods span 0.01%..100%:
-  a linear axis would crush all of them against zero). Methods that train no backbone-side
-  parameter (``frozen``: heads only) sit at a floor one decade below the smallest positive value,
-  on a tick labelled "0". The top axis gives the same quantity as a parameter count.
-- y: the dev figure of the best epoch: the score (mean of the task metrics) or one task's metric.
-- one colour per method (fixed across every plot of every report, :func:`method_color`); completed
-  trials filled, early-stopped trials as small crosses (they trained fewer epochs, so they stay out of
-  every frontier); failed trials are not drawn (the title counts them);
-- the frontier over all methods in black, each method's own frontier faint in its colour, both as
-  staircases: between two frontier points the best score reachable at that size is the left one's;
-- optionally the AdaptBert report's published bert-base figures (its Table 3) as hollow diamonds,
-  labelled as reported figures of another backbone: a sanity reference, not a comparison.
+:class:`analysis.figure.FigureSpec`) and drawn from that description as a PNG (matplotlib) and as an interactive
+HTML figure (plotly). x: trainable parameters per task as % of the backbone, log scale (frozen at a floor labelled
+"0"); y: the dev figure of the best epoch; one fixed colour per method (:func:`method_color`); completed trials
+filled, early-stopped ones as small crosses, failed ones counted in the title; the frontier as a staircase; the
+AdaptBert report's bert-base figures as hollow diamonds, a reference only. Why each: docs/report.md, "The plots".
 """
 
 from __future__ import annotations

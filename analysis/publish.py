@@ -1,36 +1,10 @@
 """The report of a sweep published: its files written into a directory, logged to the sweep's parent run.
 
-``peftune report --sweep NAME`` calls :func:`report_sweep`; a sweep job can call
-:func:`on_sweep_finished` at its end (``peftune.sweep.run_sweep(..., on_finished=...)``). What the report says is
-:mod:`analysis.report`, how it reads :mod:`analysis.render`; here: the files (written beside the directory, then
-moved into place), the PNG plots, the artifacts, metrics and description of the parent run.
-
-The directory (default ``reports/<sweep>/``), also logged under ``report/`` in the sweep's parent run:
-
-============================  ==========================================================================
-``report.md``                 everything below in one readable page (definitions included)
-``report.html``               interactive: score vs parameters (hover: hyperparameters, run id) beside the
-                              table; per-task plots, parallel coordinates, importance, every trial
-``best_by_method_size.csv``   AdaptBert-shaped table: best trial per method and size (also ``.md``)
-``trials.csv``                every trial, one row each, ``status`` and frontier flags included
-``frontier.csv``              the trials on the frontier of the score and of each task (``objective``)
-``frontier_summary.csv``      per scope (all methods, each method) and objective: frontier size, hypervolume
-``importance.csv``            hyperparameter importance (PED-ANOVA) for score, frontier, each task
-``recommendation.csv``        per budget (0.1%, 1%, 10% trainable per task): the pick (cheapest shown not worse than
-                              the rest), its decision, interval and level, P(best), regret, what would decide it
-``decisions.csv``             every pair of each budget's family (and of all): difference, interval, level, word
-``seeds.csv``                 the seeds each confirmed configuration got and why adding stopped
-``by_budget.csv``             per budget, every method's best configuration under it, against the budget's best
-``own_rates.csv``             the procedure's false-'better' rate and power at this sweep's own sizes, simulated
-                              from its own measured variance components, with Monte-Carlo intervals
-``expected_max.csv``          per method: the expected best selection score of n search trials (also ``.png``)
-``slots.csv``                 per phase: span, slots, timed seconds, the share outside every run's timers, eval's
-``fairness.csv``              per method: trials, steps, compute, default, best tuned mean ± std, gain with interval
-``configurations.csv``        per configuration: seed mean, std, t 95% interval of every metric (analysis.confirmed)
-``confirmed_frontier.csv``    the frontier of the seed means, each point's decision against the cheaper one (``.png``)
-``score_vs_params.png``       score vs trainable parameters per task; ``score_vs_params_<task>.png`` per task
-``parallel_coordinates.png``  hyperparameters of the completed trials; ``importance.png``
-============================  ==========================================================================
+``peftune report --sweep NAME`` calls :func:`report_sweep`; a sweep job can call :func:`on_sweep_finished` at its
+end (``peftune.sweep.run_sweep(..., on_finished=...)``). What the report says is :mod:`analysis.report`, how it
+reads :mod:`analysis.render`; here: the files (written beside the directory, then moved into place), the PNG
+plots, the artifacts, metrics and description of the parent run. The directory (default ``reports/<sweep>/``) is
+also logged under ``report/`` in the sweep's parent run; its files, one by one: docs/report.md.
 """
 
 from __future__ import annotations

@@ -1,31 +1,10 @@
 """A sweep's MLflow record -> one pandas DataFrame, one row per trial.
 
-The record is the contract written by ``peftune.tracking`` (read its module docstring): an
-experiment named after the sweep holding one parent run (tag ``peftune.role=sweep``) and one
-child run per trial (tag ``mlflow.parentRunId``). This module only reads it, from any tracking
-URI (a SQLite file, a directory, an ``http://`` server), and never imports Ray.
-
-Why a trial's ``status`` column matters: a frontier of completed trials mixed with trials that
-ASHA stopped after one epoch, or that crashed, compares unlike things. Every trial is kept in the
-DataFrame, marked with one of :data:`STATUSES`; the analysis decides which statuses enter a
-frontier (completed only, by default: see :mod:`analysis.pareto`).
-
-Columns of :attr:`SweepRuns.trials`:
-
-- identity: ``run_id``, ``trial_id``, ``run_name``, ``method``, ``size`` (e.g. ``r=8``; see
-  :func:`size_label`), ``label`` (``lora r=8``), ``size_value`` (the method's size field, for sorting);
-- search or confirmation: ``phase`` (``search``; confirmation runs are in :attr:`SweepRuns.confirmations`,
-  not in ``trials``), ``default`` (the method's control-arm trial), ``config_key`` (one configuration,
-  whatever its seed: see :func:`peftune.record.run_config_key`);
-- outcome: ``status``, ``error`` (first line of the failure), ``mlflow_status``, ``epochs_run``,
-  ``best_epoch``, ``score`` and each task metric (``sst_accuracy``, ...) at the best-scoring epoch;
-- parameter counts: ``backbone_params``, ``trainable_params_per_task`` (+ ``_pct``), ``stored_params``
-  (+ ``_pct``), ``checkpoint_params``, ``head_params``;
-- hyperparameters: ``lr``, ``dropout``, ``weight_decay``, ``epochs``, ``batch_size``, ``seed``,
-  ``warmup_ratio``, ``sampling`` and the method's options as ``method.<field>`` (typed: ints, floats,
-  booleans, None; lists stay comma-separated strings as logged);
-- time: ``train_time_s`` (training alone), ``eval_total_s`` (every evaluation), ``startup_s``,
-  ``checkpoint_time_s``, ``start_time``, ``end_time`` (UTC timestamps); ``has_checkpoint``.
+The record is the contract written by ``peftune.tracking`` (its schema: docs/design.md, "The MLflow record").
+This module only reads it, from any tracking URI (a SQLite file, a directory, an ``http://`` server), and never
+imports Ray. Every trial is kept, marked with one of :data:`STATUSES`: the analysis decides which statuses enter
+a frontier (completed only, by default: :mod:`analysis.pareto`). The columns of :attr:`SweepRuns.trials`
+(identity, phase, outcome, parameter counts, hyperparameters, time): docs/report.md, "The record as DataFrames".
 """
 
 from __future__ import annotations

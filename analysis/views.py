@@ -1,29 +1,11 @@
 """Comparison views of a sweep: parallel coordinates, hyperparameter importance, and what tuning buys.
 
-These are what users of sweep tools look at first: which settings the good trials share
-(parallel coordinates) and which settings matter (importance).
-
-Importance uses Optuna's PED-ANOVA evaluator (Optuna 5's default; it handles conditional
-parameters) on an in-memory study rebuilt from the DataFrame: one Optuna trial per completed trial,
-its parameters as sampled. Conditional parameters are named per method (``lora.rank``,
-``adapter.bottleneck``): the same field of two methods is two different knobs. Distributions are the
-observed ranges (log-scaled for ``lr`` and integer sizes), and parameters that never varied are
-left out (they cannot explain anything). Three kinds of importance are reported:
-
-- ``score``: importance for reaching the top quantile of dev scores;
-- ``pareto``: importance for reaching the Pareto frontier of (score up, trainable parameters down),
-  from a two-objective study (non-domination rank, as Optuna's multi-objective TPE ranks trials);
-- each task metric: importance for that task's top quantile.
-
-PED-ANOVA compares the distribution of each parameter in the top ``target_quantile`` of trials with
-all trials. The quantile here is ``max(0.1, 5 / n)`` (at most 0.5), so at least five trials form the
-top group when the sweep has that many (Optuna advises five): small sweeps are judged on their top
-half rather than on one or two trials. Fewer than :data:`MIN_TRIALS` completed trials: no importance.
-
-What tuning buys (Dodge et al. 2019, "Show Your Work"): per method, the expected best selection score
-of the first n search trials, n = 1 .. the trials it got, with its default as trial 1 and the searched
-trials as draws with replacement from those observed (``expected_max_with_default``):
-the curve shows how much each further trial is worth, and where tuning stops paying.
+Importance uses Optuna's PED-ANOVA evaluator on an in-memory study rebuilt from the DataFrame (one Optuna trial per
+completed trial; conditional parameters named per method, ``lora.rank``; parameters that never varied left out),
+for the score, for reaching the Pareto frontier, and for each task metric, comparing the top ``max(0.1, 5 / n)``
+quantile (at most 0.5) with all trials; fewer than :data:`MIN_TRIALS` completed trials: no importance. What tuning
+buys (Dodge et al. 2019): per method, the expected best selection score of its first n search trials, its default
+as trial 1 (``expected_max_with_default``). The details: docs/report.md, "Comparison views".
 """
 
 from __future__ import annotations

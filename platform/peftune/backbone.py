@@ -1,24 +1,12 @@
 """A compact BERT encoder with the parameter names of ``transformers.BertModel``.
 
-Readable top to bottom: embeddings -> N x (self-attention, FFN) -> pooler.
-Because every parameter carries the name HF uses, an HF checkpoint loads with
-``load_state_dict`` and a LoRA adapter trained here loads onto an HF
-``BertModel`` with peft.
-
-PEFT methods attach at explicit hook points rather than by monkey-patching:
-
-- the linears ``attention.self.{query,key,value}``, ``attention.output.dense``,
-  ``intermediate.dense`` and ``output.dense`` (peft's LoRA finds them by name);
-- ``attention.output.adapter`` and ``output.adapter``: a module applied to the
-  sub-layer's output *before* the residual add and LayerNorm (Houlsby
-  placement); ``nn.Identity`` until a method installs one;
-- ``attention.self.kv_prefix``: a module returning extra key/value vectors
-  that every query may attend to (prefix tuning); ``None`` by default;
-- ``embeddings.input_prompt``: a module inserting vectors into the embedded
-  input sequence (prompt tuning); ``None`` by default.
-
-Identity hooks add no parameters and no state-dict keys, so a bare backbone
-has exactly the state dict of ``transformers.BertModel``.
+Readable top to bottom: embeddings -> N x (self-attention, FFN) -> pooler. Because every parameter carries the
+name HF uses, an HF checkpoint loads with ``load_state_dict`` and a LoRA adapter trained here loads onto an HF
+``BertModel`` with peft. PEFT methods attach at explicit hook points rather than by monkey-patching: the q/k/v/o
+and FFN linears, ``attention.output.adapter`` and ``output.adapter`` (before the residual add and LayerNorm),
+``attention.self.kv_prefix`` (extra keys and values) and ``embeddings.input_prompt`` (inserted input vectors).
+Identity hooks add no parameters and no state-dict keys, so a bare backbone has exactly the state dict of
+``transformers.BertModel``. The hooks one by one: docs/design.md, "The backbone".
 """
 
 from __future__ import annotations

@@ -1,21 +1,13 @@
 """Task data: read and validate the tab-separated files, tokenize once, batch by length, schedule tasks.
 
-The pipeline, and why each step looks the way it does:
-
-1. ``read_task_file``: the files are TSV with CSV double-quote quoting (the
-   CS224N multitask format), so they are read with :mod:`csv`, not split on
-   tabs. Every problem raises one :class:`DataError` naming file, line and
-   what was expected, before anything is returned: a trial that starts must
-   not die an hour in on row 9,000, and must not silently train on less data.
-2. ``encode_split``: tokenization is the only slow step, so it runs once per
-   (file content sha256, tokenizer content, max length) in this process and the
-   result is reused. Token ids are stored flat (int32, no padding) with offsets,
-   which keeps an :class:`EncodedSplit` a few MB: it travels through the Ray
-   object store to every trial.
-3. ``bucketed_batches``: batches are padded only to their longest member, and
-   examples of similar length are put together, so little compute is spent on
-   padding while the order stays random (seeded by a ``torch.Generator``).
+1. ``read_task_file``: TSV with CSV quoting (the CS224N multitask format), read with :mod:`csv`; every problem is
+   one :class:`DataError` naming file, line and what was expected, before anything is returned.
+2. ``encode_split``: tokenization runs once per (file content, tokenizer, max length) in a process; token ids are
+   stored flat with offsets, so an :class:`EncodedSplit` is small enough for Ray's object store.
+3. ``bucketed_batches``: batches padded only to their longest member, of similar lengths, in a seeded random order.
 4. ``multitask_schedule``: which task each training step of an epoch uses.
+
+Why each step looks the way it does: docs/design.md, "Data pipeline".
 """
 
 from __future__ import annotations

@@ -1,20 +1,13 @@
 """Dropout and attention with a cheap random mask on the CPU.
 
-On the CPU, ``F.dropout`` draws one Bernoulli sample per element from a serial Mersenne twister;
-in a bf16 LoRA step that is about 29% of the time (the profile of ``peftune bench --profile``),
-more than the attention's matmuls. Here one 64-bit draw yields four 16-bit uniform integers,
-each compared with a threshold: the same distribution (a drop probability within 2**-16 of
-``p``, with the scale computed from the probability actually used, so the expectation is
-exact), from a quarter of the draws: for 3.1M elements, 2.2 ms of draws against 13.6 ms for
-``F.dropout`` in bf16, 2 cores. Seeded by ``torch.manual_seed`` like torch's own, or drawn from a
-``generator`` where one is given: a pack (``peftune.pack``) draws each member's masks from that
-member's own generator, in the order and shapes of its solo run (:func:`member_dropout`).
-
-Scaled dot-product attention with ``dropout_p > 0`` runs torch's unfused "math" path on the CPU
-anyway (scores, softmax, dropout, weighted sum, each materialised); :func:`attention` runs the
-same steps with the cheap mask, rounding as HF BERT's attention does under autocast. Everywhere
-else (evaluation, CUDA, ``p == 0``) torch's fused kernels run unchanged: on CUDA, dropout's
-Philox draws are already fused into the kernels.
+``F.dropout`` draws one Bernoulli sample per element from a serial generator on the CPU. Here one 64-bit draw
+yields four 16-bit uniform integers, each compared with a threshold: the same distribution (a drop probability
+within 2**-16 of ``p``, the scale computed from the probability actually used, so the expectation is exact), from
+a quarter of the draws. Seeded by ``torch.manual_seed`` like torch's own, or drawn from a given ``generator``: a
+pack draws each member's masks from its own, in its solo run's order and shapes (:func:`member_dropout`).
+:func:`attention` runs the math path torch takes on the CPU with dropout, with this mask, rounding as HF BERT's
+attention does under autocast. Evaluation, CUDA and ``p == 0`` keep torch's fused kernels. What it saves:
+docs/benchmarks.md, "Dropout with a cheap mask".
 """
 
 from __future__ import annotations

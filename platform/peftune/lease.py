@@ -1,25 +1,13 @@
 """One driver per sweep: a lease on the sweep's storage path, renewed while the driver lives.
 
-Two drivers of one sweep (a user re-submits, or a driver thought dead is not) would both restore Tune's
-state, ask the same Optuna studies and write the same MLflow record: trials twice, a budget overrun,
-checkpoints deleted under a running trial. So ``run_sweep`` holds this lease from start to end; a
-second driver is refused at once (``LeaseHeld``: one line naming the holder's host, pid and start).
-A driver that died without releasing it (SIGKILL) on this host is replaced at once: its pid is gone,
-or is another process (the lease records the holder's start time). One on another host (a lost node)
-is replaced only once its lease has lapsed: no renewal for ``ttl`` seconds (``PEFTUNE_LEASE_S``,
-default 60). Either way running the same command again takes it over and resumes the sweep; no file
-has to be removed by hand.
-
-Atomic without a lock server: a lease is a generation file ``<sweep>.driver.<n>.lease`` beside Tune's
-state (``<storage>/<sweep>``, which a multi-node sweep already requires every node to share). A driver
-takes generation ``n + 1`` (or 0) by ``os.link`` of a complete temporary file onto that name: a link to
-an existing name fails on local file systems and on NFS alike, so of two drivers only one gets a
-generation, and a reader never sees a half-written lease. The holder renews by replacing its own file
-(write, then ``os.replace``) and gives up the sweep if it finds its generation superseded.
-
-With object storage (``s3://``, ``gs://``) there is no file to link: the lease then lives in a local
-directory (``PEFTUNE_LEASE_DIR``, default ``~/.peftune/leases``), which guards the drivers of one
-machine only (``ray job submit`` runs every job's driver on the head node).
+``run_sweep`` holds this lease from start to end; a second driver is refused at once (``LeaseHeld``: one line
+naming the holder's host, pid and start). A holder that died on this host is replaced at once (its pid is gone or
+another process's); one on another host once its lease lapsed (no renewal for ``ttl`` seconds,
+``PEFTUNE_LEASE_S``). A lease is a generation file ``<sweep>.driver.<n>.lease`` beside Tune's state, taken by
+``os.link`` of a complete temporary file (a link to an existing name fails on local file systems and NFS alike, so
+only one driver gets a generation) and renewed by replacing the holder's own file; a holder that finds its
+generation superseded gives up the sweep. With object storage the lease lives in ``PEFTUNE_LEASE_DIR`` (default
+``~/.peftune/leases``), which guards the drivers of one machine.
 """
 
 from __future__ import annotations

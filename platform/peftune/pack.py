@@ -1,56 +1,17 @@
 """Packed execution: K trials of one method trained in lockstep over ONE frozen backbone.
 
-A PEFT sweep trains many small configurations over the same frozen backbone. A pack runs K of them
-(its *members*, K ``TrainConfig`` of one method) in one process: every step, the K members' copies of
-the batch are concatenated along the batch dimension (K * B rows), so every frozen matmul, attention and
-LayerNorm runs once for all members, and under bf16 autocast the frozen weights are cast once. What a
-member trains runs per member, on its own rows (member k's rows are k*B .. (k+1)*B - 1 throughout):
+A pack runs K ``TrainConfig`` of one method (its *members*) in one process: each step concatenates the members'
+copies of the batch (K * B rows), so every frozen matmul, attention and LayerNorm runs once for all of them, while
+what a member trains runs per member on its own rows. Each member IS its solo run's state (a ``train._Trial``),
+built and driven by the solo run's own pieces, with its own dropout generator: it reports and checkpoints what its
+solo run would, to the bit at the tested sizes (tests/test_pack.py) and within rounding where a shared kernel
+computes a row differently for more rows. A member may stop mid-pack; the others are unchanged by it.
 
-- LoRA: the frozen projection once over all rows; each member's A and B (its rank, its scaling) on its rows, as
-  ``lora.fused_qkv`` / ``LoraLinear`` compute them (one dropout of x per member);
-- BitFit: one ``baddbmm`` over the shared frozen weight adds each member's bias to its rows (per member, the
-  ``addmm`` of its solo run, to the bit); LayerNorms whose gain or bias a member trains run once per member;
-- Houlsby adapters: each member's adapter for the batch's task on its rows, its LayerNorms its own;
-- the task heads: each member's, on its pooled rows.
-
-The small per-member matmuls are a loop over the members, not one bmm over ranks zero-padded to the largest: that
-bmm was built and measured, and it was not exact (see :func:`_rows`), while the loop's cost on the CPU is a few
-microseconds a call. Zero padding never enters a parameter or an optimizer state: each member's parameters and
-AdamW state keep its solo run's shapes.
-
-Methods that pack: ``lora`` (initialised the LoRA paper's way: PiSSA and OLoRA rewrite the frozen weights, which
-a pack shares), ``bitfit`` and ``adapter``. Every other method runs alone: :func:`check_packable` refuses it, as it
-refuses members that could not share the batches (another seed, batch size, task list, sampling...), naming the
-field; :func:`pack_key` is what members of one pack share. :class:`Pack` (build, step, stop a member, epochs), its
-packed forward (``Pack.forward`` mirrors ``BertModel.forward`` and ``MultitaskModel.forward`` op for op) and
-:func:`run_pack` live here; ``peftune.packing`` runs packs in a sweep.
-
-Each member IS its solo run's state: a ``train._Trial`` (model, AdamW, schedule, clip, divergence guard, rung
-reports, evaluation, history, report and checkpoint), built over the pack's frozen tensors under
-``torch.manual_seed(config.seed)`` in the solo run's order, so its parameters start as its solo run's, and driven
-by the pack through the solo run's own pieces (``begin_epoch``, ``update``, ``after_step``, ``finish_epoch``). So a
-member reports at its rungs and epoch ends what its solo run reports, and writes the solo run's checkpoint, from
-which ``run_trial`` resumes it alone. Its dropout masks come from its own ``torch.Generator``, seeded per epoch as
-the solo run seeds the global RNG (``_epoch_seed``) and drawn at every site in the solo run's order and shapes
-(``dropout.member_dropout``; members whose streams agree, as a sweep's one seed makes them, draw each mask's bits
-once). The loss is the sum of the members' losses, so each member's gradient is its own. On the CPU, in fp32 and
-under bf16 autocast, a member's losses, gradients, weights, scores and reports equal its solo run's to the bit at
-the tested sizes (tests/test_pack.py). That rests on the graph summing each gradient in the solo run's order (LoRA
-members at dropout 0 and above 0 would not: see :func:`check_packable`) and on every shared op computing a row the
-same whatever the number of rows. The second holds for torch's row-wise kernels but not for every matmul at every
-shape: at MiniLM's, MKL's fp32 FFN matmul over 2B rows differs from B rows in the last bit for some short batches
-(B*T = 192 on one machine here), oneDNN's bf16 ones for more, and cuBLAS's fp32 ones on one H200 for all methods
-(its bf16 ones were bitwise for LoRA and the adapters, not BitFit). Then a member drifts from its solo run by
-rounding, as a solo run does on another machine (measured: README, "Exact in fp32..." and "On one GPU";
-tests/test_pack.py bounds it at MiniLM's width).
-On a GPU (or wherever ``shared_draws`` is off) each member draws apart: its dropout and attention run on its own
-rows by its solo run's very calls, with the device's default generator in the member's state for the call
-(``dropout.drawing_from``), because CUDA's dropout and fused attention take no generator; the frozen matmuls are
-still shared.
-
-A member may stop mid-pack (``Pack.stop``: a scheduler stopping it at a rung, through the pack's ``decide``, or its
-divergence guard): the pack goes on with the rest, whose rows and generators never depended on it, so their
-results are unchanged by the stop.
+What packs: ``lora`` (the LoRA paper's init), ``bitfit`` and ``adapter``; :func:`check_packable` refuses anything
+else, naming the field, and :func:`pack_key` is what a pack's members share. Here: :class:`Pack` (build, step,
+stop a member, epochs), its packed forward (mirroring ``BertModel.forward`` and ``MultitaskModel.forward`` op for
+op) and :func:`run_pack`; ``peftune.packing`` runs packs in a sweep. The design and its limits: docs/design.md,
+"Packed trials"; the measurements: docs/benchmarks.md.
 """
 
 from __future__ import annotations

@@ -1,30 +1,13 @@
 """Packed trials in a sweep: single-configuration Tune trials that train together in one pack (``peftune.pack``).
 
-Ray Tune still schedules one trial per configuration: the searcher, ASHA, the equal budget, the record (one MLflow
-run per configuration), the checkpoints and the retries see nothing else. What changes is where a search trial of
-a packable method trains (``resources.pack_size`` K > 1):
-
-- it asks for 1/K of a trial's CPUs (and GPU share), so that K of them hold one slot;
-- it joins a *cohort* at the sweep's :class:`PackHub`: trials of the same node (and GPU) whose configurations can
-  share the batches (``pack.pack_key``). A cohort closes at K members, or ``pack_wait_s`` after its first joined;
-- the hub starts the cohort as one pack on a :class:`PackRunner`, a process of its own on that node (reused by the
-  next full cohort), which trains with one trial's threads on the CPUs its members hold, and holds the rest of a
-  trial's share itself where the cohort closed short of K (such a runner ends with its pack);
-- the trial relays its member's reports: the metrics and the checkpoint files the member wrote (the solo run's, see
-  ``pack.py``) go to ``tune.report``. When ``tune.report`` returns, Tune let the trial go on; when it raises
-  ``SystemExit``, Tune stopped it (ASHA at a rung): either way the trial tells the runner, which holds the pack
-  after every member's report until each decision is in, and stops the members Tune stopped (``Pack.stop``): the
-  others' results are unchanged, as the solo runs they are.
-
-A pack as one Tune trial of K configurations was the other design: the searcher, ASHA, the budget and the record
-would each have had to learn that one trial is K configurations, and a stopped member could not free its share.
-Here they do not know, and a stopped member's share goes back to Tune at once (it refills the slot with a trial
-that joins the next cohort).
-
-Faults: a runner that fails or dies fails its members' trials; Tune retries each (``max_failures``) from its last
-checkpoint, alone (a resumed trial never packs: its cohort would have to be at the same step). A member whose trial
-stops without a word (its process killed) is stopped after ``DECISION_TIMEOUT_S``. The confirmation does not pack
-(its trials differ in seed, so in batches).
+Ray Tune still schedules one trial per configuration: the searcher, ASHA, the equal budget, the record, the
+checkpoints and the retries see nothing else. A search trial of a packable method (``resources.pack_size`` K > 1)
+asks for 1/K of a trial's resources, joins a cohort at the sweep's :class:`PackHub` (trials of its node and GPU
+that can share the batches; closed at K members or after ``pack_wait_s``), and is trained as a member of one pack
+by a :class:`PackRunner` process, which holds the rest of a trial's share when the cohort closed short. The trial
+relays its member's reports to ``tune.report`` and Tune's decisions back; the runner stops the members Tune
+stopped. A runner that fails fails its members' trials, which Tune retries alone; a silent member is stopped after
+``DECISION_TIMEOUT_S``. The confirmation does not pack. Why this design: docs/design.md, "Packed trials".
 """
 
 from __future__ import annotations

@@ -1,23 +1,11 @@
 """Parameter accounting in the AdaptBert tables' columns.
 
-- trainable per task: what one task's training updates — shared trainable
-  parameters (method modules and any unfrozen backbone weights) plus that
-  task's own method parameters. Task heads are counted apart (``heads``), as
-  in the papers, whose percentages exclude them.
-- additional stored: parameters the method *adds* to the backbone, for all
-  tasks (LoRA matrices, every task's adapters...). Methods that only modify
-  backbone weights (full, BitFit, LayerNorm, top-k) add none; they overwrite
-  weights that are stored anyway.
-- checkpoint: every trainable parameter except the heads, i.e. what a
-  checkpoint holds for the method.
-
-A method whose training-time parameters differ from what it keeps after
-training (prefix tuning drops its MLP reparameterisation) says so with a
-``stored_parameter_count()`` method on the module concerned; the stored
-column uses it.
-
-Percentages are of the pretrained backbone's parameter count (bert-base:
-109,482,240), the papers' denominator.
+Trainable per task: what one task's training updates (shared trainable parameters plus that task's own; heads
+counted apart, as the papers' percentages exclude them). Additional stored: what the method adds to the backbone
+for all tasks (none for methods that only modify backbone weights). Checkpoint: every trainable parameter but the
+heads. A module whose stored form differs from its training form (prefix tuning's merged MLP) says so with
+``stored_parameter_count()``. Percentages are of the pretrained backbone's parameter count, the papers'
+denominator. In full: docs/design.md, "Parameter accounting".
 """
 
 from __future__ import annotations

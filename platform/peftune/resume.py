@@ -1,30 +1,14 @@
 """What a restored sweep needs from this run, through Ray Tune's public interfaces only.
 
-``tune.Tuner.restore`` brings back the callbacks pickled when the sweep started, and offers no
-public way to hand it new ones. The sweep therefore gives Tune one ``RunCallbacks``, which holds
-no callback itself: it forwards every hook to the callbacks of the sweep running in this process
-(``installed``). The copy Tune unpickles on a restore forwards to this run's tracking logger (it
-knows this run's MLflow client) and to this run's own hooks, and a hook given for one run (a test's
-interrupter, a progress bar) does not come back in the next.
-
-Tune's state files survive a full disk here (``keep_good_state``, ``repair_state``): Tune writes them
-whole on the driver's local disk, then copies them to the storage path over the previous ones, in
-place, and only logs a copy that fails. A disk that fills during that copy leaves a file cut off
-(issue 34: ``experiment_state-*.json`` cut mid-string), and Tune, failing to read it, starts the
-experiment again from nothing (``Tuner.restore`` then says "Restarting experiment"): every
-configuration would run twice. So each time Tune saves its state, the complete files at the storage
-path are first copied beside them (``<file>.good``, written to a temporary file and renamed); and
-before a resume, a session's files of which one is incomplete are replaced by those copies, the cut
-ones kept aside (``<file>.set-aside``). Tune's state then lags by one save, as after a driver killed
-between two saves, which the sweep's resume already handles (the record's partial runs are replaced).
-
-A trial's checkpoints are pruned here too (``CheckpointPruner``), not by Tune. Tune's
-``CheckpointConfig(num_to_keep=...)`` deletes a checkpoint as soon as a better or later one
-arrives, and so forces a save of the whole experiment's state after every checkpoint (a saved state
-must not name a deleted checkpoint): a save writes every trial, so at thousands of trials the driver
-spent most of its time writing them (issue 31: 224 ms a trial over the first 200, 767 over the last
-200 of 1,000). Tune now keeps every checkpoint and saves its state on its own period; the pruner
-deletes a checkpoint once no saved state can name it.
+- ``RunCallbacks``: ``Tuner.restore`` brings back the callbacks pickled when the sweep started; this one holds
+  none and forwards every hook to the callbacks of the sweep running in this process (``installed``).
+- ``keep_good_state`` / ``repair_state``: Tune copies its state files to the storage path in place, so a full
+  disk can cut one off and Tune would start the experiment again; the complete files are copied beside them
+  (``<file>.good``) at each save and put back before a resume (the cut ones kept as ``<file>.set-aside``).
+- ``CheckpointPruner``: Tune's ``num_to_keep`` forces a save of the whole experiment's state after every
+  checkpoint; instead Tune keeps every checkpoint and saves on its own period, and the pruner deletes a trial's
+  checkpoint once no saved state can name it (kept: its latest, its best, and the latest as of each of the last
+  two saves).
 """
 
 from __future__ import annotations

@@ -1,34 +1,14 @@
 """The search and scheduling policy of a sweep: an equal budget per method, stopping within a method.
 
-``sweep.py`` runs the Ray Tune experiment; this module decides what runs and what stops:
-
-- ``PerMethodSearcher`` (a Ray Tune ``Searcher``) keeps ONE Optuna study per method, each with
-  its own seeded TPE (seed + the method's index), in an Optuna storage that outlives the driver
-  (SQLite beside the MLflow store by default; ``optuna-dashboard <url>`` opens it). It hands out
-  trials round-robin over the methods that still have budget, so every method gets the same
-  number of trials (±1) and no method waits for another's trials. The budget's ``trials_per_method``
-  is each method's number of trials; with ``search.unit: steps`` or ``tokens`` it is that many full trials'
-  worth of optimizer steps or training tokens (``Allocation``):
-  a trial stopped early leaves its method budget for another, a costlier configuration buys fewer.
-- Each study's first trial is the method's published default (the ``default:`` block of its
-  space, enqueued with ``study.enqueue_trial``): the control arm, and a point TPE learns from.
-- ``PerMethodScheduler`` (a ``TrialScheduler``) keeps one stock ``ASHAScheduler`` per method and
-  dispatches by ``trial.config["method"]``: a trial is only ever compared with trials of its own
-  method, and not before it has trained ``min_steps`` optimizer steps (the floor).
-
-- The joint and the multi-objective search (``StoredOptunaSearch``: Ray's ``OptunaSearch``) keep their one study
-  (``<sweep>``) in the same storage.
-
-Every trial's config carries ``{"peftune": {"phase": "search", "default": bool, "config_key": str,
-"optuna_study": str, "optuna_trial": int}}`` (a joint trial: phase and the Optuna pair);
-``peftune.tracking.TrialLogger`` turns it into tags of the trial's child run. Each Optuna trial carries its Ray
-trial id and, once the record has it, its MLflow run id as user attributes (``RunLinks``).
-
-State across a resume, through public means only: Tune saves and restores the searcher
-(``save``/``restore``); the studies themselves live in the Optuna storage. The scheduler's rungs
-are not part of Tune's saved state, so the scheduler refills them from the sweep's results as the running driver
-holds them (``tracking.RecordedResults``: its trial logger, which reads an earlier driver's record once) the first
-time it sees a trial after it was (un)pickled.
+``sweep.py`` runs the Ray Tune experiment; this module decides what runs and what stops.
+:class:`PerMethodSearcher` keeps one seeded Optuna TPE study per method in a storage that outlives the driver,
+enqueues each method's published default as its first trial, and hands trials out round-robin over the methods
+with budget left (``trials_per_method`` trials, or that many full trials' worth of steps or tokens:
+:class:`Allocation`). :class:`PerMethodScheduler` keeps one ASHA per method, so a trial is compared only with its
+own method's, never before ``min_steps``. The joint and multi-objective searches (``StoredOptunaSearch``) keep one
+study. Every trial's config carries its ``"peftune"`` tags (phase, default, config key, study and trial), and each
+Optuna trial its Ray trial id and MLflow run id. Across a resume: Tune saves and restores the searcher, the studies
+live in their storage, and the scheduler refills its rungs from the driver's record of results.
 """
 
 from __future__ import annotations

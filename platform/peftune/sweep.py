@@ -1,31 +1,13 @@
 """One Ray Tune experiment per sweep: Optuna proposes, ASHA stops weak trials, MLflow records.
 
-``run_sweep(definition, data_dir, tracking_uri)`` is the one entry point (jobs and
-``peftune sweep`` call it):
-
-1. the definition is already validated (``peftune.spaces.load_sweep``); the driver
-   reads, validates and tokenizes the data once (``peftune.train.prepare``) and the
-   trials get it, with the pretrained weights, through Ray's object store
-   (``tune.with_parameters``): no trial reads a file, no shared file system is assumed;
-2. ``peftune.search`` decides what runs and what stops: with ``allocation: per_method``
-   (the default) one seeded TPE study per method, an equal number of trials per method,
-   each method's published default first, and ASHA within each method only; with
-   ``allocation: joint``, ``OptunaSearch`` over a define-by-run space (a categorical
-   ``method``, then only that method's parameters) and one ASHA for all trials; in
-   multi-objective mode Optuna searches (max ``score``, min ``trainable_params_per_task``)
-   jointly, without a scheduler;
-3. each trial asks for a GPU fraction where the cluster has GPUs, CPUs otherwise,
-   under an optional concurrency limit, and reports after each epoch the per-task
-   dev metrics, the score, parameter counts and timings with a checkpoint of its
-   trainable parameters; ``FailureConfig`` retries a failed trial from its last checkpoint;
-4. Tune keeps its state under ``<storage_path>/<sweep name>``: running the same sweep
-   again resumes it (``Tuner.restore``): finished trials are not run again,
-   interrupted ones continue from their checkpoints; the searcher's state comes back
-   through its own save/restore, the Optuna studies from their storage, the scheduler's
-   rungs from the MLflow record, and the callbacks through ``peftune.resume``;
-5. ``peftune.tracking`` logs everything to MLflow from the driver;
-6. one driver per sweep: the driver holds the sweep's lease (``peftune.lease``) from start to end, and ships
-   the code it imported to every trial (``init_ray``: Ray's ``py_modules``), whatever the nodes have installed.
+``run_sweep(definition, data_dir, tracking_uri)`` is the one entry point (jobs and ``peftune sweep`` call it). The
+driver reads, validates and tokenizes the data once and hands it to the trials through Ray's object store;
+``peftune.search`` decides what runs and what stops; each trial asks for a GPU fraction where the cluster has GPUs,
+CPUs otherwise, reports after each epoch with a checkpoint of its trainable parameters, and is retried from it on
+failure; ``peftune.confirm`` re-trains the contenders with new seeds; ``peftune.tracking`` records everything from
+the driver. Tune's state under ``<storage_path>/<sweep name>`` makes running the same sweep again resume it. The
+driver holds the sweep's lease (``peftune.lease``) and ships the code it imported to every trial. The phases in
+order: docs/design.md, "The sweep's phases".
 """
 
 from __future__ import annotations

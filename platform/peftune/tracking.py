@@ -1,76 +1,14 @@
 """MLflow record of a sweep: one parent run per sweep, one child run per trial, logged from the driver.
 
-Logging runs in the Tune driver (:class:`TrialLogger`, a ``tune.Callback``), so
-trials never touch the tracking store: workers need no access to it, and an
-embedded SQLite store has a single writer (no "database is locked").
-Its writes go through a durable, ordered write-ahead buffer drained by a background thread
-(``peftune.tracking_buffer``): a tracking-server outage holds up no trial, every write is applied
-exactly once when the server is back, and writes still pending when the sweep ends stay beside
-Tune's state until the next run of the sweep writes them.
+Logging runs in the Tune driver (:class:`TrialLogger`, a ``tune.Callback``), so trials never touch the tracking
+store and an embedded SQLite store has a single writer. Its writes go through the durable, ordered write-ahead
+buffer of ``peftune.tracking_buffer``: a tracking-server outage holds up no trial, every write is applied exactly
+once, and writes still pending when the sweep ends are written by the next run of the sweep.
 
-The record is a contract with ``analysis/``; change it only together with it.
-
-Tracking URI: ``--tracking-uri``, else ``MLFLOW_TRACKING_URI``, else
-``sqlite:///mlflow.db`` in the working directory (made absolute). With a SQLite
-store, artifacts go to ``mlruns/<sweep>/`` beside the database file.
-
-Experiment: named after the sweep (``SweepDefinition.name``); it holds one parent run. Tags:
-``mlflow.experimentKind=custom_model_development`` and ``mlflow.sharedViewState.peftune-trials`` (the runs
-table the printed link opens: ``peftune.record.trials_view``).
-
-Parent run (run name ``<sweep>``):
-
-- tags: ``peftune.role=sweep``, ``peftune.sweep=<name>``, ``peftune.backbone=<model>``,
-  ``peftune.code_version=<git sha, "-dirty" if the tree has changes; else "peftune <version>">``,
-  ``peftune.status`` = ``running`` | ``completed`` | ``completed_with_failures`` (some trials failed) |
-  ``interrupted`` | ``failed`` (every trial failed, or the driver failed),
-  ``peftune.definition_fingerprint`` and ``peftune.data_fingerprint`` (a resumed sweep must match both),
-  ``peftune.ray_experiment_path`` (where Tune keeps the trials' state and checkpoints);
-- params: ``tasks``, ``methods`` (comma-separated), ``num_samples``, ``scheduler`` (``asha`` | ``none``),
-  ``objective`` (``single`` | ``multi``), ``sampler``, ``seed``, ``model``, and the budget: ``budget``
-  (the preset's name), ``epochs``, ``batch_size``, ``max_length``, ``max_train_examples``,
-  ``max_dev_examples``;
-- artifacts: ``sweep.yaml`` (the resolved definition: chosen budget, method spaces inlined) and
-  ``data_hashes.json`` (data file name -> sha256);
-- dataset inputs: every data file (name = file name, digest = its sha256's first 12 hex digits, profile
-  ``{"sha256": ...}``, context ``training`` or ``dev``);
-- once the report is written: ``mlflow.note.content`` (the run's description: the report's headline,
-  ``analysis.publish.description``).
-
-Child run per trial (run name ``<method> <size> · <phase>[ s<seed>][ default]``: ``peftune.record.run_label``):
-
-- tags: ``mlflow.parentRunId=<parent run id>``, ``peftune.role=trial``, ``peftune.sweep=<name>``,
-  ``peftune.trial_id=<ray trial id>``, ``peftune.method=<method>``, ``peftune.size`` (``r=8``; "" without one),
-  ``peftune.status`` = ``completed`` (all epochs) | ``early_stopped`` (stopped by ASHA) | ``failed`` |
-  ``diverged`` (non-finite or exploding training loss: a result, never retried);
-  ``peftune.error`` (failed: the exception line, then the end of the traceback; diverged: the reason);
-  ``peftune.retries`` (when Ray retried the trial: its retries, Ray's ``num_failures`` less a final failure);
-  ``peftune.checkpoint=checkpoint/`` on the trials whose
-  checkpoint is logged. No ``peftune.status`` yet: the trial is running,
-  or the sweep was interrupted (MLflow status KILLED) and resuming it continues this run;
-  every key of the trial config's ``"peftune"`` dict as ``peftune.<key>``; confirmation trials
-  (``peftune.confirm``) carry ``peftune.phase=confirm``, ``peftune.config_key``, ``peftune.seed``,
-  ``peftune.default`` and ``peftune.confirms`` (the search trial's run id), and log their own ``seed``;
-- params: ``method``, ``lr``, ``dropout``, ``weight_decay``, ``epochs``, ``batch_size``, ``tasks``,
-  ``seed``, ``warmup_ratio``, ``sampling``, and every option of the method's config as
-  ``method.<field>`` (``method.rank``, ``method.bottleneck``, ...; lists comma-separated);
-- metrics with ``step = epoch`` (1-based), every epoch: each task metric (``sst_accuracy``,
-  ``para_accuracy``, ``sts_pearson``, ...), ``score`` (their mean), ``train_loss``, ``epoch_time_s``,
-  ``tokens_per_s``, ``train_time_s`` (cumulative, so its latest value is the trial's training time);
-  once, at step 0 with the first epoch: ``backbone_params``, ``trainable_params_per_task``,
-  ``trainable_params_per_task_pct``, ``stored_params``, ``stored_params_pct``, ``checkpoint_params``,
-  ``head_params``; at the end (completed, early stopped, or failed after at least one epoch), step 0:
-  ``best_score``, ``best_epoch`` and ``best_<task metric>`` (``best_sst_accuracy``, ...) of the epoch
-  with the best score (the earliest on a tie);
-- dataset inputs: the train files (context ``training``); a confirmation run also the dev files (``dev``);
-- artifacts: ``checkpoint/`` (``trainable.safetensors`` + ``peftune.json``, loadable with
-  ``peftune.checkpoint.load_checkpoint``) for the best ``checkpoints_per_method`` trials of each
-  method by best score, logged when the sweep completes.
-
-Resuming: trials are keyed by Ray trial id; an existing child run is continued, never duplicated,
-and an epoch already logged is not logged twice. Re-running a sweep also retries its failed trials
-(Ray resumes errored trials from their last checkpoint): their ``peftune.status`` and
-``peftune.error`` are removed while they run and set again when they end.
+Tracking URI: ``--tracking-uri``, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db`` in the working
+directory. The record's schema (the experiment, the parent run, the child runs: their tags, params, metrics,
+datasets and artifacts, and how a resume continues them) is documented in docs/design.md, "The MLflow record".
+It is a contract with ``analysis/``; change it, and that page, only together with it.
 """
 
 from __future__ import annotations

@@ -1,25 +1,12 @@
 """A durable, ordered write-ahead buffer for the trials' MLflow writes, drained by a background thread.
 
-The Tune callback (``peftune.tracking.TrialLogger``) only appends operations here, so a slow or
-unreachable tracking server never holds up the trials or kills the driver. One thread applies the
-operations in order, retrying each with backoff until the server takes it.
-
-Exactly once: every operation is idempotent by construction, so applying one again (the server took
-it but the answer was lost, or the driver stopped before noting it done) changes nothing:
-
-- a trial's run is named by its Ray trial id (``peftune.trial_id``) and found among the parent's
-  children before one is created;
-- metrics carry the timestamp of their first sending: MLflow's SQL store drops a metric identical in
-  key, value, step and timestamp; params and tags are set to the same values; a tag deleted twice is
-  gone either way.
-
-Write-only: what an operation writes comes whole from the driver (a trial's best epoch included: the driver keeps
-it from the results it logged); the one read is the search for a trial's run by its id before creating it.
-
-Durable: each operation is appended to a JSON-lines file (``<storage>/<sweep>.tracking-pending.jsonl``,
-beside Tune's state) before it is queued, and the sequence number of the last one applied is kept
-beside it. Operations still pending when a sweep ends (the server is down for longer than the
-bounded wait) stay there and are replayed, in order, before the next run of the sweep logs anything.
+The Tune callback (``peftune.tracking.TrialLogger``) only appends operations here, so a slow or unreachable
+tracking server never holds up the trials or kills the driver; one thread applies them in order, retrying each
+with backoff. Exactly once: every operation is idempotent (a trial's run is found by its Ray trial id before one
+is created; metrics carry the timestamp of their first sending, which MLflow's SQL store de-duplicates; params and
+tags are set to the same values). Write-only but for that one search. Durable: each operation is appended to
+``<storage>/<sweep>.tracking-pending.jsonl`` before it is queued, with the last applied sequence number beside it;
+operations still pending when a sweep ends are replayed, in order, before the next run of the sweep logs anything.
 """
 
 from __future__ import annotations

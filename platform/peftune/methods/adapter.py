@@ -1,24 +1,12 @@
 """Houlsby bottleneck adapters (Houlsby et al. 2019, "Parameter-Efficient Transfer Learning for NLP").
 
-An adapter is a bottleneck with a skip connection,
+    A(x) = x + W_up · dropout(act(W_down · x + b_down)) + b_up,     W_down: d -> m, W_up: m -> d
 
-    A(x) = x + W_up · dropout(act(W_down · x + b_down)) + b_up,     W_down: d -> m, W_up: m -> d,
-
-so it has 2md + d + m parameters. Placement (the paper's Figure 2): two per
-Transformer layer, at the backbone's hook points ``attention.output.adapter``
-(after the projection that follows multi-head attention) and
-``output.adapter`` (after the feed-forward block), each applied to the
-sub-layer's output *before* the residual add and LayerNorm.
-
-Adapters are task-specific: each hook holds one adapter per task under a
-``per_task`` ModuleDict and routes every batch to the current task's
-(``context.task``). As in the paper, the backbone's LayerNorms train too,
-shared by all tasks (``train_layernorm``); everything else stays frozen.
-
-Init: near identity. Both projections' weights are drawn from N(0, init_std²)
-with init_std = 1e-3 by default (the paper reports performance robust for
-std below 1e-2), biases are zero; with ``zero_init_up`` the up-projection
-starts at zero and the adapter is exactly the identity at init.
+(2md + d + m parameters), two per layer at the hooks ``attention.output.adapter`` and ``output.adapter``, on the
+sub-layer's output before the residual add and LayerNorm (the paper's Figure 2). Task-specific: one adapter per
+task under ``per_task``, routed by ``context.task``; the backbone's LayerNorms train too, shared
+(``train_layernorm``). Init near identity: weights N(0, init_std²), init_std 1e-3 by default, biases zero;
+``zero_init_up`` makes it exactly the identity.
 """
 
 from __future__ import annotations

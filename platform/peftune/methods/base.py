@@ -1,19 +1,11 @@
 """The method registry and what every PEFT method shares.
 
-A method is a config dataclass plus an ``apply`` function that installs the
-method into a backbone whose parameters are all frozen on entry. ``apply``
-unfreezes what the method trains and installs new modules at the backbone's
-hook points (see ``peftune.backbone``).
-
-Conventions every method follows, so that parameter accounting, task
-switching and checkpoints work without knowing the method:
-
-- task-specific parameters live under an ``nn.ModuleDict`` named
-  ``per_task`` keyed by task name (so their names contain
-  ``.per_task.<task>.``); every other trainable parameter is shared;
-- a module that depends on the current task reads ``context.task``; the
-  ``TaskContext`` is set by ``MultitaskModel.forward`` for each batch (a
-  batch always holds one task).
+A method is a config dataclass plus an ``apply`` function that installs the method into a backbone whose
+parameters are all frozen on entry: ``apply`` unfreezes what the method trains and installs new modules at the
+backbone's hook points (see ``peftune.backbone``). So that parameter accounting, task switching and checkpoints
+work without knowing the method: task-specific parameters live under an ``nn.ModuleDict`` named ``per_task`` keyed
+by task name (every other trainable parameter is shared), and a module that depends on the current task reads
+``context.task``, which ``MultitaskModel.forward`` sets for each batch (a batch always holds one task).
 """
 
 from __future__ import annotations

@@ -1,19 +1,15 @@
 """DoRA (Liu et al. 2024, "Weight-Decomposed Low-Rank Adaptation"), shared across all tasks; peft's format.
 
-DoRA splits each adapted weight into a direction and a magnitude per output row: the direction is LoRA's
-W0 + s B A, normalised row by row, and a learned magnitude m (d_out values, initialised to the rows' norms)
-rescales it:
+Each adapted weight is a direction, LoRA's W0 + s B A normalised row by row, times a learned magnitude m per
+output row (initialised to the rows' norms):
 
     W' = m / ||W0 + s B A||_row  *  (W0 + s B A),       s = alpha / r (or alpha / sqrt(r) with rsLoRA)
 
-so it trains LoRA's r (d_in + d_out) plus d_out parameters per adapted matrix. As in the paper (its section 4.3)
-and peft, the norm is treated as a constant in backward (detached), which saves the memory of its graph.
-
-Every LoRA option applies (rank, alpha, targets, rsLoRA, LoRA+'s ratio, PiSSA / OLoRA init), with peft's
-parameter names (``<linear>.lora_magnitude_vector.default.weight`` beside LoRA's), so a DoRA adapter trained
-here exports with ``peftune.checkpoint.export_peft`` and loads with ``peft.PeftModel.from_pretrained``
-(``use_dora=True``); it computes what peft's ``LoraConfig(use_dora=True)`` computes (tested on the same weights).
-It does not use LoRA's fused q/k/v: each adapted linear needs its own norms.
+so it trains LoRA's r (d_in + d_out) plus d_out parameters per adapted matrix; the norm is detached in backward,
+as in the paper and peft. Every LoRA option applies, with peft's parameter names
+(``<linear>.lora_magnitude_vector.default.weight``), so an adapter trained here exports to peft's format and
+computes what ``LoraConfig(use_dora=True)`` computes (tested). It does not use LoRA's fused q/k/v: each adapted
+linear needs its own norms.
 """
 
 from __future__ import annotations

@@ -1,30 +1,13 @@
 """LoRA (Hu et al. 2021), shared across all tasks, written here to save time; peft's format.
 
-W0 + (alpha / r) * B A with B zero-initialised, W0 frozen.
-
-Its variants, as options a sweep searches (each as peft 0.21 computes it, tested against peft):
-
-- ``use_rslora``: rank-stabilised scaling alpha / sqrt(r) (Kalajdzievski 2023; peft ``use_rslora``), so the
-  update does not shrink as r grows (a fixed alpha with r = 64 scales it by alpha / 64);
-- ``loraplus_lr_ratio``: LoRA+ (Hayou et al. 2024; peft ``create_loraplus_optimizer``): B trains at this many
-  times the learning rate of A; 1 is plain LoRA;
-- ``init``: ``lora`` (A Kaiming-uniform, B zero: the paper's and peft's default), ``pissa`` (Meng et al. 2024:
-  A and B from the r principal singular directions of W0, and W0 replaced by the residual) or ``olora``
-  (Buyukakyuz 2024: A and B from W0's QR decomposition, W0 replaced by the residual). Both start from exactly the
-  backbone's function; both are deterministic in W0, so a fresh build on the same backbone re-creates the same
-  residual weights and a checkpoint of A and B is enough. Each adapted linear becomes a
-:class:`LoraLinear` with peft's parameter names (``<linear>.base_layer``,
-``<linear>.lora_A.default``, ``<linear>.lora_B.default``), so checkpoints keep their keys and
-an adapter trained here exports to peft's format and loads onto ``transformers.BertModel``
-(see ``peftune.checkpoint.export_peft``); it computes what peft's LoRA computes (tested on the
-same weights, outputs and gradients).
-
-Why not peft's own: peft runs each adapted linear alone (its dropout, then A, then B: three
-small matmuls and a dropout per linear), which made the core's forward ~20% slower. When query,
-key and value are all adapted, :func:`fused_qkv` computes the three frozen projections in one
-matmul, the three A's in one matmul on ONE dropout of the input (peft draws a dropout mask per
-linear: the only difference, and none at evaluation or with dropout 0), and the three B's in one
-block-diagonal matmul.
+W0 + (alpha / r) * B A with B zero-initialised, W0 frozen. Its variants are options a sweep searches, each as peft
+0.21 computes it (tested against peft): ``use_rslora`` (alpha / sqrt(r)), ``loraplus_lr_ratio`` (LoRA+: B at that
+many times A's learning rate) and ``init`` (``lora``, ``pissa`` or ``olora``; the last two replace W0 by a
+residual, deterministic in W0, so a checkpoint of A and B is enough). Each adapted linear is a
+:class:`LoraLinear` with peft's parameter names, so an adapter trained here exports to peft's format and loads onto
+``transformers.BertModel``. When query, key and value are all adapted, :func:`fused_qkv` computes the three frozen
+projections, the three A's (on ONE dropout of the input, where peft draws one per linear) and the three B's in one
+matmul each. The variants and why not peft's own layers: docs/methods.md, "LoRA".
 """
 
 from __future__ import annotations

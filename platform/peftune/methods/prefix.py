@@ -1,38 +1,12 @@
 """Prefix tuning (Li & Liang 2021, "Prefix-Tuning: Optimizing Continuous Prompts for Generation").
 
-Placement: every Transformer layer's self-attention gets ``prefix_length`` (l)
-extra key and value vectors, prepended to the keys/values of the real tokens;
-every query may attend to them (``layer.attention.self.kv_prefix`` hook). The
-prefix vectors live in the space *after* the key/value projections, i.e. they
-are the activations P[:, layer] of the paper. The backbone stays frozen.
-Real tokens keep their positions 0..T-1: the prefix has no position. (peft's
-prefix tuning on ``transformers.BertModel`` treats the prefix as past tokens
-and shifts the real tokens' position ids by l; the test suite checks equality
-against peft with the position table shifted accordingly.)
-
-Per task: each task has its own prefix (Li & Liang train one per task), stored
-under ``prefix_encoder.per_task.<task>``; nothing is shared across tasks.
-
-Reparameterisation (the paper's Section 4.3): optimising P directly is
-unstable, so during training P = MLP(P') with P' of shape (l, d') and
-MLP = Linear(d', hidden) -> tanh -> Linear(hidden, 2 * L * d), one MLP per
-task. After training only P is needed: ``merge_prefix`` folds each MLP into a
-plain (l, 2 * L * d) tensor, the stored form. A merged state dict loads into a
-model built with ``reparameterize=False``. Layout of the 2 * L * d axis:
-[layer 0 keys | layer 0 values | layer 1 keys | ...], each block d = heads x
-head_dim, as in Li & Liang's code and peft's ``PrefixEncoder`` (so a merged
-prefix is exactly peft's ``prompt_encoder.embedding.weight``).
-
-Initialisation: P' ~ N(0, 1) (an ``nn.Embedding``'s init, as in Li & Liang's
-code and peft) and PyTorch's default Linear init for the MLP; a directly
-optimised prefix (``reparameterize=False``) starts at N(0, 0.02^2), BERT's
-initializer range, close to zero keys and values. Dropout (``config.dropout``)
-applies to the prefix key/value vectors, with an independent mask per example.
-
-Efficiency: the prefix of all layers comes out of one MLP call per forward.
-``PrefixEncoder`` computes it when the first layer asks and caches it until
-the backbone's forward returns (forward pre-/post-hooks on the backbone); each
-layer's ``kv_prefix`` hook only takes its slice.
+Every layer's self-attention gets ``prefix_length`` extra key and value vectors (after the key/value projections,
+the paper's activations P) that every query may attend to (the ``kv_prefix`` hook); real tokens keep positions
+0..T-1; the backbone stays frozen. Each task has its own prefix (``prefix_encoder.per_task.<task>``). During
+training P = MLP(P') (the paper's reparameterisation, one MLP per task); ``merge_prefix`` folds it into the stored
+(l, 2 * L * d) tensor, laid out as peft's ``PrefixEncoder`` (tested against peft with its position shift). The
+prefix of all layers comes out of one MLP call per forward, cached until the backbone's forward returns.
+Layout, init and dropout: docs/methods.md, "Prefix tuning".
 """
 
 from __future__ import annotations

@@ -1,28 +1,11 @@
 """Prompt tuning (Lester et al. 2021, "The Power of Scale for Parameter-Efficient Prompt Tuning").
 
-Li & Liang 2021 call it "PrefixEmbed": trainable vectors only at the input
-embedding layer, weaker than prefix tuning's vectors at every layer.
-
-Placement: per task, ``prompt_length`` (P) trainable vectors are inserted into
-the embedded input sequence right after [CLS] (``embeddings.input_prompt``
-hook, after the embedding LayerNorm and dropout): [CLS] p_1 .. p_P tok_1 ..
-Position 0 stays [CLS] for the pooler; the attention mask gets P ones there;
-the real tokens keep the position embeddings of their original positions, and
-the prompt vectors carry none (they are free vectors in the post-LayerNorm
-embedding space). The backbone stays frozen.
-
-Per task: each task has its own prompt, under
-``embeddings.input_prompt.per_task.<task>.prompt``; nothing is shared.
-
-Initialisation (``init``):
-- "vocab" (default): each prompt vector is a vocabulary token as the embedding
-  layer would present it, LayerNorm(word_embedding[v] + token_type_embedding[0]),
-  v sampled uniformly from the vocabulary (padding id excluded). Lester et al.
-  found sampled vocabulary embeddings beat random init (they sample among the
-  5,000 most frequent tokens; token frequencies are not known here).
-- "random": uniform in [-0.5, 0.5], Lester et al.'s random-uniform baseline.
-
-Dropout (``config.dropout``) applies to the prompt vectors, a mask per example.
+Per task, ``prompt_length`` trainable vectors are inserted into the embedded input right after [CLS] (the
+``embeddings.input_prompt`` hook, after the embedding LayerNorm and dropout); the attention mask gets ones there,
+the real tokens keep their position embeddings, the prompt vectors carry none; the backbone stays frozen. Each
+task has its own prompt (``embeddings.input_prompt.per_task.<task>.prompt``). Init: ``vocab`` (sampled vocabulary
+tokens as the embedding layer presents them, the default) or ``random`` (uniform in [-0.5, 0.5]); dropout applies
+to the prompt vectors. Details: docs/methods.md, "Prompt tuning".
 """
 
 from __future__ import annotations
