@@ -489,7 +489,7 @@ def record_reads(db: Path, definition, prepared, data_dir: Path, work: Path, cal
         def opening():  # run_confirmation: the driver's state, the candidates; Confirmation.run: the first todo
             runs = logger.runs()
             candidates = confirm.select_candidates(runs, plan.top_k, plan.defaults)
-            searched = {c.config_key: c for c in map(confirm._candidate, runs) if c is not None}
+            searched = {c.config_key: c for c in map(confirm.candidate_of, runs) if c is not None}
             first = [(c, s, "") for c in candidates for s in confirm.confirm_seeds(definition.seed, plan.seeds)]
             confirmation = confirm.Confirmation(
                 definition,

@@ -104,37 +104,49 @@ class Candidate:
     seconds_per_run: float = 0.0  # its search trial's training seconds per full run (0: not recorded)
 
 
-def select_candidates(
-    runs: Sequence, top_k: int, defaults: bool = False, budgets_pct: Sequence[float] = BUDGETS_PCT
-) -> list[Candidate]:
-    """The configurations of every method to confirm, among the search trials ``runs`` (MLflow child runs):
-    its best ``top_k``, and its best under each parameter budget of ``budgets_pct`` (% of the backbone
-    trained per task), so that every method tried under a budget competes in that budget's answer.
+ANCHORS = ("frozen", "full")  # the floor (heads only) and the ceiling (every weight) each report is read against
 
-    Order within a method: completed before early-stopped, then best selection score, then start time;
-    failed and unfinished trials are never candidates. With ``defaults``, each method's default trial is added.
+
+def select_candidates(
+    runs: Sequence,
+    top_k: int = 0,
+    defaults: bool = False,
+    budgets_pct: Sequence[float] = BUDGETS_PCT,
+    *,
+    contenders: int = 0,
+    anchors: bool = False,
+) -> list[Candidate]:
+    """The configurations to confirm, among the search trials ``runs`` (MLflow child runs): under each parameter
+    budget of ``budgets_pct`` (% of the backbone trained per task), its ``contenders`` best configurations of any
+    method (what that budget's decision compares); with ``anchors``, frozen's and full fine-tuning's best; each
+    method's best ``top_k``; with ``defaults``, each method's default.
+
+    Rank: completed before early-stopped, then best selection score, then start time; failed and unfinished
+    trials are never candidates. Each configuration once, in the order first picked.
     """
     by_method: dict[str, dict[str, Candidate]] = {}
     for run in sorted(runs, key=lambda r: (r.info.start_time or 0, r.info.run_id)):
-        candidate = _candidate(run)
+        candidate = candidate_of(run)
         if candidate is None:
             continue
         known = by_method.setdefault(candidate.method, {})
-        if candidate.config_key not in known or _rank(candidate) < _rank(known[candidate.config_key]):
+        if candidate.config_key not in known or rank(candidate) < rank(known[candidate.config_key]):
             known[candidate.config_key] = candidate
-    chosen = []
-    for candidates in by_method.values():
-        ranked = sorted(candidates.values(), key=_rank)  # stable: the earlier trial first on a tie
-        picked = ranked[:top_k]
-        for budget in budgets_pct:
-            picked += [c for c in ranked if c.trainable_pct <= budget][:1]
+    ranked = {method: sorted(found.values(), key=rank) for method, found in by_method.items()}  # stable on ties
+    everyone = sorted((c for found in ranked.values() for c in found), key=rank)
+    picked: list[Candidate] = []
+    for budget in budgets_pct:
+        picked += [c for c in everyone if c.trainable_pct <= budget][:contenders]
+    if anchors:
+        picked += [ranked[m][0] for m in ANCHORS if ranked.get(m)]
+    for found in ranked.values():
+        picked += found[:top_k]
         if defaults:
-            picked += [c for c in ranked if c.default][:1]
-        chosen += list({c.config_key: c for c in picked}.values())  # each once, in the order picked
-    return chosen
+            picked += [c for c in found if c.default][:1]
+    return list({c.config_key: c for c in picked}.values())  # each once, in the order picked
 
 
-def _candidate(run) -> Candidate | None:
+def candidate_of(run) -> Candidate | None:
     """A finished search trial with a finite score, as a candidate; None for anything else."""
     tags, metrics = run.data.tags, run.data.metrics
     if tags.get(ROLE, TRIAL_ROLE) != TRIAL_ROLE or run_phase(tags) != SEARCH:
@@ -169,7 +181,7 @@ def longest_first(wanted: Sequence[tuple[Candidate, int, str]]) -> list[tuple[Ca
     return sorted(wanted, key=lambda item: -item[0].seconds_per_run)  # stable: ties keep their order
 
 
-def _rank(candidate: Candidate) -> tuple:
+def rank(candidate: Candidate) -> tuple:
     return (candidate.status != COMPLETED, -candidate.score)
 
 
@@ -278,18 +290,24 @@ def run_confirmation(
     sweep (``TrialLogger.runs``), not from the record either.
     """
     settings = definition.confirm
-    if settings.seeds == 0 or (settings.top_k == 0 and not settings.defaults):
+    if settings.seeds == 0 or not (settings.contenders or settings.anchors or settings.top_k or settings.defaults):
         return ConfirmationResult("skipped", 0, 0, 0, [])
     client = _mlflow_client(record.tracking_uri)
     runs = trial_logger.runs()  # the record as the driver holds it (the search's writes flushed): not read back
-    candidates = select_candidates(runs, settings.top_k, settings.defaults)
+    candidates = candidates_of(runs, settings)
     first = [(c, s, "") for c in candidates for s in confirm_seeds(definition.seed, settings.seeds)]
     log.info("confirmation: %d configuration(s) x %d seed(s)", len(candidates), settings.seeds)
-    searched = {c.config_key: c for c in map(_candidate, runs) if c is not None}
+    searched = {c.config_key: c for c in map(candidate_of, runs) if c is not None}
     earlier = {(run_config_key(r), r.data.tags.get(SEED)): r for r in runs if run_phase(r.data.tags) == CONFIRM}
     confirmation = Confirmation(definition, record, runnable, client, trial_logger, storage, callbacks, verbose,
                                 flush_s, read_predictions, searched, candidates, earlier)  # fmt: skip
     return confirmation.run(first)
+
+
+def candidates_of(runs: Sequence, settings) -> list[Candidate]:
+    """The configurations a sweep's ``confirm`` settings confirm, among its search trials ``runs``."""
+    return select_candidates(runs, settings.top_k, settings.defaults, contenders=settings.contenders,
+                             anchors=settings.anchors)  # fmt: skip
 
 
 def plan_of(settings) -> decisions.Plan:

@@ -208,6 +208,9 @@ def _read_bytes(path: Path) -> bytes:
         raise DataError(path, "is a directory", expected="a data file") from None
     except OSError as error:
         raise DataError(path, f"cannot read the file ({error.strerror})", expected="a readable data file") from None
+    except ValueError:  # the operating system takes no NUL in a path ("embedded null byte")
+        shown = str(path).replace("\0", "\\0")
+        raise DataError(shown, "the path holds a NUL byte", expected="a path without NUL bytes") from None
 
 
 def _decode(path: Path, data: bytes) -> str:
@@ -523,12 +526,12 @@ def _limited(split: EncodedSplit, key: tuple, limit: int | None, seed: int) -> E
 
 def _check_encoding_args(spec: TaskSpec, tokenizer, max_length: int, limit: int | None) -> None:
     room = tokenizer.num_special_tokens_to_add(pair=spec.is_pair) + len(spec.text_columns)
-    if not isinstance(max_length, int) or max_length < room:
+    if isinstance(max_length, bool) or not isinstance(max_length, int) or max_length < room:
         raise UserError(f"max_length={max_length!r}: task {spec.name!r} needs at least {room} tokens")
     model_max = getattr(tokenizer, "model_max_length", None)
     if model_max is not None and model_max < 1_000_000 and max_length > model_max:  # HF uses 1e30 for "unknown"
         raise UserError(f"max_length={max_length} exceeds the tokenizer's model_max_length {model_max}")
-    if limit is not None and (not isinstance(limit, int) or limit < 1):
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
         raise UserError(f"an example budget must be a positive integer or None, got {limit!r}")
 
 
@@ -608,6 +611,8 @@ def task_files(data_dir: str | os.PathLike, specs: Iterable[TaskSpec | str]) -> 
     directory is not one or a task is named twice."""
     if not os.fspath(data_dir).strip():  # Path("") is the working directory: read from there only when told
         raise UserError(f"data directory {os.fspath(data_dir)!r}: an empty path; expected a directory")
+    if "\0" in os.fspath(data_dir):  # not "not found": no directory can be named so
+        raise DataError(os.fspath(data_dir).replace("\0", "\\0"), "the path holds a NUL byte", expected="a directory")
     data_dir = Path(data_dir)
     specs = [get_task(s) if isinstance(s, str) else s for s in specs]
     if not specs:
@@ -641,7 +646,9 @@ def carve(
     with ``limit`` None). Where the budget leaves enough unused rows, train is exactly the subset
     ``_limited`` gives without these splits, so they cost the training nothing; where the budget would use
     those rows, they are held out of it. A file too small for the decision split it asks for gives it what
-    the train rows leave (at least half of the rows stay for training), with a warning.
+    the train rows leave (at least half of the rows stay for training), with a warning. The held-out splits
+    do not depend on ``limit``: a search (a few rows) and its confirmation (every row not held out) carve the
+    same selection and decision rows, and the search's train rows are a prefix of the confirmation's.
     """
     n = len(train)
     if not isinstance(selection, int) or isinstance(selection, bool) or not 1 <= selection < n:
@@ -650,7 +657,7 @@ def carve(
         )
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
     if decision:
-        room = max(0, n - selection - max(1, min(limit or n, (n - selection) // 2)))
+        room = max(0, n - selection - max(1, (n - selection) // 2))
         if room < decision:
             logger.warning(
                 "%s: %d rows leave %d for a decision split of %d: the decision split has %d",

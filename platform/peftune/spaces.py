@@ -300,13 +300,21 @@ class Resources(Section):
 
 @section()
 class ConfirmSettings(Section):
-    """Each method's best ``top_k`` (and default) re-trained with ``seeds`` seeds; up to ``max_seeds`` if open."""
+    """What the confirmation re-trains after the search, on how much data, and how its decisions are made."""
 
-    top_k: count(0, 1_000, "a sane bound on a method's confirmed configurations") = 2
+    # per budget (0.1%, 1%, 10% trainable), its best configurations by search score: the contenders it decides on
+    contenders: count(0, 1_000, "a sane bound on a budget's contenders") = 3
+    anchors: StrictBool = True  # frozen's and full fine-tuning's best too: the floor and the ceiling of the report
+    top_k: count(0, 1_000, "a sane bound on a method's confirmed configurations") = 0  # each method's best top_k
     seeds: _SEEDS.annotated() = 3
-    defaults: StrictBool = False
-    margin: Bound(0.0, 1.0, low_open=True, high_open=True).annotated(integer=False) = 0.01  # "equivalent" within
-    max_seeds: Bound(1, _SEEDS.high, _SEEDS.why).annotated() = 10
+    defaults: StrictBool = False  # each method's default too (the tuning gain then compares seed means)
+    # per task, the train rows a confirmation run trains on: null, every train row the selection and decision
+    # splits leave (the budget a user trains at); the search trains on the budget's max_train_examples of them
+    train_examples: count(1, 100_000_000, SPLIT) | None = None
+    # delta, in the score's units: the loss a user accepts for fewer trainable parameters (0.02: two points of
+    # accuracy). Never widened to reach a decision: a budget it cannot decide is said to be open
+    margin: Bound(0.0, 1.0, low_open=True, high_open=True).annotated(integer=False) = 0.02
+    max_seeds: Bound(1, _SEEDS.high, _SEEDS.why).annotated() = 10  # an open question's seeds, added a look at a time
     max_seconds: count(1, 31_536_000, "a year") | None = (
         None  # no new round of added seeds after this (null: no time cap)
     )
@@ -500,6 +508,13 @@ def data_settings(definition: SweepDefinition, data_dir: str | Path | None) -> D
         selection_examples=budget.selection_examples,
         decision_examples=budget.decision_examples,
     )
+
+
+def confirm_data_settings(definition: SweepDefinition, data_dir: str | Path | None) -> DataSettings:
+    """What a confirmation run of ``definition`` reads: the search's data settings (the same selection, decision
+    and dev rows), with ``confirm.train_examples`` train rows per task (None: every row they leave)."""
+    rows = definition.confirm.train_examples
+    return dataclasses.replace(data_settings(definition, data_dir), max_train_examples=rows)
 
 
 def resolve_sweep_path(name_or_path: str | Path) -> Path:

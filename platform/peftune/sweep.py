@@ -29,12 +29,13 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
 
+import mlflow
 import pyarrow
 import pyarrow.fs
 import ray
 from ray import tune
 
-from peftune import confirm, console, lease, packing, search, spaces, tracking, tracking_buffer, worker
+from peftune import carry, confirm, console, lease, packing, search, spaces, tracking, tracking_buffer, worker
 from peftune import record as record_names
 from peftune.errors import UserError, disk_full, no_space, one_line
 from peftune.record import (
@@ -338,15 +339,22 @@ def run_sweep(
         if not trial_logger.flush(tracking_wait_s):
             return _unrecorded(definition, record, *where, trial_logger, len(grid))
         runs = trial_logger.runs()  # the record as the driver holds it: every write reached it (flushed)
-        packing.stop_hubs()  # the search's packs are over (the confirmation never packs)
         searched = confirm.search_run_ids(runs)
         trials = [t for t in tracking.trial_records(runs) if t.run_id in searched]
         complete = search_over(definition, grid, budgets) and len([t for t in trials if t.status]) >= len(grid)
         confirmation = None
-        if complete:  # the search is over: confirm the best configurations of every method with seeds
+        if complete and definition.confirm.contenders and definition.confirm.seeds:
+            # each budget's contenders tuned under it: the methods' tuned settings at smaller budgets' sizes
+            client = mlflow.MlflowClient(tracking_uri=record.tracking_uri)
+            carry.run_carried(definition, runnable, trial_logger, client, storage, callbacks, verbose)
+            if not trial_logger.flush(tracking_wait_s):
+                return _unrecorded(definition, record, *where, trial_logger, len(grid))
+        packing.stop_hubs()  # the search's packs are over (the confirmation never packs)
+        if complete:  # the search is over: confirm each budget's contenders with seeds, at the full budget
+            confirming = _confirm_runnable(definition, data_dir, settings, runnable)
             with every_slot_pending(definition.resources):
                 confirmation = confirm.run_confirmation(
-                    definition, record, runnable, trial_logger=trial_logger, storage=storage, callbacks=callbacks,
+                    definition, record, confirming, trial_logger=trial_logger, storage=storage, callbacks=callbacks,
                     verbose=verbose, flush_s=tracking_wait_s, read_predictions=read_predictions,
                 )  # fmt: skip
             if not trial_logger.flush(tracking_wait_s):
@@ -384,12 +392,24 @@ def _trial_logger(definition, record, settings, prepared, storage: str, exists: 
     return trial_logger
 
 
-def _runnable(definition: SweepDefinition, prepared, settings: worker.TrialSettings):
+def _confirm_runnable(definition: SweepDefinition, data_dir, settings: worker.TrialSettings, search_runnable):
+    """The confirmation's trainable: the search's, on ``confirm.train_examples`` train rows per task (the budget a
+    user trains at; the same selection, decision and dev rows), read here once and never packed."""
+    data = spaces.confirm_data_settings(definition, data_dir)
+    if data == settings.data or data_dir is None:
+        return search_runnable
+    prepared = data.prepare(definition.tasks)
+    rows = ", ".join(f"{task} {len(split.train)}" for task, split in prepared.tasks.items())
+    log.info("confirmation: every run trains on %s train rows, %d epoch(s)", rows, definition.budget.epochs)
+    return _runnable(definition, prepared, dataclasses.replace(settings, data=data), packs=False)
+
+
+def _runnable(definition: SweepDefinition, prepared, settings: worker.TrialSettings, packs: bool = True):
     """Tune's trainable: the data put once in the object store (each worker fetches it once, not per trial), and
     with ``resources.pack_size`` > 1 the hub where search trials of packable methods form packs."""
     shared = worker.SharedData(ray.put(prepared))
     resources = definition.resources
-    if resources.pack_size > 1:
+    if packs and resources.pack_size > 1:
         hub = packing.start_hub(shared, settings.threads or 1, resources.pack_size, resources.pack_wait_s,
                                 resources.cpus_per_trial)  # fmt: skip
         settings = dataclasses.replace(settings, packing=hub)
