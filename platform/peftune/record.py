@@ -53,6 +53,9 @@ PHASE, DEFAULT, CONFIG_KEY, SEED, CONFIRMS = (
     "peftune.confirms",
 )
 SEARCH, CONFIRM = "search", "confirm"  # the phases
+# on a search trial the search did not propose (peftune.carry): the config key of the method's best configuration
+# whose tuned setting it carries to a smaller budget's size
+CARRIED_FROM = "peftune.carried_from"
 SEED_REASON = "peftune.seed_reason"  # on a confirmation run of a seed added to an open decision: which one
 # the seed reason of a *report* run: a budget's pick re-trained with a fresh seed after every decision was made,
 # evaluated on dev only: its dev score is the one the report gives for the pick (the decision seeds' dev scores

@@ -35,6 +35,7 @@ from peftune.methods.sizes import size_label
 from peftune.record import (
     BACKBONE,
     BEST_SCORE,
+    CARRIED_FROM,
     CHECKPOINT_TAG,
     CODE_VERSION,
     COMPLETED,
@@ -390,11 +391,14 @@ def search_tags(config: dict, method: str, sampled: dict) -> dict[str, str]:
     A trial without marks (the joint search) is a search trial, not a default, keyed by its method and params.
     """
     marks = config.get("peftune") or {}
-    return {
+    tags = {
         PHASE: str(marks.get("phase", SEARCH)),
         DEFAULT: "true" if marks.get("default") else "false",
         CONFIG_KEY: str(marks.get("config_key") or config_key(method, sampled)),
     }
+    if marks.get("carried_from"):  # a carried trial (peftune.carry): the configuration it carries down
+        tags[CARRIED_FROM] = str(marks["carried_from"])
+    return tags
 
 
 @dataclass(frozen=True)
