@@ -63,25 +63,34 @@ def test_below_two_seeds_nothing_is_decided_and_it_says_so():
     assert a.decision == d.CANNOT_TELL and "below 2 seeds" in a.needs
 
 
-def test_futility_adds_no_seed_where_the_example_term_alone_keeps_it_open():
-    """Where the example term alone (infinite seeds) at the last look's q is wider than the margin and than the
-    difference one example standard error beyond its estimate, no seed is added; elsewhere seeds go on."""
+def test_futility_counts_the_seeds_left_and_says_what_would_tell():
+    """On 60 decision examples the example noise alone keeps a gap near the margin open whatever the seeds: no seed
+    is added for it and the answer says what would tell; on 2,000 a truly equal cheaper one gets seeds until it is
+    answered (a question is never closed by the best's own "not worse")."""
     rng = np.random.default_rng(11)
-    futile = grown = 0
-    for _ in range(20):
-        draw = sm.simulate(sm.W2, [0.0, sm.shift_for_gap(sm.W2, 0.035)], CPU, 60, rng)
-        first = {n: v.first(CPU.seeds) for n, v in draw.values.items()}
-        f = d.fit(first, ["c0", "c1"], {"c0": "m0", "c1": "m1"})
-        q_last = d._q_at_max(f, CPU)
-        ex_se = f.pair_se(0, 1, np.full(2, 1e12))
-        if q_last * ex_se >= max(CPU.margin, abs(f.means[0] - f.means[1]) + ex_se):
-            futile += 1
-            assert max(draw.outcome.seeds_used.values()) == CPU.seeds and draw.outcome.stopped in ("futile", "decided")
-            if draw.outcome.stopped == "futile":
-                assert "decision examples" in draw.outcome.answers[0].needs
-        else:
-            grown += max(draw.outcome.seeds_used.values()) > CPU.seeds or draw.outcome.stopped == "decided"
-    assert futile >= 5 and grown >= 1, (futile, grown)
+    plan = d.Plan(seeds=3, max_seeds=6, margin=0.02, budgets=(100.0,))
+    small = [sm.simulate(sm.W2, [0.0, 0.0], plan, 60, rng).outcome for _ in range(10)]
+    futile = [o for o in small if o.stopped == "futile"]
+    assert len(futile) >= 5, [o.stopped for o in small]
+    for outcome in futile:
+        assert outcome.answers[0].decision == d.CANNOT_TELL and "would tell" in outcome.answers[0].needs
+        assert max(outcome.seeds_used.values()) < plan.max_seeds
+    large = [sm.simulate(sm.W1, [0.0, 0.0], CPU, 2000, rng).outcome for _ in range(10)]
+    assert any(max(o.seeds_used.values()) > CPU.seeds for o in large)  # the looks run
+    for outcome in large:
+        a = outcome.answers[0]
+        assert a.decided or outcome.stopped in ("max_seeds", "futile"), (a.decision, outcome.stopped)
+
+
+def test_the_best_being_the_pick_does_not_close_a_cheaper_open_question():
+    """A cheaper configuration neither shown within the margin nor shown worse by more than it keeps the budget
+    open, whatever the best's own interval says."""
+    f = d.Fit(("cheap", "best"), np.array([0.40, 0.41]), np.array([3.0, 3.0]), np.diag([1e-5, 1e-5]),
+              np.array([1e-4, 1e-4]), np.array([4.0, 4.0]), np.array([0, 0]), np.array([1e-4, 1e-4]),
+              np.array([0.0, 0.0]))  # fmt: skip
+    iv = d.intervals(f, 0.025)
+    a = d.answer(100.0, iv, {"cheap": 0.1, "best": 1.0}, 0.005, 10, 3.0, posterior=False)
+    assert a.decision == d.CANNOT_TELL and a.pick == "best" and "cheap" in a.grow
 
 
 @pytest.mark.parametrize("world", [sm.W1, sm.W2], ids=lambda w: w.name)
@@ -253,11 +262,20 @@ def test_a_configurations_seed_variance_does_not_change_with_the_budget_it_is_co
     plan = d.Plan(3, 3, 0.07, budgets=(100.0,))
     draw = sm.simulate(sm.W2, [0.0] * 5, plan, 500, np.random.default_rng(8))
     names = sorted(draw.values)
-    methods = {"c0": "a", "c1": "a", "c2": "b", "c3": "b", "c4": "c"}  # a and b: 4 df each, c: 2
-    small = d.fit(draw.values, names[:3], methods, pooled=names)
-    large = d.fit(draw.values, names, methods, pooled=names)
+    small = d.fit(draw.values, names[:3], pooled=names)
+    large = d.fit(draw.values, names, pooled=names)
     assert np.allclose(small.seed_var, large.seed_var[:3]) and np.allclose(small.seed_df, large.seed_df[:3])
-    assert (large.seed_df == 10).all()  # below MIN_POOL_DF every method joins the pool of all (4 + 4 + 2 df)
+
+
+def test_seed_variances_are_pooled_only_where_bartletts_test_does_not_reject():
+    equal = d.pooling_rejected(np.array([1.0, 1.2, 0.9, 1.1]), np.array([2.0, 2.0, 2.0, 2.0]))
+    unequal = d.pooling_rejected(np.array([1.0, 1.0, 1.0, 60.0]), np.array([9.0, 9.0, 9.0, 9.0]))
+    assert not equal and unequal
+    rng = np.random.default_rng(3)
+    shared = sm.simulate(sm.W1, [0.0] * 4, d.Plan(6, 6, 0.02, budgets=(100.0,)), 2000, rng)
+    f = d.fit(shared.values, sorted(shared.values))
+    if not d.pooling_rejected(f.seed_var_raw, np.full(4, 5.0)):
+        assert len(set(f.pool)) == 1 and (f.seed_df == 20).all()  # one pool: 4 x 5 df
 
 
 # ----------------------------------------------------------------------------- the report's own rates

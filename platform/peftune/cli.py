@@ -278,7 +278,7 @@ def add_decide_parser(sub) -> None:
 
 def cmd_decide(args) -> int:
     """Replay a confirmation's decisions from a predictions file (see ``peftune.decisions``)."""
-    from peftune import confirm, decisions
+    from peftune import confirm, decisions, simulate
 
     definition = spaces.load_sweep(spaces.resolve_sweep_path(args.definition), budget=args.budget)
     plan = confirm.plan_of(definition.confirm)
@@ -286,7 +286,7 @@ def cmd_decide(args) -> int:
         if args.simulate < 1 or args.simulate > 100_000:
             raise UserError(f"--simulate {args.simulate}: expected a number of simulations from 1 to 100000")
         examples = definition.budget.decision_examples or 2000
-        for line in decisions.operating_characteristics(plan, examples, args.simulate):
+        for line in simulate.operating_characteristics(plan, examples, args.simulate):
             print(line, flush=True)
         return 0
     if not (args.predictions and args.configurations and args.output):

@@ -65,11 +65,8 @@ from scipy import optimize, special
 from peftune.record import BUDGETS_PCT
 
 ALPHA = 0.05
-# a method's seeds form a pool of their own from this many degrees of freedom; below it they join the pool of all
-# methods. A pool of 2 df per method made the intervals far too wide (3 seeds covered 98.5% for a nominal 95%); at
-# 4 df Student's t at the levels used (1 - 0.05 / (2 x 3 looks x 11 comparisons)) is about 8 against 3.4 for the
-# pool of all: the SST cpu job's critical value was 7.1 with every method pooled alone at 3 seeds
-MIN_POOL_DF = 10
+# the configurations' seed variances are pooled unless Bartlett's test rejects their equality at this level
+POOLING_ALPHA = 0.05
 FINAL_SHARE = 0.5  # of alpha, spent at the last look (``Plan.alpha_at``)
 QUADRATURE = 48  # nodes per seed pool of the expectation over its fiducial law (``_inflation_nodes``)
 BETTER, NOT_WORSE, CANNOT_TELL, EQUIVALENT = "better", "not worse", "cannot tell", "equivalent"
@@ -194,12 +191,12 @@ class Fit:
         return self.names.index(name)
 
 
-def fit(values: Mapping[str, Values], names: Sequence[str], methods: Mapping[str, str],
-        pooled: Sequence[str] | None = None) -> Fit:  # fmt: skip
-    """The variance-component fit of configurations ``names`` (see the module docstring); ``methods``:
-    config -> its method (the seed pools); ``pooled``: the configurations whose seeds estimate the seed variance
-    (default ``names``; the replay passes every configuration it knows, so a configuration's seed variance, and
-    so its interval, does not change with the budget it is compared under)."""
+def fit(values: Mapping[str, Values], names: Sequence[str], pooled: Sequence[str] | None = None) -> Fit:
+    """The variance-component fit of configurations ``names`` (see the module docstring); ``pooled``: the
+    configurations whose seeds may estimate a shared seed variance (default ``names``; the replay passes every
+    configuration it knows, so a configuration's seed variance, and so its interval, does not change with the
+    budget it is compared under). They share one pool unless Bartlett's test rejects equal variances of their
+    seed scores at ``POOLING_ALPHA`` (``pooling_rejected``); then each configuration has its own."""
     pooled = list(names) + [n for n in (pooled or ()) if n not in names]
     tasks = sorted(next(iter(values.values())).values)
     k = len(names)
@@ -210,30 +207,37 @@ def fit(values: Mapping[str, Values], names: Sequence[str], methods: Mapping[str
         cols = np.stack([values[n].values[task].mean(axis=0) for n in names])  # (K, n_t) seed-averaged values
         example_cov += np.cov(cols).reshape(k, k) / cols.shape[1] / len(tasks) ** 2
     resid, ss, df = seed_sums(values, pooled, tasks)
-    groups = sorted({methods[n] for n in pooled})
-    pool = np.array([groups.index(methods[n]) for n in pooled])
     raw = ss + df * resid  # sums of squares of the seed scores themselves
     m = len(pooled)
-    seed_var, seed_df, seed_raw = np.zeros(m), np.zeros(m), np.zeros(m)
     all_df = df.sum()
-    all_var, all_raw = (max(ss.sum(), 0.0) / all_df, raw.sum() / all_df) if all_df else (0.0, 0.0)
-    for g in range(len(groups)):
-        mine = pool == g
-        g_df = df[mine].sum()
-        if g_df >= MIN_POOL_DF:
-            seed_var[mine], seed_df[mine] = max(ss[mine].sum(), 0.0) / g_df, g_df
-            seed_raw[mine] = raw[mine].sum() / g_df
-        else:  # too few seeds in this method: the pool of every method
-            seed_var[mine], seed_df[mine], seed_raw[mine] = all_var, all_df, all_raw
-            pool[mine] = len(groups)  # the shared pool: one draw for all that borrow it
-    noise = np.zeros(m)
-    for p in np.unique(pool):
-        mine = pool == p
-        members = mine if p < len(groups) else np.ones(m, dtype=bool)
-        noise[mine] = (df[members] * resid[members]).sum() / max(df[members].sum(), 1.0)
+    own = df > 0
+    if all_df and not pooling_rejected(raw[own] / df[own], df[own]):  # one pool: one draw for all
+        seed_var = np.full(m, max(ss.sum(), 0.0) / all_df)
+        seed_df, seed_raw = np.full(m, all_df), np.full(m, raw.sum() / all_df)
+        pool = np.zeros(m, dtype=int)
+        noise = np.full(m, (df * resid).sum() / all_df)
+    else:  # each configuration its own pool (one seed: none, and nothing it takes part in is decided)
+        safe = np.maximum(df, 1.0)
+        seed_var, seed_df, seed_raw = np.maximum(ss, 0.0) / safe, df.copy(), raw / safe
+        pool, noise = np.arange(m), resid.copy()
     kept = slice(0, k)  # ``names`` come first in ``pooled``
     return Fit(tuple(names), means, seeds, example_cov, seed_var[kept], seed_df[kept], pool[kept], seed_raw[kept],
                noise[kept])  # fmt: skip
+
+
+def pooling_rejected(variances: np.ndarray, df: np.ndarray, alpha: float = POOLING_ALPHA) -> bool:
+    """Bartlett's test of equal variances (``variances`` with ``df`` degrees of freedom each): True when it rejects
+    at ``alpha``. A variance of exactly 0 beside positive ones rejects (seeds that never move a score)."""
+    if len(variances) < 2:
+        return False
+    v = np.asarray(variances, dtype=float)
+    if (v <= 0).any():
+        return bool((v > 0).any())
+    n = df.sum()
+    pooled = float((df * v).sum() / n)
+    statistic = n * math.log(pooled) - float((df * np.log(v)).sum())
+    statistic /= 1 + (float((1 / df).sum()) - 1 / n) / (3 * (len(v) - 1))
+    return bool(special.chdtrc(len(v) - 1, statistic) < alpha)
 
 
 def residual_mean_square(v: np.ndarray) -> float:
@@ -440,7 +444,14 @@ class Answer:
 def answer(budget: float, iv: Intervals, costs: Mapping[str, float], margin: float, max_seeds: int,
            q_last: float, posterior: bool = True) -> Answer:  # fmt: skip
     """The answer for the configurations of ``iv`` (all under the budget) at this look (module docstring);
-    ``posterior``: also P(best) and the regret, which decide nothing (a simulation leaves them out)."""
+    ``posterior``: also P(best) and the regret, which decide nothing (a simulation leaves them out).
+
+    Each configuration cheaper than the best has a question: is it worse than the best of the others by more
+    than ``margin``? It is answered "not worse" (its interval's low end at or above -margin), "worse" (its high
+    end below -margin), or not at all. The pick is the cheapest configuration shown not worse (the best itself
+    when none is). The budget is decided when every configuration cheaper than the pick is answered "worse";
+    while one is open and seeds could still answer it (``_open_questions``), it and the best get the next seed;
+    else the budget stays "cannot tell", said with what would tell."""
     f = iv.fit
     names = list(f.names)
     out = Answer(budget, names, level=iv.level)
@@ -453,68 +464,69 @@ def answer(budget: float, iv: Intervals, costs: Mapping[str, float], margin: flo
     if len(names) == 1:
         out.pick, out.decision = names[best], "only one fits"
         return out
-    if posterior:
-        out.p_best, out.regret, out.regret_high = _posterior(f, best)
     by_cost = sorted(range(len(names)), key=lambda i: (costs[names[i]], -f.means[i], names[i]))
-    # Hsu's comparisons with the best: i's low end against the best of the others above -margin
-    not_worse = [i for i in by_cost if iv.vs_best(i)[1] >= -margin]
+    low_of = {i: iv.vs_best(i)[1] for i in by_cost}
+    high_of = {i: iv.vs_best(i)[2] for i in by_cost}
+    not_worse = [i for i in by_cost if low_of[i] >= -margin]
     chosen = not_worse[0] if not_worse else None
-    if chosen is not None and chosen != best:
-        out.pick, out.decision = names[chosen], NOT_WORSE
-        out.diff, out.ci_low, out.ci_high = iv.vs_best(chosen)
-        if posterior:
-            out.p_best, out.regret, out.regret_high = _posterior(f, chosen)
-        out.why = "the cheapest configuration shown not worse than the best of the others by more than the margin"
+    # the questions still open: configurations at least as cheap as the pick (as the best, without one) neither
+    # shown not worse nor shown worse by more than the margin
+    before = by_cost[: by_cost.index(chosen)] if chosen is not None else by_cost[: by_cost.index(best) + 1]
+    open_ = [j for j in before if high_of[j] >= -margin]
+    pick = chosen if chosen is not None else best
+    out.pick = names[pick]
+    out.diff, out.ci_low, out.ci_high = iv.vs_best(pick)
+    if posterior:
+        out.p_best, out.regret, out.regret_high = _posterior(f, pick)
+    if chosen is not None and not open_:
+        out.decision = BETTER if chosen == best and low_of[best] > 0 else NOT_WORSE
+        out.why = (
+            f"the cheapest configuration shown not worse than the best of the others by more than {margin:g}"
+            + ("; every cheaper one is shown worse by more than that" if before else "")
+        )
         return out
-    out.pick = names[best]
-    out.diff, out.ci_low, out.ci_high = iv.vs_best(best)
-    if out.ci_low > 0:
-        out.decision = BETTER
-        out.why = "the best is shown better than every other configuration under the budget"
-        return out
-    if chosen == best:
-        out.decision = NOT_WORSE
-        out.why = "no cheaper one shown not worse; the best is shown not worse than any other by more than the margin"
-        return out
-    # open: the cheapest contender against the best of the others, and whether more seeds could decide it
-    contender = next(j for j in by_cost if j != best)
-    out.diff, out.ci_low, out.ci_high = iv.vs_best(contender)
-    rivals = [j for j in by_cost if j != best]
-    out.grow, out.needs = _what_would_tell(iv, best, rivals, costs, margin, max_seeds, q_last)
-    out.why = "no configuration shown not worse than the best of the others, and none shown better than all"
+    out.grow, out.needs = _open_questions(iv, open_ or [pick], costs, margin, max_seeds, q_last)
+    out.why = (f"open: {len(open_ or [pick])} configuration(s) neither shown within {margin:g} of the best of the "
+               "others nor shown worse by more than that")  # fmt: skip
     return out
 
 
-def _what_would_tell(iv: Intervals, best: int, rivals: Sequence[int], costs, margin: float, max_seeds: int,
-                     q_last: float) -> tuple[list[str], str]:  # fmt: skip
-    """(configurations worth a seed, what would decide the question). A rival gets seeds (up to ``max_seeds``)
-    unless its comparison with the best is futile: the example term alone (infinite seeds) at the last look's
-    ``q_last`` is wider than the margin and than the difference one (example) standard error beyond its
-    estimate, so no number of seeds could decide it. (A rule on the estimate alone, "would it be decided at
-    max_seeds if the estimate were the truth", stopped true gaps early: a 0.03 gap was called better 0.61 of
-    the time against 0.96 for a test knowing the variance.)"""
+def _open_questions(iv: Intervals, open_: Sequence[int], costs, margin: float, max_seeds: int,
+                    q_last: float) -> tuple[list[str], str]:  # fmt: skip
+    """(configurations worth a seed, what would decide the question). Each open configuration j is compared with
+    the best of the others (its rival r). It gets seeds, with r, while the seeds left (up to ``max_seeds`` on
+    both sides) could answer it: with the last look's ``q_last`` and the standard error at ``max_seeds``
+    (``se``), "not worse" or "worse by more than the margin" must be reachable for a difference one ``se``
+    beyond its estimate. Otherwise its question is futile at this plan, and what would tell is said."""
     f = iv.fit
-    infinite = np.full(len(f.names), 1e12)
-    grow = []
-    for j in rivals:
-        d, ex_se = abs(float(f.means[best] - f.means[j])), f.pair_se(best, j, np.maximum(f.seeds, infinite))
-        wide = q_last * ex_se >= max(margin, d + ex_se)
-        if not wide and (f.seeds[j] < max_seeds or f.seeds[best] < max_seeds):
-            grow.append(f.names[j])
+    at_max = np.maximum(f.seeds, max_seeds).astype(float)
+    grow: set[str] = set()
+    for j in open_:
+        r = max((i for i in range(len(f.names)) if i != j), key=lambda i: f.means[i])
+        gap, se = float(f.means[j] - f.means[r]), f.pair_se(r, j, at_max)
+        h = q_last * se
+        reachable = gap + se - h >= -margin or gap - se + h < -margin
+        if reachable and (f.seeds[j] < max_seeds or f.seeds[r] < max_seeds):
+            grow |= {f.names[j], f.names[r]}
     if grow:
-        grow.append(f.names[best])
-        return sorted(set(grow)), f"more seeds may decide it (up to {max_seeds})"
-    j = min(rivals, key=lambda r: (costs[f.names[r]], f.names[r]))
-    d = float(f.means[best] - f.means[j])  # >= 0
-    ex_se = f.pair_se(best, j, np.full(len(f.names), 1e12))  # the example term alone: infinite seeds
-    route = max(margin - d, d)  # what q * se must stay below: "not worse" (margin - d) or "better" (d)
-    if route <= 0 or ex_se <= 0:
-        return [], "cannot be decided at this margin with these estimates"
-    factor = (q_last * ex_se / route) ** 2  # se shrinks as 1 / sqrt(examples)
-    return [], (
-        f"futile: even at {max_seeds} seeds the decision examples' noise (se {ex_se:.4f}) keeps it open; "
-        f"about {factor:.1f}x the decision examples would decide it at these estimates"
-    )
+        return sorted(grow), f"more seeds may decide it (up to {max_seeds})"
+    j = min(open_, key=lambda o: (costs[f.names[o]], f.names[o]))
+    r = max((i for i in range(len(f.names)) if i != j), key=lambda i: f.means[i])
+    gap = float(f.means[j] - f.means[r])
+    se_max = f.pair_se(r, j, at_max)
+    ex_se = f.pair_se(r, j, np.full(len(f.names), 1e12))  # the example term alone: infinite seeds
+    route = abs(gap + margin)  # the interval's half-width must shrink below the estimate's distance to -margin
+    if route <= 1e-12:
+        return [], f"cannot tell: {f.names[j]} is estimated on the margin {-margin:+.3f} itself"
+    if q_last * ex_se >= route:
+        factor = (q_last * ex_se / route) ** 2  # the example term shrinks as 1 / sqrt(decision examples)
+        return [], (f"cannot tell at margin {margin:g} with {max_seeds} seeds: the decision examples' noise alone "
+                    f"(se {ex_se:.4f}) keeps {f.names[j]} open; about {factor:.1f}x the decision examples would "
+                    "tell at these estimates")  # fmt: skip
+    seed_part = route**2 / q_last**2 - ex_se**2
+    seeds = math.ceil(max(se_max**2 - ex_se**2, 1e-12) * max_seeds / max(seed_part, 1e-12))
+    return [], (f"cannot tell at margin {margin:g} with {max_seeds} seeds: about {seeds} seeds per configuration "
+                f"would tell at these estimates")  # fmt: skip
 
 
 def _stream(*parts) -> np.random.Generator:
@@ -629,7 +641,7 @@ def _all_family(data: Mapping[str, Values], known: Sequence[Configuration], plan
     names = [c.name for c in known]
     if len(names) < 2:
         return []
-    f = fit(data, names, {c.name: c.method for c in known})
+    f = fit(data, names)
     return pair_rows(intervals(f, plan.alpha_at(look)), plan.margin, "all")
 
 
@@ -648,7 +660,6 @@ def _reason(name: str, answers: Sequence[Answer], stopped: str) -> str:
 
 def _look(data: Mapping[str, Values], known: Sequence[Configuration], plan: Plan, look: int,
           settled: Mapping[float, Answer], summaries: bool = True) -> list[Answer]:  # fmt: skip
-    methods = {c.name: c.method for c in known}
     costs = {c.name: c.trainable_pct for c in known}
     q_cache: dict[tuple[str, ...], float] = {}
     out = []
@@ -662,7 +673,7 @@ def _look(data: Mapping[str, Values], known: Sequence[Configuration], plan: Plan
             a.decision = "only one fits" if members else "none fits"
             out.append(a)
             continue
-        f = fit(data, members, methods, pooled=list(data))
+        f = fit(data, members, pooled=list(data))
         iv = intervals(f, plan.alpha_at(look))
         key = tuple(members)
         if key not in q_cache:  # the last look's q at max_seeds: what more seeds could reach
@@ -786,24 +797,3 @@ def configurations_from_frame(frame: pd.DataFrame, source) -> list[Configuration
     if len(set(names)) != len(names):
         raise ValueError(f"{source}: a configuration is listed twice")
     return out
-
-
-def operating_characteristics(plan: Plan, examples: int, sims: int) -> list[str]:
-    """Lines of the procedure's measured error rates and power at ``examples`` decision examples per task
-    (``peftune.simulate``: the real loop on worlds with a known truth), each with its Monte-Carlo interval."""
-    from peftune import simulate as sm
-
-    lines = [f"plan: seeds {plan.seeds} to {plan.max_seeds}, margin {plan.margin}, {plan.looks} look(s) at "
-             f"alpha {plan.alpha_at(1):.4f} (the last {plan.alpha_at(plan.looks):.4f}); {examples} decision "
-             f"examples; {sims} simulations each"]  # fmt: skip
-    one = Plan(plan.seeds, plan.max_seeds, plan.margin, plan.alpha, (100.0,))
-    for world in (sm.W1, sm.W2):
-        for k in (6, 12):
-            lines.append(str(sm.null_error(world, k, one, examples, sims)))
-        lines.append(str(sm.pick_rate(world, 0.0, one, examples, sims)))
-        lines.append(str(sm.pick_rate(world, 2 * plan.margin, one, examples, sims)))
-        lines.append(str(sm.better_rate(world, 0.03, one, examples, sims)))
-        bias = sm.pick_bias(world, 6, one, examples, sims)
-        lines += [f"{world.name} K=6 pick's dev score minus its truth, {how.replace('_', ' ')}: {m:+.4f} (se {se:.4f})"
-                  for how, (m, se) in bias.items()]  # fmt: skip
-    return lines

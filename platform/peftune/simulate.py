@@ -330,3 +330,22 @@ def expected_accuracy(world: World, n: int = 400_000) -> float:
     logit = (rng.normal(world.ease_mean, world.ease_sd, n) + rng.normal(0, world.effect_sd, n)
              + rng.normal(0, world.seed_sd, n) + rng.normal(0, world.noise_sd, n))  # fmt: skip
     return float(np.mean(1 / (1 + np.exp(-logit))))
+
+
+def operating_characteristics(plan: Plan, examples: int, sims: int) -> list[str]:
+    """Lines of the procedure's measured error rates and power at ``examples`` decision examples per task
+    (``peftune.simulate``: the real loop on worlds with a known truth), each with its Monte-Carlo interval."""
+    lines = [f"plan: seeds {plan.seeds} to {plan.max_seeds}, margin {plan.margin}, {plan.looks} look(s) at "
+             f"alpha {plan.alpha_at(1):.4f} (the last {plan.alpha_at(plan.looks):.4f}); {examples} decision "
+             f"examples; {sims} simulations each"]  # fmt: skip
+    one = Plan(plan.seeds, plan.max_seeds, plan.margin, plan.alpha, (100.0,))
+    for world in (W1, W2):
+        for k in (6, 12):
+            lines.append(str(null_error(world, k, one, examples, sims)))
+        lines.append(str(pick_rate(world, 0.0, one, examples, sims)))
+        lines.append(str(pick_rate(world, 2 * plan.margin, one, examples, sims)))
+        lines.append(str(better_rate(world, 0.03, one, examples, sims)))
+        bias = pick_bias(world, 6, one, examples, sims)
+        lines += [f"{world.name} K=6 pick's dev score minus its truth, {how.replace('_', ' ')}: {m:+.4f} (se {se:.4f})"
+                  for how, (m, se) in bias.items()]  # fmt: skip
+    return lines
