@@ -169,12 +169,17 @@ def test_kind5_devices_the_machine_lacks_are_refused_up_front(
 @pytest.mark.parametrize(
     "method, flag, value, limit",
     [
-        ("lora", "--rank", "1000000000000", "at most 384"),
-        ("adapter", "--bottleneck", "1000000", "at most 1,536"),
-        ("hyperformer", "--bottleneck", "1000000", "at most 1,536"),
-        ("prefix", "--prefix-length", "1000000", "at most 512"),
-        ("prompt", "--prompt-length", "1000000", "at most 512"),
+        ("lora", "--rank", "1000", "at most 384"),
+        ("adapter", "--bottleneck", "2000", "at most 1,536"),
+        ("hyperformer", "--bottleneck", "2000", "at most 1,536"),
+        ("prefix", "--prefix-length", "1000", "at most 512"),
+        ("prompt", "--prompt-length", "1000", "at most 512"),
         ("top_k", "--k", "7", "6 layers"),
+        # beyond any BERT (issue 47): refused by the config alone, before the model is read
+        ("lora", "--rank", "1000000000000", "too large for any BERT; expected at most 8,192"),
+        ("adapter", "--bottleneck", "1000000", "too large for any BERT; expected at most 32,768"),
+        ("prefix", "--prefix-length", "1000000", "too large for any BERT; expected at most 4,096"),
+        ("top_k", "--k", "1000", "too large for any BERT; expected at most 192"),
     ],
 )
 def test_kind5_method_sizes_beyond_the_backbone_are_refused_up_front(

@@ -21,6 +21,10 @@ from peftune.backbone import BertConfig, BertModel
 from peftune.dropout import Dropout
 from peftune.errors import UserError
 from peftune.methods.base import (
+    BERT_LAYERS,
+    BERT_WIDTH,
+    MAX_BERT_LAYERS,
+    MAX_BERT_WIDTH,
     MAX_BOTTLENECK_FACTOR,
     MethodConfig,
     MethodSpec,
@@ -58,7 +62,8 @@ class AdapterConfig(MethodConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        check_positive_int(self, "bottleneck")
+        limit, why = MAX_BOTTLENECK_FACTOR * MAX_BERT_WIDTH, f"{MAX_BOTTLENECK_FACTOR} x {BERT_WIDTH}"
+        check_positive_int(self, "bottleneck", limit, why)
         if self.activation not in ACTIVATIONS:
             raise UserError(
                 f"{type(self).__name__}.activation = {self.activation!r}; expected one of {sorted(ACTIVATIONS)}"
@@ -71,11 +76,11 @@ class AdapterConfig(MethodConfig):
             if isinstance(layers, str):  # "8,9,10,11" from a command line
                 layers = [int(s) if s.strip().isdigit() else s for s in layers.split(",") if s.strip()]
             layers = list(layers)
-            bad = [i for i in layers if isinstance(i, bool) or not isinstance(i, int) or i < 0]
+            bad = [i for i in layers if isinstance(i, bool) or not isinstance(i, int) or not 0 <= i < MAX_BERT_LAYERS]
             if not layers or bad or len(set(layers)) != len(layers):
                 raise UserError(
                     f"{type(self).__name__}.layers = {self.layers!r}; expected None (all layers) or "
-                    "distinct 0-based layer indices"
+                    f"distinct 0-based layer indices below {MAX_BERT_LAYERS} ({BERT_LAYERS})"
                 )
             self.layers = sorted(layers)
 

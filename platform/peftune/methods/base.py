@@ -11,6 +11,7 @@ by task name (every other trainable parameter is shared), and a module that depe
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -61,6 +62,7 @@ class MethodConfig:
     dropout: float = 0.1
 
     def __post_init__(self):
+        _coerce_declared_floats(self)
         for spec in fields(self):  # NaN and inf slip through every range check: refuse them first
             value = getattr(self, spec.name)
             if isinstance(value, float) and not math.isfinite(value):
@@ -83,6 +85,32 @@ MAX_BOTTLENECK_FACTOR = 4
 MAX_WIDTH_FACTOR = 16
 
 
+def _coerce_declared_floats(config: MethodConfig) -> None:
+    """An integer given for a float field becomes that float, whatever the route (a sweep's YAML, ``--option``,
+    a record's params, a library call): a method builds its tensors from the value (an int tensor cannot train)."""
+    for name in _float_fields(type(config)):
+        value = getattr(config, name)
+        if isinstance(value, int) and not isinstance(value, bool):  # a bool stays, for the field's check to refuse
+            setattr(config, name, float(value))
+
+
+@functools.cache
+def _float_fields(cls: type) -> tuple[str, ...]:
+    hints = typing.get_type_hints(cls)
+    return tuple(spec.name for spec in fields(cls) if _without_none(hints[spec.name]) is float)
+
+
+# sizes no BERT holds, refused by a config alone (a search space's every value, before any model is read;
+# ``check_backbone`` then holds each size to the model's own shape): BERT-large is 1,024 wide, 24 layers deep and
+# 512 positions long, and these leave 8x room above it for any wider, deeper or longer BERT checkpoint
+MAX_BERT_WIDTH = 8 * 1_024
+MAX_BERT_LAYERS = 8 * 24
+MAX_BERT_POSITIONS = 8 * 512
+BERT_WIDTH = f"the widest hidden size taken, {MAX_BERT_WIDTH:,} = 8 x BERT-large's"
+BERT_LAYERS = "8 x BERT-large's layers"
+BERT_POSITIONS = "8 x BERT's positions"
+
+
 def check_at_most(config, key: str, limit: int, what: str) -> None:
     """``config.key`` <= ``limit``, the backbone's ``what`` (named in the error)."""
     value = getattr(config, key)
@@ -93,7 +121,9 @@ def check_at_most(config, key: str, limit: int, what: str) -> None:
         )
 
 
-def check_range(config, key: str, low: float, high: float | None = None, *, high_inclusive: bool = True) -> None:
+def check_range(
+    config, key: str, low: float, high: float | None = None, *, high_inclusive: bool = True, low_inclusive: bool = True
+) -> None:
     value = getattr(config, key)
     kind = type(config).__name__
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -101,16 +131,21 @@ def check_range(config, key: str, low: float, high: float | None = None, *, high
     if not math.isfinite(value):
         raise UserError(f"{kind}.{key} must be a finite number, got {value!r}")
     too_high = high is not None and (value > high if high_inclusive else value >= high)
-    if value < low or too_high:
+    if (value < low if low_inclusive else value <= low) or too_high:
         bracket = "]" if high_inclusive else ")"
         upper = "inf)" if high is None else f"{high}{bracket}"
-        raise UserError(f"{kind}.{key} = {value!r} is out of range; expected a value in [{low}, {upper}")
+        raise UserError(f"{kind}.{key} = {value!r} is out of range; expected a value in {'[' if low_inclusive else '('}"
+                        f"{low}, {upper}")  # fmt: skip
 
 
-def check_positive_int(config, key: str) -> None:
-    value = getattr(config, key)
+def check_positive_int(config, key: str, at_most: int | None = None, why: str = "") -> None:
+    """``config.key`` an integer >= 1 and, for a size, ``<= at_most`` (``why``: the bound's reason, e.g.
+    :data:`BERT_WIDTH`): a size beyond any model is refused with its key before a model is read."""
+    value, kind = getattr(config, key), type(config).__name__
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise UserError(f"{type(config).__name__}.{key} must be a positive integer, got {value!r}")
+        raise UserError(f"{kind}.{key} must be a positive integer, got {value!r}")
+    if at_most is not None and value > at_most:
+        raise UserError(f"{kind}.{key} = {value!r} is too large for any BERT; expected at most {at_most:,} ({why})")
 
 
 ApplyFn = Callable[[BertModel, Any, TaskContext], None]

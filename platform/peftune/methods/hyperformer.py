@@ -22,6 +22,8 @@ from peftune.backbone import BertConfig, BertModel
 from peftune.dropout import Dropout
 from peftune.methods.adapter import POSITIONS, check_bool, layernorm_parameter_count
 from peftune.methods.base import (
+    BERT_WIDTH,
+    MAX_BERT_WIDTH,
     MAX_BOTTLENECK_FACTOR,
     MAX_WIDTH_FACTOR,
     MethodConfig,
@@ -50,8 +52,10 @@ class HyperformerConfig(MethodConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        for key in ("bottleneck", "projected_dim", "task_embedding_dim", "projector_hidden"):
-            check_positive_int(self, key)
+        check_positive_int(self, "bottleneck", MAX_BOTTLENECK_FACTOR * MAX_BERT_WIDTH,
+                           f"{MAX_BOTTLENECK_FACTOR} x {BERT_WIDTH}")  # fmt: skip
+        for key in ("projected_dim", "task_embedding_dim", "projector_hidden"):
+            check_positive_int(self, key, MAX_WIDTH_FACTOR * MAX_BERT_WIDTH, f"{MAX_WIDTH_FACTOR} x {BERT_WIDTH}")
         check_range(self, "init_std", 0.0, 1.0)
         check_bool(self, "train_layernorm")
 

@@ -24,6 +24,8 @@ from peftune.backbone import stacked_qkv
 from peftune.dropout import dropout
 from peftune.errors import UserError
 from peftune.methods.base import (
+    BERT_WIDTH,
+    MAX_BERT_WIDTH,
     MethodConfig,
     MethodSpec,
     PeftFormat,
@@ -56,8 +58,8 @@ class LoraConfig(MethodConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        check_positive_int(self, "rank")
-        check_range(self, "alpha", 0.0)
+        check_positive_int(self, "rank", MAX_BERT_WIDTH, BERT_WIDTH)
+        check_range(self, "alpha", 0.0, low_inclusive=False)  # 0: B A scaled by 0, neither A nor B learns
         if not isinstance(self.use_rslora, bool):
             raise UserError(f"{type(self).__name__}.use_rslora must be true or false, got {self.use_rslora!r}")
         check_range(self, "loraplus_lr_ratio", 1.0, MAX_LORAPLUS_RATIO)

@@ -20,6 +20,10 @@ from peftune.backbone import BertConfig, BertModel
 from peftune.dropout import Dropout
 from peftune.errors import UserError
 from peftune.methods.base import (
+    BERT_POSITIONS,
+    BERT_WIDTH,
+    MAX_BERT_POSITIONS,
+    MAX_BERT_WIDTH,
     MAX_WIDTH_FACTOR,
     MethodConfig,
     MethodSpec,
@@ -47,12 +51,13 @@ class PrefixConfig(MethodConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        check_positive_int(self, "prefix_length")
+        check_positive_int(self, "prefix_length", MAX_BERT_POSITIONS, BERT_POSITIONS)
         if not isinstance(self.reparameterize, bool):
             raise UserError(f"PrefixConfig.reparameterize must be true or false, got {self.reparameterize!r}")
-        check_positive_int(self, "reparam_hidden")
+        width, why = MAX_WIDTH_FACTOR * MAX_BERT_WIDTH, f"{MAX_WIDTH_FACTOR} x {BERT_WIDTH}"
+        check_positive_int(self, "reparam_hidden", width, why)
         if self.reparam_input_dim is not None:
-            check_positive_int(self, "reparam_input_dim")
+            check_positive_int(self, "reparam_input_dim", width, why)
 
     def check_backbone(self, bert: BertConfig) -> None:
         check_at_most(self, "prefix_length", bert.max_position_embeddings, "its max_position_embeddings")

@@ -19,6 +19,8 @@ from peftune.backbone import BertConfig, BertModel
 from peftune.dropout import Dropout
 from peftune.errors import UserError
 from peftune.methods.base import (
+    BERT_POSITIONS,
+    MAX_BERT_POSITIONS,
     MethodConfig,
     MethodSpec,
     TaskContext,
@@ -41,7 +43,7 @@ class PromptConfig(MethodConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        check_positive_int(self, "prompt_length")
+        check_positive_int(self, "prompt_length", MAX_BERT_POSITIONS, BERT_POSITIONS)
         if self.init not in PROMPT_INITS:
             raise UserError(f"PromptConfig.init = {self.init!r}; expected one of {list(PROMPT_INITS)}")
 

@@ -7,7 +7,16 @@ layers stay frozen, so no gradient flows below layer L - k.
 from dataclasses import dataclass
 
 from peftune.errors import UserError
-from peftune.methods.base import MethodConfig, MethodSpec, check_positive_int, option, register_method, unfreeze
+from peftune.methods.base import (
+    BERT_LAYERS,
+    MAX_BERT_LAYERS,
+    MethodConfig,
+    MethodSpec,
+    check_positive_int,
+    option,
+    register_method,
+    unfreeze,
+)
 
 
 @dataclass
@@ -16,7 +25,7 @@ class TopKConfig(MethodConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        check_positive_int(self, "k")
+        check_positive_int(self, "k", MAX_BERT_LAYERS, BERT_LAYERS)
 
     def check_backbone(self, bert) -> None:
         if self.k > bert.num_hidden_layers:

@@ -29,6 +29,8 @@ from peftune.backbone import BertConfig
 from peftune.dropout import dropout
 from peftune.errors import UserError
 from peftune.methods.base import (
+    BERT_WIDTH,
+    MAX_BERT_WIDTH,
     MAX_WIDTH_FACTOR,
     MethodConfig,
     MethodSpec,
@@ -58,8 +60,9 @@ class VeraConfig(MethodConfig):
 
     def __post_init__(self):
         super().__post_init__()
-        check_positive_int(self, "rank")
-        check_range(self, "d_initial", 0.0, 10.0)
+        check_positive_int(self, "rank", MAX_WIDTH_FACTOR * MAX_BERT_WIDTH, f"{MAX_WIDTH_FACTOR} x {BERT_WIDTH}")
+        # 0: Lambda_d stays 0, and with it the update and both vectors' gradients (only the heads would learn)
+        check_range(self, "d_initial", 0.0, 10.0, low_inclusive=False)
         if isinstance(self.projection_seed, bool) or not isinstance(self.projection_seed, int):
             raise UserError(f"VeraConfig.projection_seed must be an integer, got {self.projection_seed!r}")
         check_range(self, "projection_seed", 0, MAX_SEED)
