@@ -232,3 +232,100 @@ def test_a_search_space_the_backbone_cannot_hold_is_refused_before_ray(sweep_dir
         cli_sweep.check_spaces_against_model(definition)
     write(sweep_dir / "methods" / "top_k.yaml", (sweep_dir / "methods" / "top_k.yaml").read_text().replace("12", "6"))
     cli_sweep.check_spaces_against_model(spaces.load_sweep(sweep_dir / "tiny.yaml"))  # 6 layers: fits
+
+
+# ----------------------------------------------------------------------------- issue 47: the last rough edges
+
+
+def test_an_integer_for_a_float_option_is_a_float_on_every_route():
+    """``peftune train --method vera --option d_initial=1`` was torch's "Only Tensors of floating point ... can
+    require gradients" (the sweep's YAML route made 1 a float, ``--option`` did not): the config coerces."""
+    from conftest import tiny_backbone
+    from peftune.methods.base import TaskContext
+
+    config = methods.make_method_config("vera", {"d_initial": 1, "rank": 4})
+    assert type(config.d_initial) is float and config.d_initial == 1.0
+    methods.get_method("vera").apply(tiny_backbone(), config, TaskContext(["sst"]))  # builds: float vectors
+    assert type(methods.make_method_config("lora", {"alpha": 16}).alpha) is float
+    with pytest.raises(ValueError, match="LoraConfig.alpha must be a number, got True"):
+        methods.make_method_config("lora", {"alpha": True})  # a bool is not coerced into a number
+
+
+def test_a_zero_vera_scale_is_refused_naming_the_key(tmp_path):
+    """VeRA's d_initial = 0 keeps Lambda_d at 0: the update is 0 and its gradient too; only the heads trained."""
+    with pytest.raises(ValueError, match=r"VeraConfig\.d_initial = 0\.0 is out of range; expected a value in \(0"):
+        methods.make_method_config("vera", {"d_initial": 0.0})
+    text = "method: vera\nlr: 1.0e-3\ndropout: 0.1\nweight_decay: 0.0\noptions:\n  rank: 8\n"
+    with pytest.raises(SpaceError, match="d_initial") as caught:
+        spaces.load_method_space(write(tmp_path / "vera.yaml", text + "  d_initial: {choices: [0.1, 0]}\n"))
+    assert caught.value.key == "options.d_initial" and "out of range" in str(caught.value)
+
+
+SIZES = [("lora", "rank"), ("adapter", "bottleneck"), ("top_k", "k"), ("prefix", "prefix_length"),
+         ("prompt", "prompt_length"), ("hyperformer", "task_embedding_dim"), ("hyperformer", "bottleneck"),
+         ("vera", "rank"), ("lora_adapter", "bottleneck"), ("prefix", "reparam_hidden")]  # fmt: skip
+
+
+@pytest.mark.parametrize("method, key", SIZES)
+def test_a_size_beyond_any_model_is_refused_while_loading_naming_the_key(tmp_path, method, key):
+    """10**30 among the choices of a size was accepted by the space (only ``peftune sweep`` checked the model)."""
+    with pytest.raises(ValueError, match=f"{key} = 1{'0' * 30} is too large for any BERT"):
+        methods.make_method_config(method, {key: 10**30})
+    text = f"method: {method}\nlr: 1.0e-3\ndropout: 0.1\nweight_decay: 0.0\noptions:\n"
+    size = methods.get_method(method).size_field
+    fixed = f"  {size}: 2\n" if size != key else ""
+    path = write(tmp_path / f"{method}.yaml", text + fixed + f"  {key}: {{choices: [2, {10**30}]}}\n")
+    with pytest.raises(SpaceError, match="too large for any BERT") as caught:
+        spaces.load_method_space(path)
+    assert caught.value.key == f"options.{key}", str(caught.value)
+
+
+@pytest.mark.parametrize(
+    "old, new, shown",
+    [("seed: 0", "seed: 010", "010"), ("seed: 0", "seed: -07", "-07"), ("seed: 0", "seed: 1:30", "1:30"),
+     ("warmup_ratio: 0.1", "warmup_ratio: 1:30.5", "1:30.5")],
+)  # fmt: skip
+def test_yaml_1_1_numbers_the_user_did_not_write_are_refused_with_the_line(sweep_dir, old, new, shown):
+    """YAML 1.1 read ``010`` as octal 8 and ``1:30`` as base 60 (90), silently."""
+    assert old in SWEEP
+    path = write(sweep_dir / "tiny.yaml", SWEEP.replace(old, new))
+    with pytest.raises(SpaceError) as caught:
+        spaces.load_sweep(path)
+    line = 1 + SWEEP.splitlines().index(next(li for li in SWEEP.splitlines() if old in li))
+    message = str(caught.value)
+    assert message.startswith(f"{path}: not valid YAML: line {line}, column ") and repr(shown) in message, message
+
+
+def test_plain_yaml_numbers_still_read_as_numbers(sweep_dir):
+    text = SWEEP.replace("seed: 0", "seed: 0x10").replace("trials_per_method: 2", "trials_per_method: 1_0")
+    definition = spaces.load_sweep(write(sweep_dir / "tiny.yaml", text.replace("0.1}", "0.0}")))
+    assert definition.seed == 16 and definition.budget.trials_per_method == 10
+
+
+def test_a_nul_byte_in_a_data_path_is_a_data_error():
+    from peftune import data
+    from peftune.tasks import get_task
+
+    for read in (lambda: data.read_task_file("data/a\0b.csv", get_task("sst")), lambda: data.file_sha256("a\0b")):
+        with pytest.raises(data.DataError, match="a NUL byte"):
+            read()
+
+
+@pytest.mark.parametrize("key", ["max_train_examples", "max_dev_examples", "selection_examples",
+                                 "decision_examples", "max_length"])  # fmt: skip
+def test_a_bool_is_not_a_count(key):
+    """``max_train_examples=True`` was taken as 1."""
+    from peftune.trial_spec import DataSettings
+
+    extra = {"selection_examples": 8} if key == "decision_examples" else {}
+    with pytest.raises(ValueError, match=f"DataSettings.{key}: expected an integer, got True"):
+        DataSettings("data", **{**extra, key: True})
+
+
+def test_load_tasks_refuses_a_bool_for_a_count(tiny_data_dir):
+    from peftune import data
+    from peftune.backbone import DEFAULT_MODEL, load_tokenizer, resolve_model_dir
+
+    tokenizer = load_tokenizer(resolve_model_dir(DEFAULT_MODEL))
+    with pytest.raises(ValueError, match="an example budget must be a positive integer or None, got True"):
+        data.load_tasks(tiny_data_dir, ["sst"], tokenizer, max_train_examples=True)

@@ -13,9 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
-import yaml
 
-from peftune import checkpoint, methods, record, train, trial_spec
+from peftune import checkpoint, methods, record, train, trial_spec, validation
 from peftune.backbone import check_tokenizer_files, read_config, resolve_model_dir
 from peftune.cli_common import Parser, add_model_args, check_device, check_output_dir, finite_float, path_arg
 from peftune.errors import UserError
@@ -183,11 +182,8 @@ def method_options(args) -> dict:
 
 
 def _parse_value(raw: str):
-    # YAML scalars only (numbers, booleans, strings): never objects or code
-    try:
-        value = yaml.safe_load(raw)
-    except yaml.YAMLError:
-        raise UserError(f"--option value {raw[:80]!r}: not a valid value (a number, a word, or [a, b])") from None
+    # YAML scalars only (numbers, booleans, strings), read as the sweep's files are: never objects or code
+    value = validation.yaml_value(raw, "--option value")
     return value if isinstance(value, (int, float, bool, str, list)) else raw
 
 

@@ -2,11 +2,12 @@
 
 The loader is a safe one (a file never names code to import) that also refuses duplicate keys (YAML says
 they are an error; PyYAML keeps the last), aliases (a few nested ones expand to gigabytes) and files over
-:data:`MAX_BYTES`, reads ``1e-4`` as a float (YAML 1.1 wants ``1.0e-4``), and reports a broken file as one
-line with its line and column. The models of the files (``peftune.spaces``) are pydantic dataclasses built
-from the types here: strict scalars, finite numbers, intervals (:class:`Bound`), names among a registry
-(:func:`one_of`) and sections that refuse unknown keys (:class:`Section`). Under :func:`named`, pydantic's
-first error becomes one :class:`SpaceError` line naming the file, the key path and what was expected.
+:data:`MAX_BYTES`, reads ``1e-4`` as a float (YAML 1.1 wants ``1.0e-4``), refuses YAML 1.1's octal ``010``
+and base-60 ``1:30`` (numbers the user did not write), and reports a broken file as one line with its line
+and column. The models of the files (``peftune.spaces``) are pydantic dataclasses built from the types
+here: strict scalars, finite numbers, intervals (:class:`Bound`), names among a registry (:func:`one_of`)
+and sections that refuse unknown keys (:class:`Section`). Under :func:`named`, pydantic's first error
+becomes one :class:`SpaceError` line naming the file, the key path and what was expected.
 """
 
 from __future__ import annotations
@@ -111,6 +112,39 @@ _Loader.add_implicit_resolver(
     re.compile(r"^[-+]?(?:\d[\d_]*\.?\d*|\.\d+)[eE][-+]?\d+$"),
     list("-+0123456789."),
 )
+
+# YAML 1.1 numbers a reader of YAML 1.2 (or of the file) would not see: ``010`` (octal 8) and ``1:30`` (base 60: 90)
+_YAML_1_1_ONLY = re.compile(r"[-+]?(?:0[0-7_]+|[0-9][0-9_]*(?::[0-5]?[0-9])+(?:\.[0-9_]*)?)")
+
+
+def _number(construct):
+    """``construct`` (PyYAML's int or float) refusing a YAML 1.1-only form, with its line, rather than reading it
+    as a number the user did not write."""
+
+    def checked(loader, node):
+        if _YAML_1_1_ONLY.fullmatch(node.value):
+            kind = "a base-60 number" if ":" in node.value else "an octal number"
+            raise yaml.constructor.ConstructorError(
+                None, None, f"{show(node.value)} reads as {kind} ({construct(loader, node)}) in YAML 1.1; write the "
+                "number in plain decimals, or quote it for text", node.start_mark,
+            )  # fmt: skip
+        return construct(loader, node)
+
+    return checked
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _number(yaml.SafeLoader.construct_yaml_int))
+_Loader.add_constructor("tag:yaml.org,2002:float", _number(yaml.SafeLoader.construct_yaml_float))
+
+
+def yaml_value(text: str, what: str):
+    """One value written in YAML's flow style (a flag's ``KEY=VALUE``), read by the files' loader; ``what`` names it
+    in the one-line :class:`UserError` a broken value raises."""
+    try:
+        return yaml.load(text, Loader=_Loader)
+    except yaml.YAMLError as error:
+        problem = (error.problem or error.context) if isinstance(error, yaml.MarkedYAMLError) else error
+        raise UserError(f"{what} {show(text)}: not a valid value ({one_line(problem, 2 * MAX_SHOWN)})") from None
 
 
 def read_yaml(path: str | Path) -> dict:
@@ -260,7 +294,10 @@ class Bound:
 
 
 def checked(owner: str, key: str, bound: Bound, value, integer: bool = False):
-    """``bound.check`` outside a model of a file (``TrainConfig``, a method config): a UserError ``owner.key: ...``."""
+    """``bound.check`` outside a model of a file (``TrainConfig``, a method config): a UserError ``owner.key: ...``.
+    A bool is no number here (``True`` is no count of 1), nor a float an integer."""
+    if isinstance(value, bool) or not isinstance(value, int if integer else (int, float)):
+        raise UserError(f"{owner}.{key}: expected {'an integer' if integer else 'a number'}, got {show(value)}")
     try:
         return bound.check(value, integer)
     except PydanticCustomError as error:
