@@ -1,6 +1,6 @@
 """One GPU, one run: packed trials against the same trials one by one, then the core against the HF Trainer.
 
-What a GPU machine must answer for packed trials (README, "Packed trials"): how much faster K members train
+What a GPU machine must answer for packed trials (docs/design.md, "Packed trials"): how much faster K members train
 packed than one after another, and how many fit (the peak memory per member). On a machine with one GPU:
 
     CUDA_VISIBLE_DEVICES=0 python jobs/gpu_pack_check.py --data-dir /abs/path/to/data
@@ -14,9 +14,8 @@ It runs ``peftune bench --device cuda --pack 2,4,8,16`` (packed against solo tok
 BitFit, and each one's peak MiB per member) and then ``peftune bench --device cuda`` (the core against the Trainer,
 fp32 and bf16, LoRA against peft; the GPU's matmul peaks), with the same examples and rounds. The packed part
 comes first because it is what this script is for; the second runs even where the first fails, and the exit
-status is the worse of the two. On one H200 at ``--examples 2000 --repeats 2`` the packed part took about 6 minutes
-and the second one 1 (README, "On one GPU"); the defaults take about twice that. All logic lives in the library
-(``peftune.bench``).
+status is the worse of the two. All logic lives in the library (``peftune.bench``). What it printed on a GPU,
+and how long it ran there: docs/benchmarks.md, "One GPU (H200)".
 """
 
 import argparse

@@ -10,12 +10,13 @@ On a Ray cluster, from the repository root (token authentication on, dashboard a
 
 (absolute paths: a Ray job runs in a temporary copy of the working directory). Directly, with a local Ray:
 
-    python jobs/sst_tuning.py --data-dir ../shared/data --smoke-test    # minutes on 2 CPU cores
-    python jobs/sst_tuning.py --data-dir ../shared/data --budget cpu    # about 20 min on 2 cores in bf16 (78 in fp32)
+    python jobs/sst_tuning.py --data-dir ../shared/data --smoke-test    # the code path on a tiny budget
+    python jobs/sst_tuning.py --data-dir ../shared/data --budget cpu    # sized for 2 CPU cores
     python jobs/sst_tuning.py --data-dir /data --budget gpu --model bert-base-uncased
 
 Running it again resumes the sweep; it ends by printing the MLflow parent run id, the MLflow UI
 address and where the report goes. All logic lives in the library (``peftune.cli.job_main``, ``peftune.sweep``).
+Its run times on measured machines: docs/benchmarks.md.
 """
 
 import sys
