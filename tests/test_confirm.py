@@ -494,3 +494,51 @@ def test_a_resume_counts_the_seeds_an_earlier_run_added(monkeypatch):
     result = confirmation.run([(candidates[k], seed, "") for k in "ab" for seed in (1, 2)])
     assert (result.wanted, result.finished, result.ran, result.added) == (5, 5, 0, 1)
     assert result.status == record.COMPLETED and result.stopped_by == "decided"
+
+
+def test_each_budget_confirms_its_best_contenders_of_any_method_and_the_anchors(tmp_path):
+    """confirm.contenders: under each budget its best configurations by search score, whatever their method;
+    confirm.anchors: frozen's and full fine-tuning's best, the floor and the ceiling."""
+    from sweep_record import TrialSpec, counts, record_sweep
+
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+
+    def trial(trial_id, method, accuracy, trainable, rank=None):
+        options = {"rank": rank} if rank else {}
+        return TrialSpec(trial_id, method, options, [{"sst_accuracy": accuracy}], counts(trainable), "completed")
+
+    trials = [
+        trial("frozen", "frozen", 0.30, 0),
+        trial("full", "full", 0.60, 990_000),
+        trial("ia3", "ia3", 0.40, 600),  # 0.06%
+        trial("r1", "lora", 0.35, 600, rank=1),  # 0.06%
+        trial("r8", "lora", 0.45, 5_000, rank=8),  # 0.5%
+        trial("r64", "lora", 0.55, 40_000, rank=64),  # 4%
+        trial("top", "top_k", 0.58, 300_000),  # 30%: in no budget
+    ]
+    _, parent, runs = record_sweep(uri, "contenders", ["sst"], trials, artifact_dir=tmp_path / "artifacts")
+    client = mlflow.MlflowClient(uri)
+    experiment = client.get_run(parent).info.experiment_id
+    children = client.search_runs([experiment], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'")
+    picked = confirm.select_candidates(children, contenders=2, anchors=True)
+    ids = {v: k for k, v in runs.items()}
+    # <= 0.1%: ia3, r1; <= 1%: r8, ia3; <= 10%: r64, r8; then the anchors
+    assert [ids[c.run_id] for c in picked] == ["ia3", "r1", "r8", "r64", "frozen", "full"]
+    assert [ids[c.run_id] for c in confirm.select_candidates(children, contenders=1)] == ["ia3", "r8", "r64"]
+
+
+def test_a_confirmation_trains_on_every_row_the_held_out_splits_leave(tiny_data_dir):
+    """The search's train rows are a prefix of the confirmation's; both carve the same selection and decision rows."""
+    from peftune.trial_spec import DataSettings
+
+    search = DataSettings(str(tiny_data_dir), max_train_examples=8, selection_examples=6, decision_examples=6)
+    full = dataclasses.replace(search, max_train_examples=None)
+    a, b = search.prepare(["sst"]).tasks["sst"], full.prepare(["sst"]).tasks["sst"]
+
+    def lines(split):
+        return set(split.lines.tolist())  # each row's line in the train file
+
+    assert len(a.train) == 8 and len(b.train) > len(a.train)
+    assert lines(a.train) < lines(b.train)
+    assert lines(a.selection) == lines(b.selection) and lines(a.decision) == lines(b.decision)
+    assert not (lines(b.selection) | lines(b.decision)) & lines(b.train)

@@ -199,7 +199,7 @@ def test_evaluate_frontier_with_two_seeds(sweep_store, data_dirs, tmp_path):
     names = {"evaluation.csv", "evaluation_runs.csv", "evaluation.md", "evaluation.png"}
     assert names <= {p.name for p in directory.iterdir()}
     markdown = (directory / "evaluation.md").read_text()
-    assert "| Method | Params/task % | Split | Score | SST | STS | Seeds | Run id |" in markdown
+    assert "| Method | Params/task % | Split | Score | SST | STS | Trained on (rows per task) | Seeds | Run id |" in markdown
     assert " ± " in markdown and "| frozen | 0 | test |" in markdown
     assert pd.read_csv(directory / "evaluation.csv")["split"].tolist().count("test") == len(expected)
 
@@ -263,3 +263,18 @@ def test_a_retrained_trial_with_a_stored_spec_trains_exactly_that_spec_with_the_
     assert recorded_config(spec.to_json(), "x", seed=7, device="cpu", selecting=False).eval_splits == ["dev"]
     with pytest.raises(Exception, match="run r: trial_spec.json: not valid JSON"):
         recorded_config("{", "run r: trial_spec.json", seed=7, device="cpu")
+
+
+def test_a_search_trial_judged_at_data_fidelity_rungs_re_trains_without_a_traceback(tiny_prepared):
+    """The shipped presets' search trials report at data-fidelity rungs (without a checkpoint): their re-run is
+    judged at its epochs' ends only, so ``peftune evaluate`` runs on the record those presets make."""
+    from analysis.evaluate import _retrain, recorded_config
+    from peftune.train import TrainConfig
+
+    searched = TrainConfig(method="bitfit", tasks=["sst"], lr=1e-3, epochs=2, batch_size=8, seed=0,
+                           report_fractions=[1 / 9, 1 / 3], eval_splits=["selection"])  # fmt: skip
+    spec = Spec(searched, DataSettings("data", selection_examples=8))
+    config = recorded_config(spec.to_json(), "run r: trial_spec.json", seed=1, device="cpu")
+    assert config.report_fractions == [] and config.eval_splits == ["selection", "dev"]
+    model, metrics = _retrain(config, tiny_prepared)
+    assert 0.0 <= metrics["score"] <= 1.0 and model is not None
