@@ -199,7 +199,8 @@ def test_evaluate_frontier_with_two_seeds(sweep_store, data_dirs, tmp_path):
     names = {"evaluation.csv", "evaluation_runs.csv", "evaluation.md", "evaluation.png"}
     assert names <= {p.name for p in directory.iterdir()}
     markdown = (directory / "evaluation.md").read_text()
-    assert "| Method | Params/task % | Split | Score | SST | STS | Trained on (rows per task) | Seeds | Run id |" in markdown
+    header = "| Method | Params/task % | Split | Score | SST | STS | Trained on (rows per task) | Seeds | Run id |"
+    assert header in markdown
     assert " ± " in markdown and "| frozen | 0 | test |" in markdown
     assert pd.read_csv(directory / "evaluation.csv")["split"].tolist().count("test") == len(expected)
 
