@@ -193,6 +193,21 @@ def test_a_storage_uri_pyarrow_cannot_open_is_refused_before_the_lease_ray_or_re
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
+def test_a_storage_uri_is_refused_before_any_data_is_read(tmp_path, tiny_data_dir, capsys, monkeypatch):
+    """Issue 47: ``--storage-path garbage://x`` was refused in one line, but after the data was read and tokenized."""
+    from peftune import spaces
+
+    def reading(*args, **kwargs):
+        raise AssertionError("the data was read before the storage path was checked")
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(spaces, "prepare_data", reading)
+    argv = ["sweep", "smoke", "--data-dir", str(tiny_data_dir), "--storage-path", "garbage://x"]
+    assert cli.main([*argv, "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--storage-path garbage://x: pyarrow (Ray Tune's storage) cannot open it" in err[0], err
+
+
 # what a one-line refusal must not wait for: seconds of imports on a 2-core machine (issue 34, item 12)
 HEAVY = ("ray", "mlflow", "optuna", "pandas", "pyarrow", "transformers", "analysis")
 REFUSED_LIGHT = {

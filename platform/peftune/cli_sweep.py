@@ -200,7 +200,9 @@ def main_from_args(args) -> int:
     test_dir = getattr(args, "test_dir", None)
     if test_dir is not None:
         check_test_args(test_dir, definition, args.test_seeds)
-    lease.Lease(lease.lease_dir(record.storage_uri(args.storage_path)), definition.name).check_free()
+    storage = record.storage_uri(args.storage_path)
+    record.check_storage_uri(storage)  # every refusal before any data is read
+    lease.Lease(lease.lease_dir(storage), definition.name).check_free()
     prepared = spaces.prepare_data(definition, args.data_dir)
     from analysis.publish import on_sweep_finished
     from peftune import console

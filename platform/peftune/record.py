@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlparse
 
-from peftune.errors import StoreError, UserError
+from peftune.errors import StoreError, UserError, one_line
 
 DEFAULT_TRACKING_URI = "sqlite:///mlflow.db"
 DEFAULT_STORAGE_PATH = "ray_results"  # where Ray Tune keeps a sweep's state and checkpoints, by default
@@ -67,6 +67,32 @@ def storage_uri(storage_path: str | Path) -> str:
     """``--storage-path`` as Ray Tune and the lease name it: an object-store URI as it is, a local path absolute."""
     text = str(storage_path)
     return text if "://" in text else str(Path(text).expanduser().resolve())
+
+
+# schemes pyarrow opens only by reaching a service (a bucket's region, a JVM for HDFS): not opened here, where
+# an offline check of the flag must not wait on the network; Ray reports their errors when it uses them
+REMOTE_SCHEMES = ("s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss", "hf")
+
+
+def check_storage_uri(storage: str) -> None:
+    """Refuse a storage URI that pyarrow, which Ray Tune stores through, cannot open (``garbage://x``), before
+    the data is read, the lease, Ray or the record: Tune would fail with pyarrow's traceback once the sweep had
+    started. pyarrow is imported only for a URI (seconds of imports a directory does not wait for)."""
+    if "://" not in storage:
+        return  # a directory
+    scheme = urlparse(storage).scheme.lower()
+    if scheme in REMOTE_SCHEMES or scheme.startswith("fsspec+"):
+        return
+    import pyarrow
+    import pyarrow.fs
+
+    try:
+        pyarrow.fs.FileSystem.from_uri(storage)  # file://, mock:// and an unknown scheme: answered locally
+    except (pyarrow.ArrowException, ValueError, OSError) as error:
+        raise UserError(
+            f"--storage-path {storage[:200]}: pyarrow (Ray Tune's storage) cannot open it ({one_line(error, 200)}); "
+            f"expected a directory, file:///absolute/path, or s3://, gs://, abfs://, hdfs:// ..."
+        ) from None
 
 
 def is_report_run(seed_reason) -> bool:

@@ -27,11 +27,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import mlflow
-import pyarrow
-import pyarrow.fs
 import ray
 from ray import tune
 
@@ -172,28 +169,6 @@ def check_storage(storage: str, shared: bool) -> None:
         )
 
 
-# schemes pyarrow opens only by reaching a service (a bucket's region, a JVM for HDFS): not opened here, where
-# an offline check of the flag must not wait on the network; Ray reports their errors when it uses them
-REMOTE_SCHEMES = ("s3", "gs", "gcs", "hdfs", "viewfs", "abfs", "abfss", "hf")
-
-
-def check_storage_uri(storage: str) -> None:
-    """Refuse a storage URI that pyarrow, which Ray Tune stores through, cannot open (``garbage://x``), before
-    the lease, Ray or the record: Tune would fail with pyarrow's traceback once the sweep had started."""
-    if "://" not in storage:
-        return  # a directory
-    scheme = urlparse(storage).scheme.lower()
-    if scheme in REMOTE_SCHEMES or scheme.startswith("fsspec+"):
-        return
-    try:
-        pyarrow.fs.FileSystem.from_uri(storage)  # file://, mock:// and an unknown scheme: answered locally
-    except (pyarrow.ArrowException, ValueError, OSError) as error:
-        raise UserError(
-            f"--storage-path {storage[:200]}: pyarrow (Ray Tune's storage) cannot open it ({one_line(error, 200)}); "
-            f"expected a directory, file:///absolute/path, or s3://, gs://, abfs://, hdfs:// ..."
-        ) from None
-
-
 def trial_resources(resources: spaces.Resources) -> dict[str, float]:
     """A GPU fraction per trial where the cluster has GPUs (several PEFT trials share one), CPUs otherwise."""
     if ray.cluster_resources().get("GPU", 0) > 0:
@@ -266,7 +241,7 @@ def one_driver(run: Callable[..., SweepResult]) -> Callable[..., SweepResult]:
     @functools.wraps(run)
     def holding_the_lease(definition, data_dir, tracking_uri=None, *, storage_path=DEFAULT_STORAGE_PATH, **options):
         storage = record_names.storage_uri(storage_path)
-        check_storage_uri(storage)  # before the lease: an object-storage lease is a local folder
+        record_names.check_storage_uri(storage)  # before the lease: an object-storage lease is a local folder
         with lease.held(storage, definition.name):
             return run(definition, data_dir, tracking_uri, storage_path=storage_path, **options)
 
