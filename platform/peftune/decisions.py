@@ -438,7 +438,8 @@ class Answer:
 
     @property
     def decided(self) -> bool:
-        return self.decision in (BETTER, NOT_WORSE)
+        """A claim with no cheaper question that more seeds could still answer."""
+        return self.decision in (BETTER, NOT_WORSE) and not self.grow
 
 
 def answer(budget: float, iv: Intervals, costs: Mapping[str, float], margin: float, max_seeds: int,
@@ -478,16 +479,22 @@ def answer(budget: float, iv: Intervals, costs: Mapping[str, float], margin: flo
     out.diff, out.ci_low, out.ci_high = iv.vs_best(pick)
     if posterior:
         out.p_best, out.regret, out.regret_high = _posterior(f, pick)
-    if chosen is not None and not open_:
+    if chosen is not None:  # a claim: the pick is within the margin of the best of the others
         out.decision = BETTER if chosen == best and low_of[best] > 0 else NOT_WORSE
         out.why = (
             f"the cheapest configuration shown not worse than the best of the others by more than {margin:g}"
-            + ("; every cheaper one is shown worse by more than that" if before else "")
+            + ("; every cheaper one is shown worse by more than that" if before and not open_ else "")
         )
-        return out
-    out.grow, out.needs = _open_questions(iv, open_ or [pick], costs, margin, max_seeds, q_last)
-    out.why = (f"open: {len(open_ or [pick])} configuration(s) neither shown within {margin:g} of the best of the "
-               "others nor shown worse by more than that")  # fmt: skip
+        if not open_:
+            return out
+    out.grow, needs = _open_questions(iv, open_ or [pick], costs, margin, max_seeds, q_last)
+    if chosen is None:
+        out.decision, out.needs = CANNOT_TELL, needs
+        out.why = (f"open: no configuration shown within {margin:g} of the best of the others, and "
+                   f"{len(open_ or [pick])} neither shown within it nor shown worse by more than it")  # fmt: skip
+    else:  # the claim stands; while seeds may answer a cheaper one, the budget stays open (``Answer.decided``)
+        cheaper = ", ".join(names[j] for j in open_)
+        out.needs = f"cheaper and still open at margin {margin:g}: {cheaper}; {needs}"
     return out
 
 
