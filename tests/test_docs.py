@@ -19,9 +19,6 @@ MAX_DOCSTRING_LINES = 15
 # modules being rewritten by others, whose docstrings still hold their essays: empty this set as each is shortened
 # (test_exempt_modules_still_need_it fails for a module that no longer needs its place here)
 EXEMPT_UNTIL_REWRITTEN = {
-    "platform/peftune/decisions.py",
-    "platform/peftune/confirm.py",
-    "platform/peftune/simulate.py",
     "platform/peftune/bench.py",
     "platform/peftune/bench_driver.py",
 }

@@ -1,43 +1,15 @@
-"""Confirmation: the best configurations of every method, re-trained with several seeds after the search.
+"""Confirmation: each budget's contenders re-trained with several seeds at the full budget, after the search.
 
-One search trial is one draw of noise: on a dev set of a few hundred examples a single accuracy
-moves by about +-0.02 from seed to seed, as much as most gaps between methods. So after the search,
-:func:`run_confirmation` takes the best ``confirm.top_k`` configurations of EVERY method (not only
-the global frontier: a method's rank must not rest on one lucky run), and re-trains each with
-``confirm.seeds`` new seeds at the full budget, as trials of a second Ray Tune experiment (same
-trainable, resources, ``TrialLogger`` and concurrency as the search: the cluster stays full),
-recorded as child runs of the sweep's parent run. The seeds added to open decisions run as further
-rounds of that same experiment (:class:`Rounds`): its trial actors stay alive from round to round.
-
-Which trials are candidates: search trials with a best (selection) score, ``completed`` ones first
-(they ran the full budget), then ``early_stopped`` ones, each group by best score; one per configuration
-key (a configuration tried twice counts once). Besides its best ``top_k``, each method's best
-configuration under each parameter budget of the report (0.1%, 1%, 10% of the backbone trained per
-task) is confirmed, so a method tried at a small size competes at that size even when a larger one
-scored higher. With ``confirm.defaults`` each method's default (control-arm) trial is confirmed as
-well, with the same seeds, so the tuning gain compares seed means on both sides.
-
-What a confirmation run reports: it evaluates the selection split (which picks the epoch kept) and
-dev after every epoch, dev only when it trains one epoch (nothing to pick), and at no rung (no scheduler
-stops it); its ``dev_score`` at the kept epoch is the report's number, and its per-example dev
-predictions there (``predictions/dev.csv.gz``) feed the report's paired comparisons.
-
-Seeds: ``definition.seed + 1 .. + S``. The search trained every trial with ``definition.seed``, and
-the candidates were chosen because that run scored well: re-using its seed would re-count the lucky
-draw that selected them (the winner's curse); new seeds give unbiased means.
-
-The record (see ``peftune.tracking``): a confirmation trial's child run has the tags
-``peftune.phase=confirm``, ``peftune.config_key=<key of the search trial it confirms>``,
-``peftune.seed=<seed>``, ``peftune.default=true|false`` and ``peftune.confirms=<run id of that
-search trial>``, and the search trial's params with its own ``seed``. A search trial written before
-``peftune.config_key`` existed counts as its own configuration.
-
-Resuming: (config key, seed) identifies a confirmation trial. A re-run skips every pair whose run
-is ``completed`` in MLflow; a pair whose run was interrupted or failed is trained again, and its
-earlier partial run is deleted from the record first (MLflow's soft delete: ``mlflow runs restore``
-brings it back), so the record holds exactly one child run per pair. Each run of the confirmation
-is a fresh Tune experiment (``<sweep>-confirm-<n>``): no Tune state is restored, so nothing depends
-on Ray's private objects or on callbacks pickled by an earlier run.
+One search trial is one draw of noise, at the search's cheap fidelity. :func:`run_confirmation` takes, under each
+parameter budget, its ``confirm.contenders`` best configurations by search score (and with ``confirm.anchors``
+frozen's and full fine-tuning's best), and re-trains each with ``confirm.seeds`` new seeds
+(``definition.seed + 1 ..``: the search's own seed would re-count the luck that chose them) on
+``confirm.train_examples`` train rows per task (the sweep's ``_confirm_runnable``), as trials of a second Ray
+Tune experiment recorded as child runs of the sweep. After each round the decision procedure
+(``peftune.decisions``) replays the looks on the decision-split predictions; the configurations it still wants
+seeds for get one more each, all of a round in the same experiment (:class:`Rounds`). Then each budget's pick is
+re-trained with ``confirm.report_seeds`` fresh seeds for the dev score the report gives it. (config key, seed)
+identifies a run: a resume skips the completed pairs and replaces the partial ones. docs/design.md has the record.
 """
 
 from __future__ import annotations

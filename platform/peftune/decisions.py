@@ -1,53 +1,13 @@
 """The decision procedure: which configuration to recommend under each parameter budget, and how sure.
 
-One procedure serves the confirmation (which configurations get another seed), the report and
-``peftune decide`` (which replays a confirmation from a predictions file). Its parts, in the order a
-decision is made:
-
-- **Data.** Every configuration's per-example predictions on the *decision* split (rows of the train
-  files the budget does not train on), one row of predictions per seed. Dev chooses nothing.
-- **Per-example values.** A seed's score is the mean over tasks of the task metric. Each example gets a
-  value whose mean over the task's examples is that metric: 1/0 for a right/wrong classification, and
-  ``r + IF_i`` for a Pearson task (``IF_i`` the example's empirical influence on r, which sums to 0), so
-  one linear model carries every task.
-- **Variance components** (a two-way layout per configuration: seeds x examples). The estimate of a
-  configuration's score is its seeds' mean. Its sampling error has an *example* part (which decision
-  examples were drawn; shared by all configurations, which is what pairs them) and a *seed* part. The
-  example part's covariance between configurations is the covariance over examples of their seed-averaged
-  values, per task, divided by the task's size. The seed part is the variance of a seed's score once the
-  example-level noise in it is taken off (``var(seed scores) - residual mean square / n``), pooled over the
-  configurations of one method (a method's sizes share how much their seeds move it) when that gives at
-  least ``MIN_POOL_DF`` degrees of freedom, else over all methods; the pools take every configuration the
-  confirmation trained, whichever budget is asked (a configuration's interval does not change with the
-  family it is compared in). Below 2 seeds in the whole family no seed
-  variance can be estimated, and nothing is decided (said as such). Seed effects are taken as independent
-  between configurations: seeds are numbered alike everywhere, and a positive correlation through the shared
-  numbers (the data order) could only make the intervals wider than needed.
-- **A family fixed before the data.** Per budget, the configurations that fit under it, whichever turns out
-  best: each one against the best of the others, as Hsu's multiple comparisons with the best (MCB). The
-  interval of ``score_i - max_(j != i) score_j`` has its low end at ``min_j (diff_ij - q_best * se_ij)``
-  and its high end at ``max(0, min_j (diff_ij + q_best * se_ij))``; they hold for every i at once when the
-  K - 1 one-sided comparisons with the true best hold, so choosing the best and the cheap pick from the same
-  data is covered. ``q_best`` solves Bonferroni over those comparisons (the largest such sum over candidate
-  bests) with each comparison's exact law: the example part as measured and each pool's seed variance from
-  its fiducial law (Student's t where seeds dominate: calibrated for few seeds), integrated by quadrature, so
-  no random numbers enter a decision. Every pair also gets a two-sided simultaneous interval of its own
-  family (``decisions.csv``: what the report reads for tuning gains and frontier neighbours; it decides no
-  pick).
-- **Looks.** The first look has the first seeds; while a budget's question is open, each round adds one
-  seed to the configurations that could still decide it, up to ``max_seeds``: at most
-  ``L = max_seeds - seeds + 1`` looks: half of alpha at the last one, the other half shared by the earlier
-  ones (Bonferroni over looks: a false claim at any look has probability at most alpha in all). A claim,
-  once made, stands.
-- **Futility.** A configuration gets no further seed when, even with ``max_seeds`` seeds on both sides and
-  the current estimates, its comparison with the best could not be decided: the example term alone keeps
-  it open.
-- **The answer per budget.** The *pick* is the cheapest configuration whose interval against the best of
-  the others lies above ``-margin`` (delta): "not worse". Else, where the best's interval lies above 0, the
-  best: "better" (better than every other under the budget). Else, where the best itself is shown not worse
-  than any other by more than the margin, the best: "not worse", and the report says no cheaper one was.
-  Else the best, and "cannot tell", with what would tell (more decision examples or seeds). With it, each
-  contender's P(best) and the pick's expected regret with a 95% upper bound, from the same law.
+One procedure serves the confirmation (which configurations get another seed), the report and ``peftune
+decide``. It reads each configuration's per-example predictions on the decision split, one row per seed,
+fits an example part and a seed part of each estimate's error, and compares every configuration of a budget
+with the best of the others (Hsu's comparisons with the best, Bonferroni over them, each comparison's seed
+variance from its fiducial law, by quadrature). The pick is the cheapest configuration shown not worse than
+the best of the others by more than the margin; a cheaper configuration neither shown within the margin nor
+shown worse by more than it keeps its budget open, and gets seeds in the planned looks while the seeds left
+could answer it. docs/decisions.md says what each word means and how each part is computed.
 """
 
 from __future__ import annotations

@@ -1,21 +1,12 @@
 """Operating characteristics of the decision procedure, measured by simulation through its real code.
 
-A *world* says how a configuration's per-example outcomes arise (the model the last statistics review used
-on this project's own records): example i of a decision split is right for configuration c and seed s with
-probability ``logistic(ease_i + effect_c,i + shift_c,s + noise_c,s,i)``, where ``ease_i`` is shared by all
-configurations (what pairs them), ``effect_c,i`` is the configuration's own take on the example (how often two
-configurations disagree), ``shift_c,s`` a seed's shift and ``noise`` the run's own luck. A configuration's
-true score is its expected accuracy over the population of examples and seeds (computed once on a large
-draw); a *dev* split of other examples, evaluated by the same runs, measures the bias of the reported score.
-
-Each simulation draws a world's data and calls :func:`peftune.decisions.replay` (the loop the confirmation
-runs: its looks, added seeds, futility stops and final answer), with every seed up to ``max_seeds`` present
-so that the loop takes them as the confirmation would have trained them. The rates come with Wilson 95%
-intervals for their Monte-Carlo error.
-
-Two kinds of world: the reference ones (``W1``, ``W2``: the acceptance tests and ``peftune decide
---simulate``), and a :class:`Measured` one, whose components are measured on a sweep's own decision record:
-the report prints the procedure's rates at the sweep's own sizes from it (``own_characteristics``).
+A *world* says how a configuration's per-example outcomes arise: example i is right for configuration c and
+seed s with probability ``logistic(ease_i + effect_c,i + shift_c,s + noise_c,s,i)`` (``ease`` shared, which
+pairs the configurations; ``effect`` a configuration's own take; ``shift`` a seed's; ``noise`` the run's). Each
+simulation draws a world's data and calls :func:`peftune.decisions.replay` (the confirmation's loop: its looks,
+added seeds, futility stops and answer) with every seed up to ``max_seeds`` present. Rates come with Wilson
+95% intervals. The reference worlds (``W1``, ``W2``) serve the tests and ``peftune decide --simulate``; a
+:class:`Measured` world takes its components from a sweep's own record (the report's own rates).
 """
 
 from __future__ import annotations
