@@ -159,7 +159,7 @@ def test_a_pack_whose_runner_cannot_get_its_cpus_starts_without_them(local_ray, 
     (before, the SST job's search stood still: 5 runners pending, 6 members holding both CPUs)."""
     import time
 
-    from peftune import pack, train, worker
+    from peftune import pack, shared_data, train
 
     @ray.remote(num_cpus=2)
     class Holder:
@@ -169,7 +169,7 @@ def test_a_pack_whose_runner_cannot_get_its_cpus_starts_without_them(local_ray, 
     holder = Holder.remote()
     ray.get(holder.ready.remote())
     try:
-        settings = packing.start_hub(worker.SharedData(ray.put(tiny_prepared)), 1, 3, 1.0, 1.0)
+        settings = packing.start_hub(shared_data.SharedData(ray.put(tiny_prepared)), 1, 3, 1.0, 1.0)
         hub = ray.get_actor(settings.hub)
         config = train.TrainConfig(method="bitfit", tasks=["sst"], epochs=1, batch_size=8, device="cpu", log_every=0)
         place = (ray.get_runtime_context().get_node_id(), ())

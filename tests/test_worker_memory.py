@@ -25,7 +25,7 @@ def test_a_reused_worker_keeps_its_memory_across_trials(tmp_path):
     import ray
     from ray import tune
 
-    from peftune import spaces, sweep, train, worker
+    from peftune import shared_data, spaces, sweep, train, worker
 
     log = tmp_path / "rss.jsonl"
 
@@ -41,7 +41,7 @@ def test_a_reused_worker_keeps_its_memory_across_trials(tmp_path):
         )
         definition = spaces.load_sweep(spaces.resolve_sweep_path("sst_tuning"), budget="smoke").with_overrides(epochs=1)
         settings = sweep.trial_settings(definition)
-        shared = worker.SharedData(ray.put(prepared))
+        shared = shared_data.SharedData(ray.put(prepared))
         runnable = tune.with_resources(tune.with_parameters(measured, prepared=shared, settings=settings), {"cpu": 1})
         space = {"method": "full", "full": {"lr": 1e-4, "dropout": 0.1, "weight_decay": 0.0}}
         tune.Tuner(

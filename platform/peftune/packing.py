@@ -31,6 +31,7 @@ from ray import tune
 from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
 from peftune import pack, record
+from peftune.shared_data import release_freed_memory, worker_prepared
 from peftune.train import TrainConfig, TrainingDiverged
 
 log = logging.getLogger("peftune.packing")
@@ -81,8 +82,8 @@ _HUBS: dict[str, Any] = {}
 
 
 def start_hub(prepared, threads: int, size: int, wait_s: float, cpus_per_trial: float) -> PackSettings:
-    """The sweep's pack hub (``prepared``: the ``worker.SharedData`` its runners train on), started and owned by the
-    driver (it ends with the driver at the latest). Returns the settings every trial gets."""
+    """The sweep's pack hub (``prepared``: the ``shared_data.SharedData`` its runners train on), started and owned by
+    the driver (it ends with the driver at the latest). Returns the settings every trial gets."""
     name = f"peftune-packs-{uuid.uuid4().hex[:12]}"
     options = {"name": name, "num_cpus": 0, "max_concurrency": 1000}
     _HUBS[name] = PackHub.options(**options).remote(prepared, threads, size, wait_s, cpus_per_trial)
@@ -267,8 +268,6 @@ class PackRunner:
             channel.decision.put(go_on)
 
     def _train(self, configs: list[TrainConfig], channels: list[_Channel], release) -> None:
-        from peftune.worker import release_freed_memory, worker_prepared
-
         torch.set_num_threads(self.threads)
         try:
             prepared = worker_prepared(self.prepared)

@@ -46,6 +46,7 @@ from peftune.record import (
     UNFINISHED,
 )
 from peftune.resume import CheckpointPruner, GoodState, RunCallbacks, checkpoint_exists, installed, repair_state
+from peftune.shared_data import SharedData
 from peftune.spaces import SweepDefinition, prepare_data
 from peftune.stopping import note_sigterm, stopped
 from peftune.tasks import get_task
@@ -382,7 +383,7 @@ def _confirm_runnable(definition: SweepDefinition, data_dir, settings: worker.Tr
 def _runnable(definition: SweepDefinition, prepared, settings: worker.TrialSettings, packs: bool = True):
     """Tune's trainable: the data put once in the object store (each worker fetches it once, not per trial), and
     with ``resources.pack_size`` > 1 the hub where search trials of packable methods form packs."""
-    shared = worker.SharedData(ray.put(prepared))
+    shared = SharedData(ray.put(prepared))
     resources = definition.resources
     if packs and resources.pack_size > 1:
         hub = packing.start_hub(shared, settings.threads or 1, resources.pack_size, resources.pack_wait_s,

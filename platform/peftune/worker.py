@@ -3,15 +3,13 @@
 ``trainable`` is the function Tune runs: it turns the trial's config (the searcher's sample, or a
 confirmation's fixed configuration and seed) into a ``TrainConfig`` through :class:`TrialSettings`,
 trains it with ``peftune.train.run_trial`` and reports every epoch with a checkpoint. The sweep's data
-reaches it through Ray's object store (:class:`SharedData`), fetched once per worker process, and a
-worker gives back what a finished trial freed (:func:`release_freed_memory`) before the next one.
+reaches it through Ray's object store (``peftune.shared_data``), fetched once per worker process, and a
+worker gives back what a finished trial freed before the next one.
 """
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
-import gc
 import logging
 import math
 import tempfile
@@ -26,6 +24,7 @@ from ray import tune
 
 from peftune import console, record
 from peftune.packing import PackSettings, packed_trial
+from peftune.shared_data import release_freed_memory, worker_prepared
 from peftune.train import TrainConfig, TrainingDiverged, run_trial, select_device
 from peftune.trial_spec import DataSettings, TrialSpec
 
@@ -97,41 +96,10 @@ class TrialSettings:
         return TrialSpec(self.train_config(method, sampled), self.data or DataSettings(None), self.threads)
 
 
-@dataclass(frozen=True)
-class SharedData:
-    """The sweep's ``PreparedData`` in Ray's object store, passed to trials by reference.
-
-    Wrapped, because Tune resolves a bare object ref among a trainable's parameters for every trial.
-    """
-
-    ref: Any  # ray.ObjectRef
-
-
-# this worker process's copy of the sweep's prepared data: {object ref hex: PreparedData}, one entry
-_PREPARED: dict[str, Any] = {}
-
-
-def worker_prepared(prepared):
-    """The prepared data behind ``prepared`` (a SharedData), fetched from the object store once per process.
-
-    Tune hands a reused worker its parameters again for every trial; fetched per trial, the weights
-    and data (~100 MB for the embedded model on SST) were copied and deserialized again each time.
-    A worker keeps one copy, of the sweep it runs now. (The worker memory growth that ended the
-    README's cpu sweep had another cause: see :func:`release_freed_memory`.)
-    """
-    if not isinstance(prepared, SharedData):
-        return prepared
-    key = prepared.ref.hex()
-    if key not in _PREPARED:
-        _PREPARED.clear()
-        _PREPARED[key] = ray.get(prepared.ref)
-    return _PREPARED[key]
-
-
 def trainable(config: dict, prepared, settings: TrialSettings) -> None:
     """One Tune trial: train the sampled configuration, report + checkpoint after every epoch.
 
-    ``prepared``: the sweep's ``PreparedData``, or a ``SharedData`` reference to it (see :func:`worker_prepared`).
+    ``prepared``: the sweep's ``PreparedData``, or a ``shared_data.SharedData`` reference to it.
     """
     console.quiet_trial_logs()
     settings = settings.for_trial(config)
@@ -189,21 +157,6 @@ def check_granted_gpu(granted: dict[str, float], device: str) -> None:
         log.warning("%s: it trains on the CPU", line)
         return
     select_device(device)  # "cuda": the one-line UserError naming the device
-
-
-def release_freed_memory() -> None:
-    """Give the heap's free pages back to the OS (glibc's ``malloc_trim``; a no-op elsewhere).
-
-    Tune runs each trial of a reused worker in a new thread, and glibc gives threads their own malloc
-    arenas: what a finished trial freed stayed in its arena, unused by the next trial's thread. On the
-    README's cpu sweep the two workers grew to 8.1 and 10.6 GB by the 32nd trial and Ray's OOM killer
-    ended the sweep; trimmed after each trial, a worker stayed at ~0.7 GB over 12 trials.
-    """
-    gc.collect()  # a trial's model in a reference cycle (an epoch's clock, a traceback's frames) is freed only here
-    try:
-        ctypes.CDLL("libc.so.6").malloc_trim(0)
-    except (OSError, AttributeError):  # not glibc (macOS, musl): its allocator returns memory its own way
-        pass
 
 
 def diverged_result(reason: str) -> dict[str, Any]:
