@@ -450,6 +450,39 @@ def fairness_display(table: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
+def order_held(configs: pd.DataFrame, recommendation: pd.DataFrame) -> pd.DataFrame:
+    """Per budget, how far the search's order held at the confirmation's budget: Spearman's rank correlation of
+    the configurations' search scores (selection split, the search's fidelity) with their confirmed dev means
+    (the confirmation's train rows and seeds), and the configurations the search ranked below the pick whose
+    confirmed mean is above it. Empty without confirmation runs."""
+    columns = ["budget_pct", "contenders", "rank_correlation", "moved_past_pick"]
+    if not len(configs) or configs["source"].iloc[0] != "confirmed" or not len(recommendation):
+        return pd.DataFrame(columns=columns)
+    rows = []
+    for r in recommendation.to_dict("records"):
+        under = configs[configs[pareto.COST_PCT] <= r["budget_pct"]].dropna(subset=["search_score", "score_mean"])
+        rho = under["search_score"].rank().corr(under["score_mean"].rank()) if len(under) >= 3 else math.nan
+        pick = under[under["label"] == r["label"]]
+        moved = ""
+        if len(pick):
+            p = pick.iloc[0]
+            past = under[(under["search_score"] < p["search_score"]) & (under["score_mean"] > p["score_mean"])]
+            moved = ", ".join(past["label"])
+        rows.append({"budget_pct": r["budget_pct"], "contenders": len(under), "rank_correlation": rho,
+                     "moved_past_pick": moved})  # fmt: skip
+    return pd.DataFrame(rows, columns=columns)
+
+
+def order_held_display(table: pd.DataFrame) -> pd.DataFrame:
+    rho = ["–" if pd.isna(v) else f"{v:+.2f}" for v in table["rank_correlation"]]
+    return pd.DataFrame({
+        "Budget": [f"≤ {b:g}%" for b in table["budget_pct"]],
+        "Confirmed configurations": table["contenders"],
+        "Rank correlation, search vs confirmed": rho,
+        "Ranked below the pick by the search, above it confirmed": table["moved_past_pick"].replace("", "none"),
+    })  # fmt: skip
+
+
 def configurations_display(front: pd.DataFrame, configs: pd.DataFrame, task_metrics: Sequence[str]) -> pd.DataFrame:
     """Every configuration, best first: mean ± std, 95% interval, seeds, frontier and within-noise marks."""
     if not len(configs):

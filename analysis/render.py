@@ -258,6 +258,10 @@ def answer_notes(report: Report) -> dict[str, str]:
             if len(report.own_rates)
             else f"Not simulated: {report.own_world}."
         ),
+        "order_held": "The search ranks configurations on its own cheap fidelity (the budget's rows, ASHA's "
+        "rungs); the confirmation re-trains them at the full budget. Per budget: the rank correlation of the two "
+        "orders among the confirmed configurations under it, and any the search ranked below the pick that the "
+        "confirmation puts above it. A per-method tuning gain read off the search stays at the search's fidelity.",
         "by_budget": "Each method's best confirmed configuration under the budget, against the budget's best "
         "(worse: the interval lies below 0).",
         "expected_max": "Per method, the expected best selection score of its first n search trials (trial 1: "
@@ -321,6 +325,9 @@ def answer_lines(report: Report) -> list[str]:
         lines += [to_markdown(confirmed.recommendation_display(report.recommendation)), notes["noise"], ""]
         lines += ["### Every method under each budget", "", notes["by_budget"], ""]
         lines += [to_markdown(confirmed.budget_table_display(report.by_budget)), ""]
+        if len(report.order_held):
+            lines += ["### How far the search's order held", "", notes["order_held"], ""]
+            lines += [to_markdown(confirmed.order_held_display(report.order_held)), ""]
         lines += ["### How often this procedure errs at this sweep's sizes", "", notes["own_rates"], ""]
         if len(report.own_rates):
             lines += [to_markdown(own_rates_display(report.own_rates)), ""]

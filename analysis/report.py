@@ -55,6 +55,7 @@ class Report:
     fairness: pd.DataFrame = field(default_factory=pd.DataFrame)
     decisions: confirmed.Decided = field(default_factory=lambda: confirmed.Decided(pd.DataFrame()))  # decisions.csv
     by_budget: pd.DataFrame = field(default_factory=pd.DataFrame)  # every method's best under each budget
+    order_held: pd.DataFrame = field(default_factory=pd.DataFrame)  # how far the search's order held, per budget
     expected_max: pd.DataFrame = field(default_factory=pd.DataFrame)  # per method: E[best] after n trials
     slots: pd.DataFrame = field(default_factory=pd.DataFrame)  # per phase: where the slots' time went
     own_world: str = ""  # the measured components the own rates were simulated from (or why none)
@@ -94,6 +95,7 @@ def build_report(sweep: SweepRuns, *, reference: bool = True) -> Report:
     configs = confirmed.configurations(sweep)
     decided = decide(sweep, configs)
     own_world, own_rates = confirmed.own_rates(decided)
+    recommendation = confirmed.recommendations(configs, decided)
     return Report(
         sweep=sweep,
         trials=trials,
@@ -104,7 +106,8 @@ def build_report(sweep: SweepRuns, *, reference: bool = True) -> Report:
         reference=load_reference() if reference else None,
         configs=configs,
         confirmed_front=confirmed.seed_mean_frontier(configs, decided),
-        recommendation=confirmed.recommendations(configs, decided),
+        recommendation=recommendation,
+        order_held=confirmed.order_held(configs, recommendation),
         fairness=confirmed.fairness(sweep, configs, decided),
         decisions=decided,
         by_budget=confirmed.budget_table(configs, decided),

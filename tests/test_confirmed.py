@@ -298,3 +298,21 @@ def test_predictions_are_downloaded_once_per_run_however_often_the_confirmation_
     assert first.downloads == 2 * completed > 0  # the decision split's and dev's
     pd.testing.assert_frame_equal(runs.load_predictions(sweep, client=again), frame)
     assert again.downloads == 0
+
+
+def test_the_report_says_how_far_the_searchs_order_held(built):
+    """Per budget: the rank correlation of search scores with confirmed means, and who moved past the pick."""
+    held = built.order_held.set_index("budget_pct")
+    assert list(held.index) == list(built.recommendation["budget_pct"])
+    configs = built.configs
+    for budget, row in held.iterrows():
+        under = configs[configs["trainable_params_per_task_pct"] <= budget]
+        assert row["contenders"] == len(under)
+        if len(under) >= 3:
+            expected = under["search_score"].rank().corr(under["score_mean"].rank())
+            assert row["rank_correlation"] == pytest.approx(expected)
+        pick = built.recommendation.set_index("budget_pct").loc[budget, "label"]
+        p = under[under["label"] == pick].iloc[0]
+        past = under[(under["search_score"] < p["search_score"]) & (under["score_mean"] > p["score_mean"])]
+        assert row["moved_past_pick"] == ", ".join(past["label"])
+    assert "### How far the search's order held" in render.markdown_report(built)
