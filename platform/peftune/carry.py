@@ -16,6 +16,7 @@ function of the searched trials alone (carried trials never propose), so a resum
 from __future__ import annotations
 
 import functools
+import json
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -71,13 +72,13 @@ def trainable_pct_of(model: str, tasks: Sequence[str]) -> Callable[[str, Mapping
     specs = parse_tasks(list(tasks))
 
     @functools.cache
-    def pct(method: str, frozen_options: tuple) -> float:
-        method_config = methods.make_method_config(method, dict(frozen_options))
+    def pct(method: str, key: str) -> float:
+        method_config = methods.make_method_config(method, json.loads(key))
         with torch.device("meta"):  # shapes only: no memory, no initialisation
             counts = count_parameters(MultitaskModel(BertModel(config), specs, method, method_config))
         return counts.percent(counts.trainable_per_task)
 
-    return lambda method, options: pct(method, tuple(sorted(options.items())))
+    return lambda method, options: pct(method, json.dumps(options, sort_keys=True))  # options hold lists
 
 
 def carried(definition: SweepDefinition, runs: Sequence, pct: Callable[[str, Mapping], float],
