@@ -88,6 +88,7 @@ def configurations(sweep) -> pd.DataFrame:
             "label": first["label"],
             "size": first["size"],
             "default": bool(tagged["default"].any()) if "default" in tagged else False,
+            "carried": bool(same["carried_from"].fillna("").astype(bool).any()) if "carried_from" in same else False,
             "source": source,
             "seeds": len(group),
             "seeds_added": int((group["seed_reason"].fillna("") != "").sum()) if "seed_reason" in group else 0,
@@ -203,6 +204,8 @@ def recommendations(
         row |= {"trainable_pct": math.nan, "best": None, "best_mean": math.nan, "decision": "none fits"}
         row |= {"diff": math.nan, "ci_low": math.nan, "ci_high": math.nan, "level": math.nan, "p_best": math.nan}
         row |= {"regret": math.nan, "regret_high": math.nan, "needs": "", "look": 0, "dev_source": ""}
+        plan = decided.outcome.plan if decided is not None and decided.outcome is not None else None
+        row["margin"] = plan.margin if plan is not None else math.nan  # the words' delta
         a = decided.answer(budget) if decided is not None else None
         under = configs[configs[pareto.COST_PCT] <= budget] if len(configs) else configs
         if (a is None or a.pick is None) and len(under):  # nothing to decide on: the best dev mean, said as undecided
@@ -241,7 +244,11 @@ def budget_table(
         best_key = a.best if a is not None and a.best else under.iloc[0]["config_key"]
         found = decided.pairs(budget_label(budget)) if decided is not None else {}
         for _, r in under.drop_duplicates("method").iterrows():
-            row = {"budget_pct": budget, "method": r["method"], "label": r["label"], "mean": r["score_mean"]}
+            # a default is the method's untuned setting: said so, so that no reader takes it for the method tuned
+            mark = " (untuned default)" if r.get("default") else " (tuned setting carried to this size)" if r.get(
+                "carried") else ""  # fmt: skip
+            label = r["label"] + mark
+            row = {"budget_pct": budget, "method": r["method"], "label": label, "mean": r["score_mean"]}
             row |= {"std": r["score_std"], "seeds": int(r["seeds"]), "trainable_pct": r[pareto.COST_PCT]}
             hit = found.get(tuple(sorted((best_key, r["config_key"]))))
             diff, low, high, word = _from_side(hit, r["config_key"]) if hit else (math.nan,) * 3 + ("",)
@@ -388,17 +395,21 @@ def recommendation_display(table: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for r in table.itertuples(index=False):
         same = _text(r.best) == _text(r.label)
-        level = "" if pd.isna(r.level) else f" [{r.level:.2%}]"
+        level = "" if pd.isna(r.level) else f" at {r.level:.2%}"
+        margin = getattr(r, "margin", math.nan)
+        word = r.decision if pd.isna(margin) or r.decision in ("only one fits", "none fits") else (
+            f"{r.decision} (δ = {margin:g})")  # fmt: skip
         rows.append(
             {
                 "Budget (trainable/task)": f"≤ {r.budget_pct:g}%",
                 "Pick": _text(r.label) or "none fits",
-                "Decision (decision split)": r.decision,
+                "Decision (decision split)": word,
                 "Trainable/task (%)": _pct(r.trainable_pct),
                 "Dev score (mean ± std, reported only)": mean_std(r.mean, r.std),
                 "Seeds (dev score's)": f"{r.seeds} ({r.dev_source})" if r.seeds else "",
                 "Best under the budget": "the pick" if same else f"{_text(r.best)}, {r.best_mean:.3f}",
-                "Pick - best of the others" + level: interval_text(r.diff, r.ci_low, r.ci_high),
+                "Pick - best of the others [simultaneous interval]": interval_text(r.diff, r.ci_low, r.ci_high)
+                + level,
                 "P(best)": "" if pd.isna(r.p_best) else f"{r.p_best:.2f}",
                 "Expected regret (95% bound)": "" if pd.isna(r.regret) else f"{r.regret:.3f} ({r.regret_high:.3f})",
                 "What would decide it": _text(r.needs),

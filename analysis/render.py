@@ -212,6 +212,17 @@ def _skipped_rows_line(params: dict) -> list[str]:
     ]
 
 
+def _train_rows(report: Report) -> str:
+    """`` (N per task)``: what the confirmation runs trained on, from their recorded data settings; "" unknown."""
+    runs = report.sweep.confirmations
+    column = "data.max_train_examples"
+    if runs is None or not len(runs) or column not in runs:
+        return ""
+    values = sorted({str(v) for v in runs[column].dropna()})
+    words = ["every row not held out" if v == "None" else f"{v} per task" for v in values]
+    return f" ({', '.join(words)})" if words else ""
+
+
 def answer_notes(report: Report) -> dict[str, str]:
     """The sentences that say where the numbers of the answer come from (Markdown and HTML alike)."""
     configs = report.configs
@@ -223,9 +234,10 @@ def answer_notes(report: Report) -> dict[str, str]:
         legacy = "dev (runs written before the selection split existed: dev selected too)"
         split = "dev" if (configs["split"] == "dev").all() else legacy
         source = (
-            f"Seed means on {split} of the confirmation runs: the best configurations of every method re-trained "
-            f"with {'/'.join(map(str, seeds))} new seed(s) each at the full budget, each run at the epoch the "
-            f"selection split chose. The search selected on the selection split, never on dev."
+            f"Seed means on {split} of the confirmation runs: each budget's contenders (its best configurations by "
+            f"search score) and the anchors, re-trained with {'/'.join(map(str, seeds))} new seed(s) each on the "
+            f"confirmation's train rows{_train_rows(report)}, each run at the epoch the selection split chose. The "
+            f"search selected on the selection split, never on dev; the margin δ is {margin}."
         )
     else:
         source = (

@@ -25,6 +25,7 @@ from peftune.record import (  # the record's names, shared with the writer (no R
     BACKBONE,
     BEST_EPOCH,
     BEST_SCORE,
+    CARRIED_FROM,
     CHECKPOINT_TAG,
     COMPLETED,
     CONFIRM,
@@ -296,6 +297,8 @@ def trial_row(run, task_metrics: Sequence[str], history: dict[str, dict[int, flo
         "default": tags.get(DEFAULT) == "true",
         "config_key": run_config_key(run),
         "seed_reason": tags.get(SEED_REASON, ""),
+        "carried_from": tags.get(CARRIED_FROM, ""),  # a carried search trial (peftune.carry)
+        "data.max_train_examples": run.data.params.get("data.max_train_examples"),  # the train rows it trained on
     }
     if BEST_SCORE in metrics:
         row[BEST_EPOCH] = _int_or_none(metrics.get(BEST_EPOCH))
@@ -378,6 +381,8 @@ def _column_order(rows: list[dict], task_metrics: Sequence[str]) -> list[str]:
         "default",
         "config_key",
         "seed_reason",
+        "carried_from",
+        "data.max_train_examples",
         BEST_EPOCH,
         SCORE,
         *task_metrics,

@@ -177,7 +177,7 @@ def test_the_pick_is_the_cheapest_configuration_not_worse_than_the_best(built):
     assert rec.loc[0.1, "label"] == "lora r=1" and rec.loc[0.1, "best"] == "lora r=1"
     assert rec.loc[0.1, "decision"] == "better" and 0 < rec.loc[0.1, "p_best"] <= 1
     text = render.markdown_report(built)
-    assert "| ≤ 1% | lora r=1 | not worse |" in text
+    assert "| ≤ 1% | lora r=1 | not worse (δ = 0.05) |" in text  # every word carries its margin
 
 
 def test_every_method_tried_under_a_budget_is_in_its_rows(built):

@@ -41,6 +41,7 @@ from peftune.record import (
     STATUS,
     config_key,
     run_config_key,
+    run_phase,
     trial_name,
 )
 from peftune.resume import CheckpointPruner
@@ -122,7 +123,7 @@ def run_carried(definition: SweepDefinition, runnable, trial_logger, client, sto
     """Train the carried trials not yet finished in the record (a partial run of one is replaced); return how many
     trained. They are search trials: the trial logger records them, the confirmation reads them as candidates."""
     runs = trial_logger.runs()
-    searched = [r for r in runs if r.data.tags.get("peftune.phase", SEARCH) == SEARCH]
+    searched = [r for r in runs if run_phase(r.data.tags) == SEARCH]
     wanted = carried(definition, [r for r in searched if not r.data.tags.get(CARRIED_FROM)],
                      trainable_pct_of(definition.model, definition.tasks))  # fmt: skip
     ended = (COMPLETED, EARLY_STOPPED, FAILED)
