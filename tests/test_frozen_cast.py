@@ -38,9 +38,9 @@ def bf16_config(case: str) -> train.TrainConfig:
 
 
 def steps(config, prepared) -> dict:
-    trial = train._Trial(config, prepared, None)
-    torch.manual_seed(train._epoch_seed(config, 0))
-    plan = train._epoch_plan(config, trial.tasks, prepared.pad_token_id, 0)
+    trial = train.Trial(config, prepared, None)
+    torch.manual_seed(train.epoch_seed(config, 0))
+    plan = train.epoch_plan(config, trial.tasks, prepared.pad_token_id, 0)
     losses = [trial.step(batch) for batch in plan[:STEPS]]
     dev = train.evaluate_splits(trial.model, trial.tasks, config, trial.device, trial.precision, False)
     return {"losses": losses, "params": trial.model.trainable_state_dict(), "dev": dev, "model": trial.model}

@@ -2,7 +2,7 @@
 
 For each packable method, K = 3 members with different learning rates, dropouts, weight decays and sizes train as
 one pack on a tiny BERT; each member's per-step losses, its gradients at a step, its final trainable parameters and
-its dev score are compared with its solo run (``train._Trial`` / ``train.run_trial`` on the same config): bitwise in
+its dev score are compared with its solo run (``train.Trial`` / ``train.run_trial`` on the same config): bitwise in
 fp32 (``torch.equal``) and in bf16 autocast (bitwise as well, where a tolerance was allowed), with a member stopped
 mid-epoch, a diverging member, and over two epochs.
 """
@@ -62,10 +62,10 @@ def _grad(parameter):  # None: the batch's task does not reach it (another task'
 
 
 def solo_epoch(config, prepared, steps: int | None = None) -> dict:
-    """Its solo run's first epoch (or its first ``steps``) step by step, as _Trial.train_epoch runs it."""
-    trial = train._Trial(config, prepared, None)
-    torch.manual_seed(train._epoch_seed(config, 0))
-    plan = train._epoch_plan(config, trial.tasks, prepared.pad_token_id, 0)
+    """Its solo run's first epoch (or its first ``steps``) step by step, as Trial.train_epoch runs it."""
+    trial = train.Trial(config, prepared, None)
+    torch.manual_seed(train.epoch_seed(config, 0))
+    plan = train.epoch_plan(config, trial.tasks, prepared.pad_token_id, 0)
     losses, grads = [], None
     for step, batch in enumerate(plan[:steps]):
         losses.append(trial.step(batch))

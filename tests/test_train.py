@@ -233,10 +233,10 @@ def test_a_finished_trial_s_model_is_freed_without_the_cycle_collector(tiny_prep
     import weakref
 
     config = train.TrainConfig(method="lora", tasks=["sst"], epochs=2, batch_size=16, log_every=0)
-    train._Trial(config, tiny_prepared, report=None)  # the first build's lazy imports (torch._dynamo) keep its frames
+    train.Trial(config, tiny_prepared, report=None)  # the first build's lazy imports (torch._dynamo) keep its frames
     gc.disable()
     try:
-        trial = train._Trial(config, tiny_prepared, report=None)
+        trial = train.Trial(config, tiny_prepared, report=None)
         for epoch in range(config.epochs):
             trial.train_epoch(epoch)
         model, optimizer = weakref.ref(trial.model), weakref.ref(trial.optimizer)

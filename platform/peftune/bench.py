@@ -76,7 +76,7 @@ def synchronize(device: torch.device) -> None:
 def reset_peak_memory(device: torch.device) -> None:
     if device.type == "cuda":
         # the bench's bare epochs never call finish_epoch, so each trial keeps its epoch clock, a cycle through the
-        # trial (and a process's first _Trial is kept by torch's lazy imports): only the cycle collector frees them.
+        # trial (and a process's first Trial is kept by torch's lazy imports): only the cycle collector frees them.
         # Uncollected, the last run's tensors counted in the next one's peak (solo MiB 361-942 on one H200 run)
         gc.collect()
         torch.cuda.empty_cache()
@@ -112,7 +112,7 @@ def core_epoch(prepared: train.PreparedData, method: str, precision: str, batch_
                device: torch.device) -> Result:  # fmt: skip
     config = core_config(method, batch_size, seed, precision, device)
     # the plan run_trial trains on (same seed, same epoch): which examples and how many steps
-    plan = train._epoch_plan(config, {"sst": prepared.tasks["sst"]}, prepared.pad_token_id, epoch=0)
+    plan = train.epoch_plan(config, {"sst": prepared.tasks["sst"]}, prepared.pad_token_id, epoch=0)
     metrics = train.run_trial(config, prepared).history[-1]
     tokens = sum(int(b.attention_mask.sum()) for b in plan)
     return Result(metrics["epoch_time_s"], tokens, len(plan), [i for b in plan for i in b.indices.tolist()])
@@ -292,7 +292,7 @@ def compile_comparison(
     """The core's training step eager and under ``torch.compile`` (dynamic shapes: the length buckets share
     graphs), one epoch of the same batches each, alternating; the compiled model's first epoch compiles."""
     config = core_config(method, batch_size, 0, precision, device)
-    batches = train._epoch_plan(config, {"sst": prepared.tasks["sst"]}, prepared.pad_token_id, epoch=0)
+    batches = train.epoch_plan(config, {"sst": prepared.tasks["sst"]}, prepared.pad_token_id, epoch=0)
 
     def epoch(trial) -> float:
         started = time.perf_counter()
@@ -301,7 +301,7 @@ def compile_comparison(
         synchronize(device)
         return time.perf_counter() - started
 
-    eager, compiled = train._Trial(config, prepared, None), train._Trial(config, prepared, None)
+    eager, compiled = train.Trial(config, prepared, None), train.Trial(config, prepared, None)
     compiled.model = torch.compile(compiled.model, dynamic=True, backend=backend)
     eager_s, compiled_s, first = [epoch(eager)], [], epoch(compiled)
     for _ in range(repeats):
@@ -531,13 +531,13 @@ def packed_epoch(prepared, configs, device: torch.device) -> Result:
 
 
 def solo_epochs(prepared, configs, device: torch.device) -> Result:
-    """One epoch of each of the K members, one after another, as ``run_trial`` steps (``_Trial.step``)."""
+    """One epoch of each of the K members, one after another, as ``run_trial`` steps (``Trial.step``)."""
     seconds, tokens, steps, peak = 0.0, 0, 0, None
     for config in configs:
         reset_peak_memory(device)
-        trial = train._Trial(config, prepared, None)
-        torch.manual_seed(train._epoch_seed(config, 0))
-        plan = train._epoch_plan(config, trial.tasks, prepared.pad_token_id, 0)
+        trial = train.Trial(config, prepared, None)
+        torch.manual_seed(train.epoch_seed(config, 0))
+        plan = train.epoch_plan(config, trial.tasks, prepared.pad_token_id, 0)
         synchronize(device)
         started = time.perf_counter()
         for batch in plan:
@@ -612,7 +612,7 @@ def print_pack_profile(prepared, method: str, k: int, batch_size: int, device: t
     configs = pack_member_configs(method, k, batch_size, auto_precision(device), device)
     packed = pack.Pack(configs, prepared)
     batch = packed.begin_epoch(0)[0]
-    trials = [train._Trial(config, prepared, None) for config in configs]
+    trials = [train.Trial(config, prepared, None) for config in configs]
     steps = {"packed": lambda: packed.step(batch), "solo x K": lambda: [trial.step(batch) for trial in trials]}
     best: dict[str, dict[str, float]] = {}
     for _ in range(2):  # warm-up: the kernels of these shapes

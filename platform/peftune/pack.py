@@ -2,7 +2,7 @@
 
 A pack runs K ``TrainConfig`` of one method (its *members*) in one process: each step concatenates the members'
 copies of the batch (K * B rows), so every frozen matmul, attention and LayerNorm runs once for all of them, while
-what a member trains runs per member on its own rows. Each member IS its solo run's state (a ``train._Trial``),
+what a member trains runs per member on its own rows. Each member IS its solo run's state (a ``train.Trial``),
 built and driven by the solo run's own pieces, with its own dropout generator: it reports and checkpoints what its
 solo run would, to the bit at the tested sizes (tests/test_pack.py) and within rounding where a shared kernel
 computes a row differently for more rows. A member may stop mid-pack; the others are unchanged by it.
@@ -35,17 +35,17 @@ from peftune.train import (
     PreparedData,
     TrainConfig,
     TrainingDiverged,
-    _epoch_plan,
-    _epoch_seed,
-    _to_device,
-    _Trial,
+    Trial,
     autocast_for,
+    epoch_plan,
+    epoch_seed,
     resolve_precision,
     select_device,
+    to_device,
 )
 
 PACKABLE = ("lora", "bitfit", "adapter")
-# what every member must share: the batches (tasks, sampling, seed, epochs -> the same `_epoch_plan`), and what a
+# what every member must share: the batches (tasks, sampling, seed, epochs -> the same `epoch_plan`), and what a
 # step computes them in; everything else (lr, head_lr, dropout, weight decay, warmup, clip, sizes) is per member
 SHARED_FIELDS = ("method", "tasks", "batch_size", "sampling", "temperature", "epochs", "seed", "pooling", "device",
                  "precision", "eval_splits", "report_fractions")  # fmt: skip
@@ -98,11 +98,11 @@ def check_packable(configs: list[TrainConfig]) -> None:
 
 @dataclass
 class Member:
-    """One member: its solo run's state (``train._Trial``: model, optimizer, schedule, guard, history, counters,
+    """One member: its solo run's state (``train.Trial``: model, optimizer, schedule, guard, history, counters,
     reports and checkpoints) and its dropout stream, the global RNG of its solo run."""
 
     index: int
-    trial: _Trial
+    trial: Trial
     generator: torch.Generator
     stopped: str | None = None  # why it stopped before its last epoch (a scheduler's stop, a divergence)
     divergence: str | None = None  # its divergence guard's reason, where that stopped it
@@ -156,7 +156,7 @@ class Pack:
         reports = reports or [None] * len(configs)
         self.members = [
             # each built as its solo run builds its model, draw for draw, over the pack's frozen tensors
-            Member(i, _Trial(config, prepared, report, shared=self.frozen), torch.Generator(self.device))
+            Member(i, Trial(config, prepared, report, shared=self.frozen), torch.Generator(self.device))
             for i, (config, report) in enumerate(zip(configs, reports, strict=True))
         ]
         self.active = list(self.members)  # the members still training, in the order of their rows
@@ -174,14 +174,14 @@ class Pack:
         """Seed each active member's dropout stream as its solo run seeds the global RNG and start its epoch, on the
         pack's clock (the pack's training time: every member's steps run in it, no member's evaluations); the
         epoch's batches."""
-        plan = _epoch_plan(self.config, self.tasks, self.prepared.pad_token_id, epoch)
+        plan = epoch_plan(self.config, self.tasks, self.prepared.pad_token_id, epoch)
         started, evaluated_before = time.perf_counter(), self._evaluated()
 
         def clock() -> float:
             return time.perf_counter() - started - (self._evaluated() - evaluated_before)
 
         for member in self.active:
-            member.generator.manual_seed(_epoch_seed(member.config, epoch))
+            member.generator.manual_seed(epoch_seed(member.config, epoch))
             member.trial.begin_epoch(epoch, len(plan), clock)
         return plan
 
@@ -191,7 +191,7 @@ class Pack:
     def step(self, batch) -> list[torch.Tensor]:
         """One optimizer step of every active member on ``batch``; their losses, detached, in ``self.active`` order."""
         members = self.active
-        batch = _to_device(batch, self.device)
+        batch = to_device(batch, self.device)
         with autocast_for(self.device, self.precision):
             outputs = self.forward(batch.task, batch.input_ids, batch.attention_mask, batch.token_type_ids)
         losses = [

@@ -511,7 +511,7 @@ def run_trial(
     missing = [t for t in config.tasks if t not in prepared.tasks]
     if missing:
         raise UserError(f"tasks {missing} were not prepared; prepared: {sorted(prepared.tasks)}")
-    trial = _Trial(config, prepared, report)
+    trial = Trial(config, prepared, report)
     if resume_from is not None:
         trial.resume(resume_from)
     for epoch in range(trial.start_epoch, config.epochs):
@@ -532,7 +532,7 @@ class _Epoch:
     tokens: int = 0
 
 
-class _Trial:
+class Trial:
     """One run's state: the model, its optimizer and schedule, the history and the fidelity counters.
 
     ``train_epoch`` runs an epoch alone. A pack (``peftune.pack``) runs its members' epochs in lockstep through the
@@ -564,7 +564,7 @@ class _Trial:
         self.counts = count_parameters(self.model)
         self.optimizer = build_optimizer(self.model, config)
         self.tasks = {t: prepared.tasks[t] for t in config.tasks}
-        first_plan = _epoch_plan(config, self.tasks, prepared.pad_token_id, epoch=0)
+        first_plan = epoch_plan(config, self.tasks, prepared.pad_token_id, epoch=0)
         self.examples_per_run = config.epochs * sum(len(batch) for batch in first_plan)
         self.scheduler = linear_schedule(self.optimizer, len(first_plan) * config.epochs, config.warmup_ratio)
         self.trainable = [p for p in self.model.parameters() if p.requires_grad]
@@ -595,8 +595,8 @@ class _Trial:
     def train_epoch(self, epoch: int) -> None:
         """One epoch: its steps (with any rung reports within it), then evaluation and the epoch's report."""
         # dropout draws depend on (seed, epoch) only, so a resumed trial continues exactly
-        torch.manual_seed(_epoch_seed(self.config, epoch))
-        plan = _epoch_plan(self.config, self.tasks, self.prepared.pad_token_id, epoch)
+        torch.manual_seed(epoch_seed(self.config, epoch))
+        plan = epoch_plan(self.config, self.tasks, self.prepared.pad_token_id, epoch)
         self.begin_epoch(epoch, len(plan))
         for step, batch in enumerate(plan):
             self.after_step(step, batch, self.step(batch))
@@ -621,7 +621,7 @@ class _Trial:
 
     def step(self, batch) -> torch.Tensor:
         """One optimizer step on ``batch``; its loss, detached, on the device."""
-        batch = _to_device(batch, self.device)
+        batch = to_device(batch, self.device)
         with autocast_for(self.device, self.precision):
             outputs = self.model(batch.task, batch.input_ids, batch.attention_mask, batch.token_type_ids)
         loss = self.model.tasks[batch.task].loss(outputs.float(), batch.labels)
@@ -801,7 +801,8 @@ class DivergenceGuard:
         return mean
 
 
-def _to_device(batch, device: torch.device):
+def to_device(batch, device: torch.device):
+    """``batch`` on ``device`` (a CPU batch as it is; to CUDA from page-locked memory, asynchronously)."""
     if device.type != "cuda":
         return batch
     # page-locked host memory lets the copy run asynchronously, overlapping the previous step
@@ -826,13 +827,14 @@ def _timed(total: list[float], function):
     return timed
 
 
-def _epoch_seed(config: TrainConfig, epoch: int) -> int:
+def epoch_seed(config: TrainConfig, epoch: int) -> int:
+    """The seed of a run's ``epoch``: its batch order's (:func:`epoch_plan`) and its global RNG's (dropout)."""
     return config.seed * 1_000_003 + epoch
 
 
-def _epoch_plan(config: TrainConfig, tasks: dict[str, TaskData], pad_id: int, epoch: int) -> list:
+def epoch_plan(config: TrainConfig, tasks: dict[str, TaskData], pad_id: int, epoch: int) -> list:
     """The batches of one epoch in training order, the same for the same (seed, epoch)."""
-    generator = torch.Generator().manual_seed(_epoch_seed(config, epoch))
+    generator = torch.Generator().manual_seed(epoch_seed(config, epoch))
     per_task = {
         name: bucketed_batches(data.train, config.batch_size, shuffle=True, generator=generator, pad_id=pad_id)
         for name, data in tasks.items()
