@@ -14,8 +14,8 @@ It runs ``peftune bench --device cuda --pack 2,4,8,16`` (packed against solo tok
 BitFit, and each one's peak MiB per member) and then ``peftune bench --device cuda`` (the core against the Trainer,
 fp32 and bf16, LoRA against peft; the GPU's matmul peaks), with the same examples and rounds. The packed part
 comes first because it is what this script is for; the second runs even where the first fails, and the exit
-status is the worse of the two. All logic lives in the library (``peftune.bench``). What it printed on a GPU,
-and how long it ran there: docs/benchmarks.md, "One GPU (H200)".
+status is the worse of the two. All logic lives in the library (``peftune.benchmarks.throughput``). What it
+printed on a GPU, and how long it ran there: docs/benchmarks.md, "One GPU (H200)".
 """
 
 import argparse

@@ -222,7 +222,7 @@ def test_kind6_sqlite_uri_naming_a_non_sqlite_file_is_refused_untouched(
 
 @pytest.mark.parametrize("flag, value", [("--repeats", "0"), ("--examples", "0"), ("--batch-size", "-4")])
 def test_kind7_bench_numeric_flags_are_checked_before_loading(capsys, tiny_data_dir, no_training, flag, value):
-    from peftune import bench
+    from peftune.benchmarks import throughput as bench
 
     no_training.setattr(bench, "resolve_model_dir", must_not_run("loading the model"))
     code, lines = run(capsys, "bench", "--data-dir", tiny_data_dir, flag, value)
@@ -239,7 +239,7 @@ def test_kind7_bench_numeric_flags_are_checked_before_loading(capsys, tiny_data_
     ],
 )
 def test_kind7_bench_pack_flags_are_checked_before_loading(capsys, tiny_data_dir, no_training, flags, named):
-    from peftune import bench
+    from peftune.benchmarks import throughput as bench
 
     no_training.setattr(bench, "resolve_model_dir", must_not_run("loading the model"))
     code, lines = run(capsys, "bench", "--data-dir", tiny_data_dir, *flags)
@@ -253,7 +253,7 @@ def test_kind7_bench_pack_flags_are_checked_before_loading(capsys, tiny_data_dir
 def test_kind7_bench_device_is_checked_before_loading(capsys, tiny_data_dir, no_training, device, expected):
     import torch
 
-    from peftune import bench
+    from peftune.benchmarks import throughput as bench
 
     if device == "cuda" and torch.cuda.is_available():
         pytest.skip("this machine has CUDA")

@@ -5,7 +5,7 @@ import dataclasses
 import pytest
 import torch
 
-from peftune import bench
+from peftune.benchmarks import throughput as bench
 from peftune.errors import UserError
 
 CPU = torch.device("cpu")

@@ -15,7 +15,7 @@ from conftest import REPO, SHARED_DATA
 def test_the_driver_benchmark_prints_a_row_per_window_and_the_confirmation_reads(tmp_path):
     paths = [str(REPO / "platform"), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])]
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(paths), "HF_HUB_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
-    command = [sys.executable, "-m", "peftune.bench_driver", "--trials", "28", "--window", "14",
+    command = [sys.executable, "-m", "peftune.benchmarks.driver", "--trials", "28", "--window", "14",
                "--record-sizes", "28", "--data-dir", str(SHARED_DATA), "--out", str(tmp_path)]  # fmt: skip
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -37,3 +37,28 @@ def test_the_driver_benchmark_prints_a_row_per_window_and_the_confirmation_reads
     # a round decides on what the driver kept of its trials: no call to the tracking server (issue 31: the first
     # round read every run's histories and predictions, a later one every run again through search_runs)
     assert reads["round_1"]["calls"] == 0, reads["round_1"]
+
+
+def test_the_driver_measures_through_the_sweeps_public_seams():
+    """The benchmark patches nothing of the package: it runs the sweep with ``SweepHooks`` and times the write
+    buffer through ``around_apply`` (issue 47: it swapped in its own ``sweep._runnable`` and ``_trial_logger``)."""
+    from types import SimpleNamespace
+
+    from peftune import sweep, worker
+    from peftune.benchmarks import driver
+    from peftune.tracking_buffer import WriteBuffer
+
+    assert sweep.SweepHooks().trainable is worker.trainable and sweep.SweepHooks().on_trial_logger is None
+    buffer = WriteBuffer(SimpleNamespace(tracking_uri="sqlite:///unused.db"), None)
+    applied = []
+    buffer._apply = applied.append  # the store, stood in for by a list (this test's own buffer)
+    ops = driver.BufferOps()
+    buffer.around_apply = ops.timed
+    try:
+        buffer.put("metrics", trial_id="t1", metrics=[])
+        buffer.put("finish", trial_id="t1", status="completed", error=None, retries=0, best=[])
+        assert buffer.flush(30)
+    finally:
+        buffer.stop()
+    assert [item["op"] for item in applied] == ["metrics", "finish"]
+    assert ops.snapshot()[1] == {"metrics": 1, "finish": 1}

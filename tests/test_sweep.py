@@ -96,13 +96,6 @@ def steps(client, run_id: str, key: str) -> list[int]:
     return sorted(int(m.step) for m in client.get_metric_history(run_id, key))
 
 
-def kept_loggers(monkeypatch) -> list:
-    """The trial loggers the sweeps of the test build, kept to read their state after the sweep."""
-    loggers, build = [], sweep._trial_logger
-    monkeypatch.setattr(sweep, "_trial_logger", lambda *args: loggers.append(build(*args)) or loggers[-1])
-    return loggers
-
-
 def assert_state_is_the_record(logger, uri: str, parent_run_id: str) -> None:
     """The driver's state of the sweep (``TrialLogger.runs``) is what the record holds: the same runs in the same
     order, each with its tags, params, latest metrics, status and start time (but the checkpoint tag, which the
@@ -125,8 +118,9 @@ def test_sweep_records_parent_and_every_trial(local_ray, workdir, tracking_uri, 
     # seed 7 proposes top_k(k=1), frozen, top_k(k=8), frozen, frozen, frozen: all random (n_startup_trials
     # 10 > 6 trials), so the order does not depend on scores; one trial at a time makes ASHA's decisions certain
     spec = definition(workdir / "defs", "record", trials_per_method=3, concurrency=1, seed=7)
-    loggers = kept_loggers(monkeypatch)
-    result = sweep.run_sweep(spec, tiny_data_dir, tracking_uri, storage_path=workdir / "ray_results")
+    loggers = []  # the sweep's trial logger, kept to read its state after the sweep
+    hooks = sweep.SweepHooks(on_trial_logger=loggers.append)
+    result = sweep.run_sweep(spec, tiny_data_dir, tracking_uri, storage_path=workdir / "ray_results", hooks=hooks)
     assert_state_is_the_record(loggers[-1], tracking_uri, result.parent_run_id)
     # one trial fails (top_k with k = 8): the sweep says so
     assert result.status == "completed_with_failures" and result.num_trials == 6 and not result.resumed

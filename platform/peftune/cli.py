@@ -21,8 +21,9 @@ from pathlib import Path
 import torch
 from pydantic import TypeAdapter
 
-from peftune import bench, methods, record, services, spaces
+from peftune import methods, record, services, spaces
 from peftune.backbone import BertConfig, BertModel, read_config, resolve_model_dir
+from peftune.benchmarks import throughput
 from peftune.cli_common import EXIT_OK, Parser, add_model_args, check_device, check_output_dir, path_arg, run_command
 from peftune.cli_sweep import EXIT_CODES_HELP, add_arguments, job_main, main_from_args
 from peftune.cli_train import add_train_parser
@@ -225,12 +226,12 @@ def add_bench_parser(sub) -> None:
         "members against the same K run one after another, for each K (alone: 2,4,8; with --profile: a step's time "
         "per op category, packed against solo, at the largest K)"
     )  # fmt: skip
-    p.add_argument("--pack-methods", default=",".join(bench.PACK_METHODS), help="the methods --pack measures")
+    p.add_argument("--pack-methods", default=",".join(throughput.PACK_METHODS), help="the methods --pack measures")
     p.set_defaults(func=cmd_bench)
 
 
 def cmd_bench(args) -> int:
-    bench.main(args, check_device(args.device))
+    throughput.main(args, check_device(args.device))
     return 0
 
 

@@ -236,6 +236,17 @@ def search_over(definition: SweepDefinition, grid, budgets: search.Allocation) -
     return search.search_finished(budgets, [(result.config.get("method"), result.metrics or {}) for result in grid])
 
 
+@dataclass(frozen=True)
+class SweepHooks:
+    """What a measurement of the driver (``peftune.benchmarks.driver``) puts in a real sweep instead of patching this
+    module: ``trainable`` runs every trial in place of ``worker.trainable`` (the same arguments: the trial's config,
+    ``prepared`` and ``settings``); ``on_trial_logger(logger)`` sees the ``tracking.TrialLogger`` the sweep records
+    through, once its write buffer is open. The defaults are the sweep's own."""
+
+    trainable: Callable[..., None] = worker.trainable
+    on_trial_logger: Callable[[tracking.TrialLogger], None] | None = None
+
+
 def one_driver(run: Callable[..., SweepResult]) -> Callable[..., SweepResult]:
     """``run`` under the sweep's lease (``peftune.lease``): a second driver of a running sweep is refused at once."""
 
@@ -267,6 +278,7 @@ def run_sweep(
     tracking_wait_s: float = TRACKING_WAIT_S,
     read_predictions: Callable[[str, str], Any] | None = None,
     prepared=None,
+    hooks: SweepHooks | None = None,
 ) -> SweepResult:
     """Run (or resume) ``definition`` as one Ray Tune experiment logged to MLflow.
 
@@ -284,7 +296,9 @@ def run_sweep(
     of the confirmation's completed runs, on which the confirmation decides who gets more seeds
     (``peftune.confirm``, ``peftune.decisions``). ``prepared``: ``spaces.prepare_data(definition, data_dir)``,
     when the caller has read the data already (the command line does, to refuse a bad file before loading Ray).
+    ``hooks``: a measurement's stand-ins (:class:`SweepHooks`); None: the sweep's own.
     """
+    hooks = hooks or SweepHooks()
     _set_environment()
     tracking_uri = record_names.resolve_tracking_uri(tracking_uri)
     storage = record_names.storage_uri(storage_path)
@@ -299,12 +313,14 @@ def run_sweep(
     budgets = search.allocation(definition, steps, tokens_per_run(definition, prepared))
     settings = trial_settings(definition, steps, data_dir)
     optuna_url = optuna_storage or search.default_storage_url(tracking_uri, storage)
-    trial_logger = _trial_logger(definition, record, settings, prepared, storage, exists)
+    trial_logger = open_trial_logger(definition, record, settings, prepared, storage, exists)
+    if hooks.on_trial_logger is not None:
+        hooks.on_trial_logger(trial_logger)
     links = search.RunLinks(optuna_url, trial_logger.known_run_id)  # each Optuna trial gets its MLflow run id
     where = (tracking_uri, experiment_path, reports_dir)
     try:
         init_ray(ray_address)
-        runnable = _runnable(definition, prepared, settings)
+        runnable = _runnable(definition, prepared, settings, trainable=hooks.trainable)
         del prepared  # the object store holds it now
         tuner = _tuner(definition, runnable, storage, exists, optuna_url, tracking.RecordedResults(record),
                        budgets, verbose)  # fmt: skip
@@ -327,7 +343,7 @@ def run_sweep(
                 return _unrecorded(definition, record, *where, trial_logger, len(grid))
         packing.stop_hubs()  # the search's packs are over (the confirmation never packs)
         if complete:  # the search is over: confirm each budget's contenders with seeds, at the full budget
-            confirming = _confirm_runnable(definition, data_dir, settings, runnable)
+            confirming = _confirm_runnable(definition, data_dir, settings, runnable, hooks.trainable)
             with every_slot_pending(definition.resources):
                 confirmation = confirm.run_confirmation(
                     definition, record, confirming, trial_logger=trial_logger, storage=storage, callbacks=callbacks,
@@ -356,7 +372,7 @@ def run_sweep(
     return result
 
 
-def _trial_logger(definition, record, settings, prepared, storage: str, exists: bool) -> tracking.TrialLogger:
+def open_trial_logger(definition, record, settings, prepared, storage: str, exists: bool) -> tracking.TrialLogger:
     """The callback that records every trial, with the writes an earlier run of the sweep left pending."""
     pending = tracking_buffer.pending_path(storage, definition.name)
     if not exists:
@@ -368,7 +384,8 @@ def _trial_logger(definition, record, settings, prepared, storage: str, exists: 
     return trial_logger
 
 
-def _confirm_runnable(definition: SweepDefinition, data_dir, settings: worker.TrialSettings, search_runnable):
+def _confirm_runnable(definition: SweepDefinition, data_dir, settings: worker.TrialSettings, search_runnable,
+                      trainable: Callable[..., None] = worker.trainable):  # fmt: skip
     """The confirmation's trainable: the search's, on ``confirm.train_examples`` train rows per task (the budget a
     user trains at; the same selection, decision and dev rows), read here once and never packed."""
     data = spaces.confirm_data_settings(definition, data_dir)
@@ -377,10 +394,11 @@ def _confirm_runnable(definition: SweepDefinition, data_dir, settings: worker.Tr
     prepared = data.prepare(definition.tasks)
     rows = ", ".join(f"{task} {len(split.train)}" for task, split in prepared.tasks.items())
     log.info("confirmation: every run trains on %s train rows, %d epoch(s)", rows, definition.budget.epochs)
-    return _runnable(definition, prepared, dataclasses.replace(settings, data=data), packs=False)
+    return _runnable(definition, prepared, dataclasses.replace(settings, data=data), packs=False, trainable=trainable)
 
 
-def _runnable(definition: SweepDefinition, prepared, settings: worker.TrialSettings, packs: bool = True):
+def _runnable(definition: SweepDefinition, prepared, settings: worker.TrialSettings, packs: bool = True,
+              trainable: Callable[..., None] = worker.trainable):  # fmt: skip
     """Tune's trainable: the data put once in the object store (each worker fetches it once, not per trial), and
     with ``resources.pack_size`` > 1 the hub where search trials of packable methods form packs."""
     shared = SharedData(ray.put(prepared))
@@ -389,7 +407,7 @@ def _runnable(definition: SweepDefinition, prepared, settings: worker.TrialSetti
         hub = packing.start_hub(shared, settings.threads or 1, resources.pack_size, resources.pack_wait_s,
                                 resources.cpus_per_trial)  # fmt: skip
         settings = dataclasses.replace(settings, packing=hub)
-    trainable = tune.with_parameters(worker.trainable, prepared=shared, settings=settings)
+    trainable = tune.with_parameters(trainable, prepared=shared, settings=settings)
     per_trial = packing.TrialResources(**trial_resources(resources), packing=settings.packing)
     return tune.with_resources(trainable, per_trial)
 

@@ -11,6 +11,7 @@ operations still pending when a sweep ends are replayed, in order, before the ne
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -18,6 +19,7 @@ import threading
 import time
 import warnings
 from collections import deque
+from collections.abc import Callable
 from pathlib import Path
 
 from peftune.errors import DiskFullError, disk_full, no_space
@@ -78,6 +80,9 @@ class WriteBuffer:
         # driver to stop the sweep on; the buffer itself goes on in memory, so the record can still be closed
         self.full: DiskFullError | None = None
         self.store_full = False  # the operation at the head was refused by the store for space: flush stops waiting
+        # a measurement's wrapper of each write (``peftune.benchmarks.driver`` times them): called in the buffer's
+        # thread with the operation (its ``op`` names it) and a function that applies it; None: applied as it is
+        self.around_apply: Callable[[dict, Callable[[], None]], None] | None = None
         self._load()
 
     # -- the queue
@@ -221,7 +226,10 @@ class WriteBuffer:
                 item = self._queue[0]
             started = time.monotonic()
             try:
-                self._apply(item)
+                if self.around_apply is None:
+                    self._apply(item)
+                else:
+                    self.around_apply(item, functools.partial(self._apply, item))
             except Exception as error:  # noqa: BLE001  any failure of the server or the link: retry
                 # how long MLflow's client held the attempt (its own retries, bounded by the driver's
                 # MLFLOW_HTTP_REQUEST_* settings) before this buffer took the write back

@@ -1,50 +1,22 @@
 """The sweep driver's own cost as a sweep grows: CPU seconds and MLflow calls per trial, window by window.
 
-What runs: the real driver (``peftune.sweep.run_sweep``: the lease, the MLflow record, ``_tuner`` with the
-per-method Optuna searcher and per-method ASHA of ``peftune.search``, ``tracking.TrialLogger`` and its write
-buffer, ``search.RunLinks``, ``console.Progress``, ``resume.GoodState``, ``tracking.RecordedResults``, the
-closing reads) on the shipped SST sweep (``sst_tuning``, budget ``cpu``: 14 methods, data-fidelity ASHA; 3 epochs
-so that a trial reports up to 4 results), with real Ray Tune, Optuna and MLflow, a throwaway SQLite tracking store
-and a temporary Ray storage path. One thing is replaced: the trainable (``sweep._runnable``). The benchmark's
-:func:`cheap_trainable` trains nothing; it reports at once what ``peftune.worker.trainable`` reports (the same
-keys: task metrics, ``score``, ``selection_score``, the fidelity counters, timings, parameter counts, granted
-resources; a data-fidelity rung within an epoch without a checkpoint, an epoch's end with one), with a score that
-depends on the configuration, so the searchers and the schedulers do their real work. The confirmation is off
-in the sweep (``confirm.seeds: 0``); its reads are measured apart (below).
+The real driver (``sweep.run_sweep``: the lease, the MLflow record, the per-method Optuna searchers and ASHA, the
+trial logger and its write buffer, the closing reads) runs the shipped SST sweep (budget ``cpu``, no confirmation)
+on real Ray Tune, Optuna and MLflow with a throwaway SQLite store. Through ``sweep.SweepHooks`` its trials run
+:func:`cheap_trainable`, which trains nothing and reports at once what ``worker.trainable`` reports, with a score
+that depends on the configuration (so the searchers and schedulers do their real work), and the write buffer's
+operations are timed. Measured in the driver process only, per window of ``--window`` finished trials: CPU seconds
+per trial and per result, MLflow calls per trial (every public ``MlflowClient`` method, counted in this process),
+the writes still queued; then the end of the sweep, and the confirmation's reads on copies of the record taken at
+``--record-sizes`` trials. ``--profile`` writes cProfiles of the first and the last window to ``--out``.
 
-What is measured, in the driver process only (``resource.getrusage(RUSAGE_SELF)``: every thread of it, Tune's
-loop, the MLflow write buffer's thread and the in-process SQLite store; not Ray's raylet, GCS or workers):
-
-- per window of ``--window`` finished trials (from the first trial's start): driver CPU seconds per finished
-  trial and per reported result, MLflow calls per trial, the wall time, the writes still queued in the buffer
-  at the window's end, and the buffer thread's CPU per operation;
-- the end of the sweep (from the last trial's end to ``run_sweep``'s return: the flush and the closing reads);
-- the reads of the record against the runs in it: the sweep's own record copied (SQLite backup, in a child
-  process) when ``--record-sizes`` trials had finished; on each copy what a resumed driver reads before its first
-  trial (``TrialLogger.setup``, the scheduler's refill ``RecordedResults.results``), the confirmation's opening
-  (``TrialLogger.runs``, the driver's state: no read; ``select_candidates``, ``Confirmation.todo``), then its first
-  round's confirmation runs written through the real ``TrialLogger`` (synthetic decision predictions), then a
-  round's reads (``next_round``, with ``analysis.report.read_predictions`` as ``peftune sweep`` passes it), the
-  added seeds' runs written, and a second round's reads.
-
-MLflow calls are counted at one place: every public method of ``mlflow.MlflowClient``, patched in this process
-(outermost calls only: a client method calling another counts once). That is every call the driver makes to
-the tracking store or its artifact store (the record's writes from the buffer thread included); a paged
-``search_runs`` counts once per page, as the code calls it.
-
-``--profile``: cProfile of the driver's main thread (Tune's loop and the callbacks) and of the buffer's thread
-over the first and the last window, written to ``--out`` (``first.prof``, ``last.prof``, ``*-buffer.prof``),
-and the functions whose time per trial grows the most printed. The profile slows the driver: its CPU figures
-are not the table's.
-
-Run: ``python -m peftune.bench_driver --trials 2800 [--out DIR]`` (HF_HUB_OFFLINE=1, ``--data-dir`` or
-``PEFTUNE_DATA_DIR``). It starts a local Ray of this machine's CPUs; it is a measurement, not a test.
+Run: ``python -m peftune.benchmarks.driver --trials 2800 [--out DIR]`` (``--data-dir`` or ``PEFTUNE_DATA_DIR``); a
+measurement, not a test. What it measured: docs/benchmarks.md.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import cProfile
 import dataclasses
 import functools
@@ -68,7 +40,7 @@ from types import SimpleNamespace
 
 from ray import tune
 
-from peftune import confirm, console, record, spaces, sweep, tracking, tracking_buffer, worker
+from peftune import confirm, console, record, spaces, sweep, tracking, worker
 from peftune.tasks import get_task
 
 SWEEP_NAME = "driver_bench"
@@ -157,12 +129,14 @@ def cheap_trainable(config: dict, settings: worker.TrialSettings, steps_per_run:
             tune.report(result, checkpoint=tune.Checkpoint.from_directory(directory))
 
 
-def cheap_runnable(definition, prepared, settings):
-    """Stands in for ``sweep._runnable``: the cheap trainable, with the sweep's resources per trial."""
-    trainable = tune.with_parameters(
-        cheap_trainable, settings=settings, steps_per_run=sweep.steps_per_run(definition, prepared)
-    )
-    return tune.with_resources(trainable, sweep.trial_resources(definition.resources))
+def cheap_trainable_for(steps_per_run: int):
+    """The trainable ``sweep.SweepHooks`` runs in place of ``worker.trainable``: :func:`cheap_trainable` (the sweep's
+    data, ``prepared``, unused)."""
+
+    def trainable(config: dict, prepared, settings: worker.TrialSettings) -> None:
+        cheap_trainable(config, settings, steps_per_run)
+
+    return trainable
 
 
 # ----------------------------------------------------------------------------- counting
@@ -212,35 +186,26 @@ class MlflowCalls:
 
 
 class BufferOps:
-    """The write buffer thread's CPU seconds and count per operation (``WriteBuffer._apply`` wrapped), and a
-    cProfile of that thread while ``profiler`` is set."""
+    """The write buffer thread's CPU seconds and count per operation (the buffer's ``around_apply``), and a cProfile
+    of that thread while ``profiler`` is set."""
 
     def __init__(self):
         self.seconds: Counter[str] = Counter()
         self.count: Counter[str] = Counter()
         self.profiler: cProfile.Profile | None = None
         self._lock = threading.Lock()
-        self._original = None
 
-    def install(self) -> None:
-        self._original = original = tracking_buffer.WriteBuffer._apply
-
-        def timed(buffer, item):
-            started, profiler = time.thread_time(), self.profiler
-            try:
-                if profiler is None:
-                    return original(buffer, item)
-                return profiler.runcall(original, buffer, item)
-            finally:
-                with self._lock:
-                    self.seconds[item["op"]] += time.thread_time() - started
-                    self.count[item["op"]] += 1
-
-        tracking_buffer.WriteBuffer._apply = timed
-
-    def uninstall(self) -> None:
-        if self._original is not None:
-            tracking_buffer.WriteBuffer._apply = self._original
+    def timed(self, item: dict, apply) -> None:
+        started, profiler = time.thread_time(), self.profiler
+        try:
+            if profiler is None:
+                apply()
+            else:
+                profiler.runcall(apply)
+        finally:
+            with self._lock:
+                self.seconds[item["op"]] += time.thread_time() - started
+                self.count[item["op"]] += 1
 
     def snapshot(self) -> tuple[Counter, Counter]:
         with self._lock:
@@ -365,16 +330,6 @@ def bench_definition(trials: int, confirmation: bool = False, epochs: int = 3) -
     return dataclasses.replace(definition, confirm=dataclasses.replace(definition.confirm, seeds=0))
 
 
-@contextlib.contextmanager
-def patched(obj, name: str, value):
-    original = getattr(obj, name)
-    setattr(obj, name, value)
-    try:
-        yield
-    finally:
-        setattr(obj, name, original)
-
-
 def run_bench_sweep(trials: int, work: Path, data_dir: Path, *, window: int, record_sizes, profile_dir, prepared):
     """Run the sweep with the meter installed; returns (meter, the mark at ``run_sweep``'s return, its result)."""
     definition = bench_definition(trials)
@@ -383,27 +338,25 @@ def run_bench_sweep(trials: int, work: Path, data_dir: Path, *, window: int, rec
     snapshot_at = {n: work / f"record-{n}.db" for n in record_sizes if n < trials}
     meter = Meter(window, trials, calls, ops, holder, snapshot_at, db, profile_dir)
 
-    def keeping_the_logger(*args, **kwargs):
-        holder["logger"] = logger = original_trial_logger(*args, **kwargs)
-        return logger
+    def watching(logger) -> None:  # the sweep's trial logger: the meter reads its queue; its writes are timed
+        holder["logger"] = logger
+        logger.buffer.around_apply = ops.timed
 
-    original_trial_logger = sweep._trial_logger
+    trainable = cheap_trainable_for(sweep.steps_per_run(definition, prepared))
     calls.install()
-    ops.install()
     try:
-        with patched(sweep, "_runnable", cheap_runnable), patched(sweep, "_trial_logger", keeping_the_logger):
-            result = sweep.run_sweep(
-                definition,
-                data_dir,
-                f"sqlite:///{db}",
-                storage_path=work / "ray_results",
-                reports_dir=work / "reports",
-                callbacks=[meter],
-                prepared=prepared,
-            )
+        result = sweep.run_sweep(
+            definition,
+            data_dir,
+            f"sqlite:///{db}",
+            storage_path=work / "ray_results",
+            reports_dir=work / "reports",
+            callbacks=[meter],
+            prepared=prepared,
+            hooks=sweep.SweepHooks(trainable=trainable, on_trial_logger=watching),
+        )
         returned = meter.mark()  # the end of the sweep: its flush and closing reads
     finally:
-        ops.uninstall()
         calls.uninstall()
     meter.wait_for_copies()
     if trials in record_sizes:
@@ -469,7 +422,7 @@ def record_reads(db: Path, definition, prepared, data_dir: Path, work: Path, cal
     )
     settings = sweep.trial_settings(definition, sweep.steps_per_run(definition, prepared), data_dir)
     storage = tempfile.mkdtemp(prefix="confirm-", dir=work)
-    logger = sweep._trial_logger(definition, sweep_record, settings, prepared, storage, exists=True)
+    logger = sweep.open_trial_logger(definition, sweep_record, settings, prepared, storage, exists=True)
     examples = sweep.split_examples(prepared)
     plan = definition.confirm
     out: dict = {"record": db.name}
@@ -643,7 +596,7 @@ def _short(path: str) -> str:
 
 
 def main(argv: list[str] | None = None) -> str:
-    parser = argparse.ArgumentParser(prog="python -m peftune.bench_driver", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m peftune.benchmarks.driver", description=__doc__.split("\n")[0])
     parser.add_argument(
         "--trials", type=int, default=2800, help="search trials (a multiple of the 14 methods and of --window)"
     )

@@ -1,24 +1,14 @@
-"""Training throughput, side by side in one process: the core against the HF Trainer.
+"""``peftune bench``: training throughput, side by side in one process, the core against the HF Trainer.
 
-Every contender trains one epoch on the SAME pre-tokenized SST examples with the same batch size,
-so the same number of optimizer steps:
-
-- the core (``run_trial``): full fine-tuning in fp32 and in bf16 autocast, and LoRA r=8 on q/k/v
-  at the precision ``auto`` picks;
-- the HF Trainer set up as a competent user would: pre-tokenized data, ``DataCollatorWithPadding``,
-  length-grouped sampling, its default optimizer (``adamw_torch_fused``), ``use_cpu`` on CPU; at
-  its defaults (fp32), with ``bf16=True`` (CPU autocast), and LoRA r=8 on q/k/v through peft at its
-  defaults and with ``bf16=True`` (the strongest LoRA peer).
-
-Rounds alternate so that machine noise hits every contender alike; each keeps its best round.
-The device is the CPU or one GPU (``--device``): every contender trains there, and the peaks, the
-precision ``auto`` picks and the profile are that device's. On a GPU the Trainer spreads over every
-visible GPU (DataParallel), so the bench refuses more than one: ``CUDA_VISIBLE_DEVICES`` picks it.
-Figures are non-padding tokens per second of training (forward, backward, optimizer step,
-evaluation excluded; the Trainer's figure is its ``train()`` call, which includes its few
-milliseconds of set-up). MFU is useful-token FLOPs (6 N per token for full fine-tuning, 4 N for
-LoRA, which computes no weight gradients of the frozen N; N = the encoder's non-embedding
-parameters, plus the attention scores) against a matmul peak measured in the same run.
+Every contender trains one epoch on the same pre-tokenized SST examples with the same batch size (so the same
+optimizer steps): the core (``run_trial``) in full fine-tuning at fp32 and in bf16 autocast, and LoRA r=8 on q/k/v;
+the HF Trainer set up as a competent user would (pre-tokenized data, a padding collator, length-grouped sampling,
+its fused AdamW) at fp32, with ``bf16=True``, and LoRA through peft. Rounds alternate so that machine noise hits
+every contender alike; each keeps its best round. The device is the CPU or one GPU (``--device``; the Trainer would
+spread over every visible GPU, so more than one is refused). Figures are non-padding tokens per second of
+training; MFU is useful-token FLOPs (6 N per token for full fine-tuning, 4 N for LoRA, N the encoder's non-embedding
+parameters) against a matmul peak measured in the same run. ``--pack`` times packed trials (``peftune.pack``)
+against solo ones, ``--profile`` and ``--compile`` where the time goes. What it measured: docs/benchmarks.md.
 """
 
 from __future__ import annotations
