@@ -151,7 +151,11 @@ def own_rates(decided: Decided, sims: int = OWN_SIMULATIONS) -> tuple[str, pd.Da
         what = r.what.removeprefix(f"{world.name} ")
         rows.append({"what": what, "rate": r.rate, "mc_low": max(low, 0.0), "mc_high": min(high, 1.0),
                      "hits": r.hits, "simulations": r.n})  # fmt: skip
-    return world.describe(), pd.DataFrame(rows, columns=OWN_RATE_COLUMNS)
+    k = max(sizes, default=2)
+    reach = simulate.reachable_margin(world, k, outcome.plan)
+    said = (f"{world.describe()}; margin δ = {outcome.plan.margin:g}; the smallest margin these sizes reach within "
+            f"{outcome.plan.max_seeds} seeds (80% power, K = {k}, a normal approximation): about {reach:.3f}")
+    return said, pd.DataFrame(rows, columns=OWN_RATE_COLUMNS)
 
 
 @dataclass

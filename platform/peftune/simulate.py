@@ -164,10 +164,13 @@ class Measured:
         _, ss, df = decisions.seed_sums(values, repeated, tasks)
         return cls(name, tuple(parts), math.sqrt(max(float(ss.sum()), 0.0) / float(df.sum())))
 
-    def draw(self, shifts: Sequence[float], seeds: int, rng) -> dict[str, Values]:
-        """A decision record of K configurations ``c0 .. c{K-1}`` (score offsets ``shifts``), ``seeds`` each."""
+    def draw(self, shifts: Sequence[float], seeds: int, rng, seed_sds: Sequence[float] | None = None
+             ) -> dict[str, Values]:  # fmt: skip
+        """A decision record of K configurations ``c0 .. c{K-1}`` (score offsets ``shifts``), ``seeds`` each;
+        ``seed_sds``: each configuration's own seed sd of a score (default: the world's, for all)."""
         k = len(shifts)
-        offset = np.asarray(shifts, dtype=float)[:, None, None] + rng.normal(0, self.seed_sd, (k, seeds, 1))
+        sds = np.full(k, self.seed_sd) if seed_sds is None else np.asarray(seed_sds, dtype=float)
+        offset = np.asarray(shifts, dtype=float)[:, None, None] + rng.normal(0, 1, (k, seeds, 1)) * sds[:, None, None]
         per_task = {}
         for task, n, effect_sd, noise_sd in self.tasks:
             effect = rng.normal(0, effect_sd, (k, 1, n))
@@ -175,11 +178,12 @@ class Measured:
         numbered = tuple(range(1, seeds + 1))
         return {f"c{i}": Values(numbered, {t: v[i] for t, v in per_task.items()}) for i in range(k)}
 
-    def outcome(self, shifts: Sequence[float], plan: Plan, examples: int, rng) -> decisions.Outcome:
+    def outcome(self, shifts: Sequence[float], plan: Plan, examples: int, rng,
+                seed_sds: Sequence[float] | None = None) -> decisions.Outcome:  # fmt: skip
         """One simulated confirmation (as :meth:`World.outcome`; ``examples`` unused: each task has its own
         measured size): every seed to ``plan.max_seeds`` drawn, replayed, costs 0.01 * (1 .. K)."""
         configurations = [Configuration(f"c{i}", f"m{i}", 0.01 * (i + 1)) for i in range(len(shifts))]
-        values = self.draw(shifts, plan.max_seeds, rng)
+        values = self.draw(shifts, plan.max_seeds, rng, seed_sds)
         return decisions.replay(values, configurations, plan, summaries=False)  # the decisions alone
 
     def shift_for(self, gap: float) -> float:
@@ -194,17 +198,48 @@ class Measured:
 def own_characteristics(values: Mapping[str, Values], plan: Plan, sizes: Sequence[int], sims: int,
                         seed: int = 0) -> tuple[Measured | None, list[Rate]]:  # fmt: skip
     """The procedure's rates at a sweep's own sizes, simulated from its own measured components
-    (:class:`Measured`): per budget size K in ``sizes``, the false-'better' rate of K equal configurations;
-    for two configurations, how often a cheaper one equal to the best is picked (power), one worse by twice
-    the margin is picked (an error) and a gap of the margin is called better (power)."""
+    (:class:`Measured`), through the real loop with its looks: per budget family size K in ``sizes``, any false
+    "better" among K equal configurations (every seed sd the pooled one, then one at the largest measured);
+    the cheapest of K, with the largest measured seed sd, truly 2, 1 (the boundary), 0.5 and 0 margins below
+    the others: how often it is picked; and a true gap of the margin called better (K = 2)."""
     world = Measured.from_values(values)
     if world is None:
         return None, []
     one = Plan(plan.seeds, plan.max_seeds, plan.margin, plan.alpha, (100.0,))
-    rates = [null_error(world, k, one, 0, sims, seed) for k in sorted({k for k in sizes if k >= 2})]
-    rates += [pick_rate(world, 0.0, one, 0, sims, seed), pick_rate(world, 2 * plan.margin, one, 0, sims, seed),
-              better_rate(world, plan.margin, one, 0, sims, seed)]  # fmt: skip
+    largest = max(world.seed_sd, max(seed_sds(values).values(), default=0.0))
+    rates = []
+    for k in sorted({k for k in sizes if k >= 2}):
+        for cheap in dict.fromkeys((world.seed_sd, largest)):
+            rates.append(family_rates(world, k, one, sims, gap=0.0, cheap_sd=cheap, others_sd=world.seed_sd,
+                                      seed=seed)[1])  # fmt: skip
+        for factor in (2.0, 1.0, 0.5, 0.0):
+            rates.append(family_rates(world, k, one, sims, gap=factor * plan.margin, cheap_sd=largest,
+                                      others_sd=world.seed_sd, seed=seed)[0])  # fmt: skip
+    rates.append(better_rate(world, plan.margin, one, 0, sims, seed))
     return world, rates
+
+
+def reachable_margin(world: Measured, k: int, plan: Plan, power: float = 0.8) -> float:
+    """The smallest margin at which a configuration truly equal to the best of a family of ``k`` is shown not
+    worse with ``power`` at ``plan.max_seeds`` seeds, from a world's measured components (a normal
+    approximation of the last look's Bonferroni interval: the simulated rates are the measure)."""
+    from scipy import stats
+
+    s = plan.max_seeds
+    example = sum((2 * e * e + 2 * z * z / s) / n for _, n, e, z in world.tasks) / len(world.tasks) ** 2
+    se = math.sqrt(example + 2 * world.seed_sd**2 / s)
+    q = stats.norm.ppf(1 - plan.alpha_at(plan.looks) / (max(k, 2) - 1))
+    return float((q + stats.norm.ppf(power)) * se)
+
+
+def seed_sds(values: Mapping[str, Values]) -> dict[str, float]:
+    """Each configuration's own seed sd of a score (its seed scores' spread less their example noise), where it
+    has 2 or more seeds."""
+    names = [n for n in values if len(values[n].seeds) > 1]
+    if not names:
+        return {}
+    _, ss, df = decisions.seed_sums(values, names, sorted(next(iter(values.values())).values))
+    return {n: math.sqrt(max(float(s) / float(d), 0.0)) for n, s, d in zip(names, ss, df, strict=True)}
 
 
 def wilson(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -241,6 +276,25 @@ def null_error(world: World, k: int, plan: Plan, examples: int, sims: int, seed:
         a = world.outcome([0.0] * k, plan, examples, rng).answers[0]
         hits += a.decision == decisions.BETTER or any(r["decision"] == decisions.BETTER for r in a.pairs)
     return Rate(f"{world.name} K={k} false 'better' (global null)", hits, sims)
+
+
+def family_rates(world: Measured, k: int, plan: Plan, sims: int, *, gap: float, cheap_sd: float,
+                 others_sd: float, seed: int = 0) -> tuple[Rate, Rate, float]:  # fmt: skip
+    """A budget's family of K configurations through the real loop, its looks included: the cheapest (``c0``,
+    its seed sd ``cheap_sd``) truly ``gap`` below the others (all equal, seed sd ``others_sd``). Returns the
+    share of simulations that pick c0, the share with any "better" claimed (a false one where ``gap`` is 0), and
+    the mean seeds c0 got."""
+    rng = np.random.default_rng([seed, k, int(abs(gap) * 1e5), int(cheap_sd * 1e4), int(others_sd * 1e4), 29])
+    shifts, sds = [-gap] + [0.0] * (k - 1), [cheap_sd] + [others_sd] * (k - 1)
+    picked = better = seeds = 0
+    for _ in range(sims):
+        outcome = world.outcome(shifts, plan, 0, rng, seed_sds=sds)
+        a = outcome.answers[0]
+        picked += a.pick == "c0"
+        better += a.decision == decisions.BETTER or any(r["decision"] == decisions.BETTER for r in a.pairs)
+        seeds += outcome.seeds_used["c0"]
+    where = f"{world.name} K={k}, cheapest {gap:.3f} below (seed sd {cheap_sd:.3f} against {others_sd:.3f})"
+    return Rate(f"{where}: picked", picked, sims), Rate(f"{where}: any 'better'", better, sims), seeds / sims
 
 
 def coverage(world: World, seeds: int, examples: int, sims: int, seed: int = 0) -> Rate:
