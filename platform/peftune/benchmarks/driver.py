@@ -411,10 +411,12 @@ def record_reads(db: Path, definition, prepared, data_dir: Path, work: Path, cal
     """The MLflow calls of the reads that scale with the record, on a copy of it (see the module docstring): a
     resumed driver's (``RecordedResults.results``, ``TrialLogger.setup``), then the confirmation's opening reads
     and two rounds' reads; with the runs the record held."""
+    from mlflow import MlflowClient
+
     from analysis.report import read_predictions
 
     uri = f"sqlite:///{db}"
-    client = confirm._mlflow_client(uri)
+    client = MlflowClient(tracking_uri=uri)
     experiment_id = tracking.find_experiment_id(client, definition.name)
     parent = tracking.find_parent_run(client, experiment_id, definition.name)
     sweep_record = tracking.SweepRecord(
@@ -441,7 +443,7 @@ def record_reads(db: Path, definition, prepared, data_dir: Path, work: Path, cal
 
         def opening():  # run_confirmation: the driver's state, the candidates; Confirmation.run: the first todo
             runs = logger.runs()
-            candidates = confirm.select_candidates(runs, plan.top_k, plan.defaults)
+            candidates = confirm.candidates_of(runs, plan)
             searched = {c.config_key: c for c in map(confirm.candidate_of, runs) if c is not None}
             first = [(c, s, "") for c in candidates for s in confirm.confirm_seeds(definition.seed, plan.seeds)]
             confirmation = confirm.Confirmation(
