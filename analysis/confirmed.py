@@ -195,7 +195,10 @@ def seed_mean_frontier(configs: pd.DataFrame, decided: Decided | None = None) ->
 
 
 def recommendations(
-    configs: pd.DataFrame, decided: Decided | None = None, budgets_pct: Sequence[float] = BUDGETS_PCT
+    configs: pd.DataFrame,
+    decided: Decided | None = None,
+    budgets_pct: Sequence[float] = BUDGETS_PCT,
+    seconds_per_run: float = math.nan,
 ) -> pd.DataFrame:
     """Per budget: the pick of the decision procedure (the cheapest configuration shown not worse than the best
     of the others under the budget by more than the margin; else the best), its decision (and the interval of
@@ -229,9 +232,28 @@ def recommendations(
             row |= {"best": best["label"], "best_mean": best["score_mean"], "decision": a.decision}
             row |= {"diff": a.diff, "ci_low": a.ci_low, "ci_high": a.ci_high, "level": a.level}
             row |= {"p_best": a.p_best.get(a.pick, math.nan), "regret": a.regret, "regret_high": a.regret_high}
-            row |= {"needs": a.needs, "look": a.look}
+            row |= {"needs": a.needs + _cost_of(a, int(pick["seeds"]), seconds_per_run), "look": a.look}
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def _cost_of(a: decisions.Answer, seeds: int, seconds_per_run: float) -> str:
+    """What the seeds that would tell cost at this sweep's speed: ``seconds_per_run`` (a confirmation run's mean
+    slot seconds) for the seeds each of the two configurations in question lacks."""
+    if not a.seeds_needed or not math.isfinite(seconds_per_run):
+        return ""
+    runs = 2 * max(a.seeds_needed - seeds, 0)
+    return f" ({runs} more runs: about {runs * seconds_per_run / 60:.0f} slot-minutes at this sweep's speed)"
+
+
+def seconds_per_confirmation_run(sweep) -> float:
+    """A completed confirmation run's mean slot seconds (training, evaluation, start-up); nan without one."""
+    runs = sweep.confirmations if sweep.confirmations is not None else pd.DataFrame()
+    done = runs[runs["status"] == COMPLETED] if len(runs) else runs
+    if not len(done):
+        return math.nan
+    parts = [done[c].fillna(0.0) for c in ("train_time_s", "eval_total_s", "startup_s") if c in done]
+    return float(sum(parts).mean()) if parts else math.nan
 
 
 def budget_table(

@@ -95,7 +95,8 @@ def build_report(sweep: SweepRuns, *, reference: bool = True) -> Report:
     configs = confirmed.configurations(sweep)
     decided = decide(sweep, configs)
     own_world, own_rates = confirmed.own_rates(decided)
-    recommendation = confirmed.recommendations(configs, decided)
+    seconds = confirmed.seconds_per_confirmation_run(sweep)
+    recommendation = confirmed.recommendations(configs, decided, seconds_per_run=seconds)
     return Report(
         sweep=sweep,
         trials=trials,

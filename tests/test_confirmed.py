@@ -316,3 +316,12 @@ def test_the_report_says_how_far_the_searchs_order_held(built):
         past = under[(under["search_score"] < p["search_score"]) & (under["score_mean"] > p["score_mean"])]
         assert row["moved_past_pick"] == ", ".join(past["label"])
     assert "### How far the search's order held" in render.markdown_report(built)
+
+
+def test_what_would_tell_is_costed_at_the_sweeps_speed():
+    """An open budget that seeds would decide says how many runs that is and their slot-minutes."""
+    from peftune import decisions
+
+    a = decisions.Answer(1.0, ["a", "b"], seeds_needed=10)
+    assert confirmed._cost_of(a, 3, 60.0) == " (14 more runs: about 14 slot-minutes at this sweep's speed)"
+    assert confirmed._cost_of(decisions.Answer(1.0, ["a", "b"]), 3, 60.0) == ""  # rows would tell, not seeds

@@ -392,6 +392,7 @@ class Answer:
     regret: float = math.nan  # the pick's expected shortfall from the best, and its 95% upper bound
     regret_high: float = math.nan
     needs: str = ""  # what would decide it
+    seeds_needed: int = 0  # where more seeds would: about how many per configuration (0: not seeds, or unknown)
     grow: list[str] = field(default_factory=list)  # configurations a further seed could decide it with
     why: str = ""
     pairs: list[dict] = field(default_factory=list)  # every pair of its family at its look (``pair_rows``)
@@ -447,7 +448,7 @@ def answer(budget: float, iv: Intervals, costs: Mapping[str, float], margin: flo
         )
         if not open_:
             return out
-    out.grow, needs = _open_questions(iv, open_ or [pick], costs, margin, max_seeds, q_last)
+    out.grow, needs, out.seeds_needed = _open_questions(iv, open_ or [pick], costs, margin, max_seeds, q_last)
     if chosen is None:
         out.decision, out.needs = CANNOT_TELL, needs
         out.why = (f"open: no configuration shown within {margin:g} of the best of the others, and "
@@ -459,12 +460,13 @@ def answer(budget: float, iv: Intervals, costs: Mapping[str, float], margin: flo
 
 
 def _open_questions(iv: Intervals, open_: Sequence[int], costs, margin: float, max_seeds: int,
-                    q_last: float) -> tuple[list[str], str]:  # fmt: skip
+                    q_last: float) -> tuple[list[str], str, int]:  # fmt: skip
     """(configurations worth a seed, what would decide the question). Each open configuration j is compared with
     the best of the others (its rival r). It gets seeds, with r, while the seeds left (up to ``max_seeds`` on
     both sides) could answer it: with the last look's ``q_last`` and the standard error at ``max_seeds``
     (``se``), "not worse" or "worse by more than the margin" must be reachable for a difference one ``se``
-    beyond its estimate. Otherwise its question is futile at this plan, and what would tell is said."""
+    beyond its estimate. Otherwise its question is futile at this plan, and what would tell is said (with the
+    seeds per configuration that would, where seeds would)."""
     f = iv.fit
     at_max = np.maximum(f.seeds, max_seeds).astype(float)
     grow: set[str] = set()
@@ -476,7 +478,7 @@ def _open_questions(iv: Intervals, open_: Sequence[int], costs, margin: float, m
         if reachable and (f.seeds[j] < max_seeds or f.seeds[r] < max_seeds):
             grow |= {f.names[j], f.names[r]}
     if grow:
-        return sorted(grow), f"more seeds may decide it (up to {max_seeds})"
+        return sorted(grow), f"more seeds may decide it (up to {max_seeds})", 0
     j = min(open_, key=lambda o: (costs[f.names[o]], f.names[o]))
     r = max((i for i in range(len(f.names)) if i != j), key=lambda i: f.means[i])
     gap = float(f.means[j] - f.means[r])
@@ -484,16 +486,16 @@ def _open_questions(iv: Intervals, open_: Sequence[int], costs, margin: float, m
     ex_se = f.pair_se(r, j, np.full(len(f.names), 1e12))  # the example term alone: infinite seeds
     route = abs(gap + margin)  # the interval's half-width must shrink below the estimate's distance to -margin
     if route <= 1e-12:
-        return [], f"cannot tell: {f.names[j]} is estimated on the margin {-margin:+.3f} itself"
+        return [], f"cannot tell: {f.names[j]} is estimated on the margin {-margin:+.3f} itself", 0
     if q_last * ex_se >= route:
         factor = (q_last * ex_se / route) ** 2  # the example term shrinks as 1 / sqrt(decision examples)
         return [], (f"cannot tell at margin {margin:g} with {max_seeds} seeds: the decision examples' noise alone "
                     f"(se {ex_se:.4f}) keeps {f.names[j]} open; about {factor:.1f}x the decision examples would "
-                    "tell at these estimates")  # fmt: skip
+                    "tell at these estimates"), 0  # fmt: skip
     seed_part = route**2 / q_last**2 - ex_se**2
     seeds = math.ceil(max(se_max**2 - ex_se**2, 1e-12) * max_seeds / max(seed_part, 1e-12))
     return [], (f"cannot tell at margin {margin:g} with {max_seeds} seeds: about {seeds} seeds per configuration "
-                f"would tell at these estimates")  # fmt: skip
+                f"would tell at these estimates"), seeds  # fmt: skip
 
 
 def _stream(*parts) -> np.random.Generator:
