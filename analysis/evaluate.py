@@ -31,17 +31,15 @@ from analysis import confirmed, pareto, plots
 from analysis.publish import ARTIFACT_PATH
 from analysis.render import to_markdown
 from analysis.runs import SweepRuns, read_sweep_record
-from peftune import trial_spec
+from peftune import legacy, trial_spec
 from peftune.backbone import load_tokenizer, resolve_model_dir
 from peftune.checkpoint import CheckpointError, load_checkpoint, load_trainable
 from peftune.data import DataError, TaskData, encode_split, read_task_file
 from peftune.errors import UserError
-from peftune.methods.options import options_from_params
 from peftune.record import (
     COMPLETED,
     DEV,
     EARLY_STOPPED,
-    HYPERPARAMETERS,
     REPORTS_DIR,
     SCORE,
     SELECTION,
@@ -120,16 +118,6 @@ def evaluation_seeds(sweep: SweepRuns, trial: pd.Series, seeds: int) -> list[int
     return [base_seed + i for i in range(seeds)]
 
 
-def method_params(row: pd.Series) -> dict[str, str]:
-    """A trial's ``method.<field>`` params as MLflow logged them (``str(value)``), for
-    :func:`peftune.methods.options.options_from_params`; the columns of other methods (NaN here) left out."""
-    return {
-        key: str(value)
-        for key, value in row.items()
-        if str(key).startswith("method.") and not (isinstance(value, float) and math.isnan(value))
-    }
-
-
 def rerun_splits(epochs: int, selecting: bool) -> list[str]:
     """As the sweep's confirmation: selection keeps the epoch (with more than one), dev is reported."""
     return [SELECTION, DEV] if epochs > 1 and selecting else [DEV]
@@ -149,27 +137,9 @@ def recorded_config(text: str, source: str, seed: int, device: str, selecting: b
 
 
 def rerun_config(row: pd.Series, seed: int, train_settings: dict, device: str, selecting: bool = True):
-    """The ``TrainConfig`` a trial of a record without stored specifications (written before peftune stored
-    ``trial_spec.json``) trained, with another seed: its params, the sweep's fixed settings, the device."""
-
-    fields = {f.name for f in dataclasses.fields(TrainConfig)}
-    settings = {k: v for k, v in train_settings.items() if k in fields and k not in ("eval_splits", "predictions_of")}
-    for key in ("warmup_ratio", "sampling"):
-        if row.get(key) is not None and not (isinstance(row.get(key), float) and math.isnan(row[key])):
-            settings[key] = row[key]
-    epochs = int(row["epochs"])
-    return TrainConfig(
-        eval_splits=rerun_splits(epochs, selecting),
-        method=row["method"],
-        method_options=options_from_params(row["method"], method_params(row)),
-        tasks=str(row["tasks"]).split(","),
-        **{key: float(row[key]) for key in HYPERPARAMETERS},
-        epochs=epochs,
-        batch_size=int(row["batch_size"]),
-        seed=seed,
-        device=device,
-        **settings,
-    )
+    """The ``TrainConfig`` a trial of a record without stored specifications trained, with another seed, evaluated
+    as a re-run is (:func:`rerun_splits`): ``peftune.legacy.rerun_config``."""
+    return legacy.rerun_config(row, seed, train_settings, device, rerun_splits(int(row["epochs"]), selecting))
 
 
 # ----------------------------------------------------------------------------- data

@@ -32,15 +32,10 @@ FRONTIER_MARKS = {"equivalent": "=", "inconclusive": "?", "worse": "?"}
 
 
 def method_color(method: str) -> str:
-    """The registry's colour of a method (its spec's ``color``); a method it does not know (an old record's, the
-    published table's) gets a stable colour from its name."""
-    from peftune.errors import UnknownNameError
-    from peftune.methods.base import fallback_color, get_method  # deferred: the methods import torch
+    """The registry's colour of a method; one it does not know, a stable colour (``peftune.legacy.method_color``)."""
+    from peftune.legacy import method_color  # deferred: the methods import torch
 
-    try:
-        return get_method(method).display_color
-    except UnknownNameError:
-        return fallback_color(method)
+    return method_color(method)
 
 
 def task_name(task: str, unknown: str | None = None) -> str:

@@ -18,7 +18,7 @@ import pandas as pd
 from analysis import confirmed, pareto, plots, views
 from analysis.report import Report
 from analysis.runs import COUNT_COLUMNS, SweepRuns
-from peftune import decisions
+from peftune import decisions, legacy
 from peftune.record import BEST_EPOCH, CODE_VERSION, COMPLETED, HYPERPARAMETERS, metric_task
 
 # ----------------------------------------------------------------------------- the display form of the tables
@@ -231,8 +231,7 @@ def answer_notes(report: Report) -> dict[str, str]:
     margin = report.sweep.parent_params.get("decision_margin", plan.margin if plan else "")
     if len(configs) and configs["source"].iloc[0] == "confirmed":
         seeds = sorted(set(configs["seeds"].astype(int)))
-        legacy = "dev (runs written before the selection split existed: dev selected too)"
-        split = "dev" if (configs["split"] == "dev").all() else legacy
+        split = "dev" if (configs["split"] == "dev").all() else legacy.DEV_SELECTED
         source = (
             f"Seed means on {split} of the confirmation runs: each budget's contenders (its best configurations by "
             f"search score) and the anchors, re-trained with {'/'.join(map(str, seeds))} new seed(s) each on the "

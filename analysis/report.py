@@ -24,6 +24,7 @@ import pandas as pd
 
 from analysis import confirmed, pareto, plots, slots, views
 from analysis.runs import SweepRuns, load_predictions, read_sweep_record
+from peftune import legacy
 from peftune.decisions import Plan
 from peftune.record import BEST_EPOCH, DECISION, STORED_PARAMS_PCT, metric_task
 from peftune.tasks import get_task
@@ -155,14 +156,8 @@ def decide(sweep: SweepRuns, configs: pd.DataFrame) -> confirmed.Decided:
 
 def plan_of(params: dict) -> Plan:
     """The decision plan a sweep ran with, from its parent run's params (the defaults for an older record)."""
-
-    def number(key, default, kind):
-        value = params.get(key)
-        return kind(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else default
-
-    seeds = number("confirm_seeds", 3, int)
-    margin = number("decision_margin", Plan(3, 3, 0.05).margin, float)
-    return Plan(seeds=seeds, max_seeds=max(seeds, number("confirm_max_seeds", seeds, int)), margin=margin)
+    seeds, max_seeds, margin = legacy.plan_params(params)
+    return Plan(seeds=seeds, max_seeds=max_seeds, margin=margin)
 
 
 # ----------------------------------------------------------------------------- the published reference

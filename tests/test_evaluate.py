@@ -19,9 +19,10 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from analysis.evaluate import evaluate_sweep, method_params
+from analysis.evaluate import evaluate_sweep
 from analysis.runs import param_from_mlflow, read_sweep_record
 from conftest import NEGATIVE, POSITIVE, write_task_file
+from peftune.legacy import method_params
 from peftune.methods.options import options_from_params
 from peftune.trial_spec import DataSettings
 from peftune.trial_spec import TrialSpec as Spec

@@ -18,6 +18,7 @@ from peftune import checkpoint, methods, record, train, trial_spec, validation
 from peftune.backbone import check_tokenizer_files, read_config, resolve_model_dir
 from peftune.cli_common import Parser, add_model_args, check_device, check_output_dir, finite_float, path_arg
 from peftune.errors import UserError
+from peftune.legacy import FLAG_ONLY
 
 
 def add_train_parser(sub) -> None:
@@ -111,11 +112,6 @@ def add_method_args(parser: argparse.ArgumentParser) -> None:
         help="an option of the method's config as KEY=VALUE, as its own flag sets it (the form of the commands "
         "recorded before every option had a flag), e.g. --option targets=query,value",
     )
-
-
-# options never recorded as --option KEY=VALUE, so there a mistake: dropout (whose flag's default would win) and
-# the sizes that had their own flag before every option did (each recorded command spells them so)
-FLAG_ONLY = ("dropout", "rank", "alpha", "bottleneck", "prefix_length", "prompt_length", "k")
 
 
 def method_flags() -> dict[str, list[tuple[str, methods.MethodOption]]]:

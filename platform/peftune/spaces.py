@@ -21,7 +21,7 @@ import torch
 import yaml
 from pydantic import Field, SkipValidation, StrictBool, StrictInt, StrictStr, TypeAdapter
 
-from peftune import methods, validation
+from peftune import legacy, methods, validation
 from peftune.backbone import DEFAULT_MODEL, BertConfig
 from peftune.data import INVALID_ROW_POLICIES
 from peftune.errors import PeftuneError
@@ -251,9 +251,7 @@ class Budget(Section):
 
     @classmethod
     def renamed_keys(cls) -> dict[str, str]:
-        # the total of all methods' trials: a method added to the list silently took trials from the others
-        return {"num_samples": "no longer taken (it was all methods' trials together); give trials_per_method, each "
-                "method's trials (70 for 14 methods: trials_per_method: 5)"}  # fmt: skip
+        return legacy.RENAMED_BUDGET_KEYS  # num_samples, before trials_per_method
 
     # per task, further train rows the confirmation decides on (the best per budget, a cheaper one not worse,
     # which configurations get more seeds); dev only reports. 0: none (the confirmation then decides nothing)
@@ -413,9 +411,7 @@ class SweepDefinition(_Settings):
         data = {k: v for k, v in self.to_dict().items() if k != "description"}
         for key in ("pack_size", "pack_wait_s"):  # how trials run, not what is searched: a resume may change them
             data["resources"].pop(key)
-        # the budget's trials as sweeps spelled them before trials_per_method (all methods' in one number), so that
-        # a sweep begun then resumes under the same fingerprint
-        data["budget_num_samples"] = data.pop("budget_trials_per_method") * len(self.spaces)
+        data = legacy.fingerprint_budget(data, len(self.spaces))  # a sweep begun with num_samples resumes
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
     def with_overrides(self, *, name=None, model=None, multi_objective=None, invalid_rows=None, **budget):
