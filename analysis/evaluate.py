@@ -93,6 +93,29 @@ def select_configurations(sweep: SweepRuns, top: int | None = None) -> pd.DataFr
     return front
 
 
+def answer_configurations(sweep: SweepRuns) -> pd.DataFrame:
+    """Each budget's pick and its best contender (the decision procedure replayed on the record), each
+    represented by its search trial, with the budgets it stands for in ``answer_role``."""
+    from analysis import report
+
+    configs = confirmed.configurations(sweep)
+    if not len(configs) or configs["source"].iloc[0] != "confirmed":
+        raise UserError(f"sweep {sweep.name!r} has no confirmation runs: --answer needs its answer per budget")
+    outcome = report.decide(sweep, configs).outcome
+    roles: dict[str, list[str]] = {}
+    for a in outcome.answers if outcome is not None else ():
+        for role, key in (("pick", a.pick), ("best", a.best)):
+            if key is not None:
+                roles.setdefault(key, []).append(f"{role} <= {a.budget:g}%")
+    if not roles:
+        raise UserError(f"sweep {sweep.name!r}: no budget has a pick to evaluate")
+    search = pareto.eligible(sweep.trials, (COMPLETED, EARLY_STOPPED))
+    search = search[search["config_key"].isin(roles)].sort_values(SCORE, ascending=False, kind="stable")
+    chosen = search.drop_duplicates("config_key")
+    chosen = chosen.assign(answer_role=chosen["config_key"].map(lambda k: ", ".join(dict.fromkeys(roles[k]))))
+    return chosen.sort_values([pareto.COST, SCORE], ascending=[True, False], kind="stable")
+
+
 def _confirmed_frontier(sweep: SweepRuns) -> pd.DataFrame | None:
     """The search trials of the configurations on the frontier of the seed means; None without confirmation runs."""
     configs = confirmed.configurations(sweep)
@@ -218,10 +241,12 @@ def load_test_splits(test_dir, tasks: Sequence[str], tokenizer, max_length: int,
 def evaluate_sweep(
     name: str,
     data_dir: str | Path,
-    test_dir: str | Path,
+    test_dir: str | Path | None,
     *,
     seeds: int = 3,
     top: int | None = None,
+    answer: bool = False,
+    epochs: int | None = None,
     tracking_uri: str | None = None,
     output: str | Path | None = None,
     device: str = "auto",
@@ -229,13 +254,19 @@ def evaluate_sweep(
     invalid_rows: str = "raise",
     log_artifacts: bool = True,
 ) -> Evaluation:
-    """Re-train (or restore) the frontier configurations of sweep ``name`` with ``seeds`` seeds; score dev and test."""
+    """Re-train (or restore) the frontier configurations of sweep ``name`` with ``seeds`` seeds; score dev and test.
+
+    ``answer``: each budget's pick and its best contender instead of the frontier (whether the answer transfers);
+    ``epochs``: train each that many epochs instead of its recorded ones (no checkpoint is restored then);
+    ``test_dir`` None: dev only."""
 
     if seeds < 1:
         raise UserError(f"--seeds must be >= 1, got {seeds}")
+    if epochs is not None and not 1 <= epochs <= 1_000:
+        raise UserError(f"--epochs must be from 1 to 1000, got {epochs}")
     sweep = read_sweep_record(name, tracking_uri)
     client = mlflow.MlflowClient(tracking_uri=sweep.tracking_uri)
-    configurations = select_configurations(sweep, top)
+    configurations = answer_configurations(sweep) if answer else select_configurations(sweep, top)
     log.info(
         "evaluating %d frontier configuration(s) of sweep %s with %d seed(s): %s",
         len(configurations),
@@ -243,7 +274,7 @@ def evaluate_sweep(
         seeds,
         ", ".join(configurations["label"]),
     )
-    data = _evaluation_data(sweep, client, data_dir, test_dir, invalid_rows, device)
+    data = _evaluation_data(sweep, client, data_dir, test_dir, invalid_rows, device, epochs)
     rows = []
     for _, trial in configurations.iterrows():
         recorded_dev = {m: trial[m] for m in [SCORE, *sweep.task_metrics]}
@@ -251,6 +282,7 @@ def evaluate_sweep(
         base_seed = int(trial["seed"]) if pd.notna(trial["seed"]) else 0
         for i, seed in enumerate(evaluation_seeds(sweep, trial, seeds)):
             restore = i == 0 and seed == base_seed and restore_checkpoints and bool(trial.get("has_checkpoint"))
+            restore = restore and epochs is None  # a checkpoint holds the recorded epochs' training
             rows += _evaluate_seed(data, trial, seed, restore)
     runs = pd.DataFrame(rows)
     summary = summarize(runs, [SCORE, *sweep.task_metrics])
@@ -272,9 +304,11 @@ class _EvaluationData:
     train_settings: dict  # the sweep definition's ``train`` section
     device: str  # as asked (a TrainConfig's device)
     torch_device: object  # as selected on this machine
+    epochs: int | None = None  # each re-training's epochs (None: as recorded)
 
 
-def _evaluation_data(sweep: SweepRuns, client, data_dir, test_dir, invalid_rows: str, device: str) -> _EvaluationData:
+def _evaluation_data(sweep: SweepRuns, client, data_dir, test_dir, invalid_rows: str, device: str,
+                     epochs: int | None = None) -> _EvaluationData:  # fmt: skip
     """Read the sweep's data with its recorded budget, then the test split (once, after every selection)."""
 
     p = sweep.parent_params
@@ -299,12 +333,13 @@ def _evaluation_data(sweep: SweepRuns, client, data_dir, test_dir, invalid_rows:
     definition = yaml.safe_load(_artifact_text(client, sweep.parent_run_id, "sweep.yaml") or "{}") or {}
     tokenizer = load_tokenizer(resolve_model_dir(model))
     # the one place the test split is read: every configuration is chosen before, on dev
-    tests = load_test_splits(test_dir, sweep.tasks, tokenizer, max_length, invalid_rows)
+    tests = {} if test_dir is None else load_test_splits(test_dir, sweep.tasks, tokenizer, max_length, invalid_rows)
     # named by the file read (a split's own `source` is the first file of that content the tokenize cache saw)
     test_hashes = {get_task(task).test_file: split.sha256 for task, split in tests.items()}
     check_data(prepared, json.loads(recorded) if recorded else None, test_hashes, data_dir)
-    test_tasks = {t: TaskData(train=prepared.tasks[t].train, dev=tests[t]) for t in sweep.tasks}
-    return _EvaluationData(client, prepared, test_tasks, definition.get("train") or {}, device, select_device(device))
+    test_tasks = {t: TaskData(train=prepared.tasks[t].train, dev=tests[t]) for t in tests}
+    return _EvaluationData(client, prepared, test_tasks, definition.get("train") or {}, device, select_device(device),
+                           epochs)  # fmt: skip
 
 
 def confirmation_train_rows(sweep: SweepRuns, client) -> int | None | bool:
@@ -348,23 +383,27 @@ def _evaluate_seed(data: _EvaluationData, trial: pd.Series, seed: int, restore: 
             config = recorded_config(stored, where, seed, data.device, selecting)
         else:
             config = rerun_config(trial, seed, data.train_settings, data.device, selecting)
+        if data.epochs is not None:
+            config = dataclasses.replace(config, epochs=data.epochs, eval_splits=rerun_splits(data.epochs, selecting))
         model, dev = _retrain(config, data.prepared)
-    test = evaluate(model, data.test_tasks, batch_size, data.torch_device)
-    test[SCORE] = overall_score(test)
+    test = evaluate(model, data.test_tasks, batch_size, data.torch_device) if data.test_tasks else {}
+    if test:
+        test[SCORE] = overall_score(test)
     seconds = time.perf_counter() - started
     log.info(
-        "%s seed %d (%s, %.0fs): dev score %.4f, test score %.4f",
-        *(trial["label"], seed, source, seconds, dev[SCORE], test[SCORE]),
+        "%s seed %d (%s, %.0fs): dev score %.4f%s",
+        *(trial["label"], seed, source, seconds, dev[SCORE], f", test score {test[SCORE]:.4f}" if test else ""),
     )
     rows = ", ".join(f"{task} {len(split.train)}" for task, split in data.prepared.tasks.items())
-    return [{**_row(trial, seed, split, source, metrics), "train_rows": rows}
-            for split, metrics in (("dev", dev), ("test", test))]  # fmt: skip
+    rows += f" x {data.epochs} epoch(s)" if data.epochs is not None else ""
+    scored = (("dev", dev), ("test", test)) if test else (("dev", dev),)
+    return [{**_row(trial, seed, split, source, metrics), "train_rows": rows} for split, metrics in scored]
 
 
 def _row(trial: pd.Series, seed: int | None, split: str, source: str, metrics: dict) -> dict:
     return {
         "run_id": trial["run_id"],
-        "label": trial["label"],
+        "label": trial["label"] + (f" ({trial['answer_role']})" if isinstance(trial.get("answer_role"), str) else ""),
         "method": trial["method"],
         "size": trial["size"],
         pareto.COST: trial[pareto.COST],
@@ -469,10 +508,12 @@ def write_evaluation(evaluation: Evaluation, *, test_dir, seeds: int) -> None:
     evaluation.runs.to_csv(files[0], index=False)
     evaluation.summary.to_csv(files[1], index=False)
     table = mean_std_table(evaluation.summary, metrics)
+    answer = "answer_role" in evaluation.configurations
+    what = "each budget's pick and best contender" if answer else "the dev frontier"
     files[2].write_text(
-        f"# Sweep {sweep.name}: final evaluation of the dev frontier\n\n"
-        f"- backbone `{sweep.backbone}`; {len(evaluation.configurations)} frontier configuration(s), {seeds} seed(s) "
-        f"each; test files from `{test_dir}`\n"
+        f"# Sweep {sweep.name}: final evaluation of {what}\n\n"
+        f"- backbone `{sweep.backbone}`; {len(evaluation.configurations)} configuration(s), {seeds} seed(s) "
+        f"each; {f'test files from `{test_dir}`' if test_dir is not None else 'dev only (no test split given)'}\n"
         "- `selection (sweep)`: the trial's own figure on the split that selected it (the selection split; dev in "
         "records older than it); `dev` and `test`: mean ± sample std over the "
         "seeds (the first seed restored from the trial's checkpoint when it has one), best dev epoch of each run\n\n"

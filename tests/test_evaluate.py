@@ -22,6 +22,7 @@ from safetensors.torch import save_file
 from analysis.evaluate import evaluate_sweep
 from analysis.runs import param_from_mlflow, read_sweep_record
 from conftest import NEGATIVE, POSITIVE, write_task_file
+from peftune.errors import UserError
 from peftune.legacy import method_params
 from peftune.methods.options import options_from_params
 from peftune.trial_spec import DataSettings
@@ -280,3 +281,19 @@ def test_a_search_trial_judged_at_data_fidelity_rungs_re_trains_without_a_traceb
     assert config.report_fractions == [] and config.eval_splits == ["selection", "dev"]
     model, metrics = _retrain(config, tiny_prepared)
     assert 0.0 <= metrics["score"] <= 1.0 and model is not None
+
+
+def test_dev_only_at_more_epochs_and_no_answer_without_a_confirmation(sweep_store, data_dirs, tmp_path):
+    """Without a test split the evaluation scores dev only; --epochs re-trains every seed (no checkpoint restored)
+    for that many epochs, and the table says so; --answer needs the record's answer per budget."""
+    uri, _ = sweep_store
+    data, _ = data_dirs
+    evaluation = evaluate_sweep(SWEEP, data, None, seeds=1, top=1, epochs=3, tracking_uri=uri,
+                                output=tmp_path / "report", log_artifacts=False)  # fmt: skip
+    runs = evaluation.runs
+    assert set(runs["split"]) == {"selection (sweep)", "dev"}
+    seeded = runs[runs["split"] == "dev"]
+    assert (seeded["source"] == "retrained").all() and seeded["train_rows"].str.endswith("x 3 epoch(s)").all()
+    assert "dev only" in (tmp_path / "report" / "evaluation" / "evaluation.md").read_text()
+    with pytest.raises(UserError, match="no confirmation runs: --answer"):
+        evaluate_sweep(SWEEP, data, None, answer=True, tracking_uri=uri, output=tmp_path / "r2", log_artifacts=False)

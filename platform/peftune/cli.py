@@ -160,9 +160,15 @@ def add_evaluate_parser(sub) -> None:
     p.add_argument(
         "--test-dir",
         type=path_arg,
-        required=True,
-        help="directory holding the labelled test files (ids-sst-test.csv, quora-test.csv, sts-test.csv: dev's format)",
+        help="directory holding the labelled test files (ids-sst-test.csv, quora-test.csv, sts-test.csv: dev's "
+        "format); without it, dev only",
     )
+    p.add_argument(
+        "--answer",
+        action="store_true",
+        help="evaluate each budget's pick and its best contender (does the answer transfer?) instead of the frontier",
+    )
+    p.add_argument("--epochs", type=int, help="train each configuration this many epochs (default: as it was)")
     p.add_argument(
         "--seeds", type=int, default=3, help="seeds per configuration: the trial's seed, +1, +2... (default 3)"
     )
@@ -194,6 +200,8 @@ def cmd_evaluate(args) -> int:
         args.test_dir,
         seeds=args.seeds,
         top=args.top,
+        answer=args.answer,
+        epochs=args.epochs,
         tracking_uri=args.tracking_uri,
         output=args.output,
         device=args.device,
