@@ -153,8 +153,10 @@ def own_rates(decided: Decided, sims: int = OWN_SIMULATIONS) -> tuple[str, pd.Da
                      "hits": r.hits, "simulations": r.n})  # fmt: skip
     k = max(sizes, default=2)
     reach = simulate.reachable_margin(world, k, outcome.plan)
-    said = (f"{world.describe()}; margin δ = {outcome.plan.margin:g}; the smallest margin these sizes reach within "
-            f"{outcome.plan.max_seeds} seeds (80% power, K = {k}, a normal approximation): about {reach:.3f}")
+    said = (
+        f"{world.describe()}; margin δ = {outcome.plan.margin:g}; the smallest margin these sizes reach within "
+        f"{outcome.plan.max_seeds} seeds (80% power, K = {k}, a normal approximation): about {reach:.3f}"
+    )
     return said, pd.DataFrame(rows, columns=OWN_RATE_COLUMNS)
 
 
@@ -434,8 +436,7 @@ def recommendation_display(table: pd.DataFrame) -> pd.DataFrame:
                 "Dev score (mean ± std, reported only)": mean_std(r.mean, r.std),
                 "Seeds (dev score's)": f"{r.seeds} ({r.dev_source})" if r.seeds else "",
                 "Best under the budget": "the pick" if same else f"{_text(r.best)}, {r.best_mean:.3f}",
-                "Pick - best of the others [simultaneous interval]": interval_text(r.diff, r.ci_low, r.ci_high)
-                + level,
+                "Pick - best of the others [simultaneous interval]": interval_text(r.diff, r.ci_low, r.ci_high) + level,
                 "P(best)": "" if pd.isna(r.p_best) else f"{r.p_best:.2f}",
                 "Expected regret (95% bound)": "" if pd.isna(r.regret) else f"{r.regret:.3f} ({r.regret_high:.3f})",
                 "What would decide it": _text(r.needs),
