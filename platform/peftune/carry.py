@@ -155,12 +155,15 @@ def run_carried(definition: SweepDefinition, runnable, trial_logger, client, sto
         run_config=tune.RunConfig(
             name=f"{definition.name}-carry-{time.strftime('%Y%m%d-%H%M%S')}",  # a fresh experiment per run
             storage_path=storage,
-            callbacks=[trial_logger, console.Progress("carried", len(todo), definition.budget.epochs),
-                       CheckpointPruner(score=None), *callbacks],  # fmt: skip
+            callbacks=[
+                trial_logger,
+                console.Progress("carried", len(todo), definition.budget.epochs),
+                CheckpointPruner(score=None),
+                *callbacks,
+            ],  # fmt: skip
             failure_config=tune.FailureConfig(max_failures=definition.max_failures),
             verbose=verbose,
         ),
     )
     tuner.fit()
     return len(todo)
-

@@ -442,9 +442,8 @@ def answer(budget: float, iv: Intervals, costs: Mapping[str, float], margin: flo
         out.p_best, out.regret, out.regret_high = _posterior(f, pick)
     if chosen is not None:  # a claim: the pick is within the margin of the best of the others
         out.decision = BETTER if chosen == best and low_of[best] > 0 else NOT_WORSE
-        out.why = (
-            f"the cheapest configuration shown not worse than the best of the others by more than {margin:g}"
-            + ("; every cheaper one is shown worse by more than that" if before and not open_ else "")
+        out.why = f"the cheapest configuration shown not worse than the best of the others by more than {margin:g}" + (
+            "; every cheaper one is shown worse by more than that" if before and not open_ else ""
         )
         if not open_:
             return out
