@@ -150,6 +150,7 @@ def tiny_prepared(tiny_data_dir):
 # one core sat idle for the last 3.3 minutes). By the slow tier's measured time per file, longest first.
 LONGEST_FIRST = (
     "test_fresh_machine",
+    "test_decision_rates",
     "test_multitask_job",
     "test_faults",
     "test_postgres",
