@@ -169,8 +169,8 @@ def _read_sweep_record(name: str, uri: str, client) -> SweepRuns:
 
 
 # (tracking URI, run id, split) -> that completed run's predictions: the artifact of a completed run never
-# changes, and the confirmation asks for every run's predictions after each round of added seeds (about 50 ms
-# of HTTP calls per run: 5.7 s for the 108 runs of the cpu job, the slots idle meanwhile)
+# changes, and the confirmation asks for every run's predictions after each round of added seeds (HTTP calls per
+# run, the slots idle meanwhile)
 _PREDICTIONS: dict[tuple[str, str, str], pd.DataFrame] = {}
 
 

@@ -37,10 +37,10 @@ from peftune.train import TrainConfig, TrainingDiverged
 log = logging.getLogger("peftune.packing")
 
 # a member's trial that neither went on nor stopped within this is taken as stopped (its process died): Tune
-# answers a report in well under a second, and its slowest driver steps measured here took seconds, not minutes
+# answers a report far sooner (docs/benchmarks.md, "Packed trials")
 DECISION_TIMEOUT_S = 300.0
-# the least a new runner waits for its top-up CPUs (``pack_wait_s`` where longer): about twice the 3.6-5.5 s a
-# runner's process took to start here, so that a short ``pack_wait_s`` does not leave every top-up unheld
+# the least a new runner waits for its top-up CPUs (``pack_wait_s`` where longer): about twice a runner process's
+# start, so that a short ``pack_wait_s`` does not leave every top-up unheld (docs/benchmarks.md, "Packed trials")
 RUNNER_START_S = 10.0
 
 

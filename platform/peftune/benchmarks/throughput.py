@@ -546,7 +546,7 @@ def run_pack_bench(prepared, methods: list[str], sizes: list[int], batch_size: i
     """(method, K) -> {"packed": rounds, "solo": rounds}; packed and solo rounds alternate, so that the machine's
     noise hits both alike."""
     precision = auto_precision(device)
-    if device.type == "cuda":  # CUDA's context, cuBLAS's handles and the first kernels' loading: 15 s on one H200
+    if device.type == "cuda":  # CUDA's context, cuBLAS's handles and the first kernels' loading
         warm_up = pack_member_configs(methods[0], 2, batch_size, precision, device)
         packed_epoch(prepared, warm_up, device)
         solo_epochs(prepared, warm_up, device)
