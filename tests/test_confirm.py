@@ -542,3 +542,15 @@ def test_a_confirmation_trains_on_every_row_the_held_out_splits_leave(tiny_data_
     assert lines(a.train) < lines(b.train)
     assert lines(a.selection) == lines(b.selection) and lines(a.decision) == lines(b.decision)
     assert not (lines(b.selection) | lines(b.decision)) & lines(b.train)
+
+
+def test_the_start_line_prints_the_margin_and_the_smallest_reachable_one():
+    from types import SimpleNamespace
+
+    from peftune import spaces
+
+    definition = spaces.load_sweep(spaces.resolve_sweep_path("sst_tuning"), budget="cpu")
+    prepared = SimpleNamespace(tasks={"sst": SimpleNamespace(decision=[0] * 2000)})
+    line = confirm.reachable_margin_line(definition, prepared)
+    assert "margin δ = 0.02" in line and "up to 11 configurations a budget" in line  # 3 budgets x 3 + 2 anchors
+    assert "NOT reachable within max_seeds" in line and "the smallest reachable margin is about 0.0" in line

@@ -542,22 +542,24 @@ def log_dev_sizes(record, prepared, seed: int) -> None:
 
 
 def reachable_margin_line(definition, prepared) -> str | None:
-    """What the sweep says at start: whether ``confirm.margin`` is reachable at its sizes, and the smallest margin
-    that is (``decisions.reachable_margin``: 80% power, a configuration per method under a budget)."""
+    """What the sweep says at start: the margin, and the smallest margin its sizes reach within ``max_seeds``
+    (``decisions.reachable_margin``: 80% power for a cheaper configuration truly equal to the best, in a budget of
+    as many configurations as the confirmation can put under it; assumed components, the report measures them)."""
     settings = definition.confirm
     sizes = [len(data.decision) for data in prepared.tasks.values() if data.decision is not None]
     if settings.seeds == 0 or not sizes:
         return None
     examples = min(sizes) * len(sizes)  # the score averages the tasks: about as many examples in all
-    k = max(2, len(definition.methods))
+    per_budget = settings.contenders * len(BUDGETS_PCT) + 2 * settings.anchors if settings.contenders else 0
+    k = max(2, min(len(definition.methods) * max(settings.top_k, 1), per_budget or len(definition.methods)))
     smallest = decisions.reachable_margin(examples, k, plan_of(settings))
-    word = (
-        "reachable" if settings.margin >= smallest else "NOT reachable: a cheaper configuration will rarely be picked"
-    )
+    word = "reachable" if settings.margin >= smallest else (
+        "NOT reachable within max_seeds: a budget whose contenders are that close will be said to be open")  # fmt: skip
     return (
-        f"decisions: margin {settings.margin} on {min(sizes)} decision examples per task, up to {k} configurations "
-        f"a budget, {settings.seeds} to {settings.max_seeds} seeds: {word} (the smallest reachable margin is about "
-        f"{smallest:.3f}, assuming 24% disagreement and a seed sd of 0.02; `peftune decide --simulate` measures it)"
+        f"decisions: margin δ = {settings.margin} (the loss accepted for fewer parameters) on {min(sizes)} decision "
+        f"examples per task, up to {k} configurations a budget, {settings.seeds} to {settings.max_seeds} seeds: "
+        f"{word} (the smallest reachable margin is about {smallest:.3f}, assuming 24% disagreement and a seed sd "
+        "of 0.02; the report measures it on the sweep's own record)"
     )
 
 
