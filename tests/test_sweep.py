@@ -207,7 +207,7 @@ def test_sweep_records_parent_and_every_trial(local_ray, workdir, tracking_uri, 
 
     # running a finished sweep again restores it: nothing runs again but the failed trial (Ray retries
     # errored trials), which fails again; the record keeps one run per trial
-    again = sweep.run_sweep(spec, tiny_data_dir, tracking_uri, storage_path=workdir / "ray_results")
+    again = sweep.run_sweep(spec, tiny_data_dir, tracking_uri, storage_path=workdir / "ray_results", hooks=hooks)
     assert_state_is_the_record(loggers[-1], tracking_uri, result.parent_run_id)  # read once, then kept
     assert again.status == "completed_with_failures" and again.resumed and again.parent_run_id == result.parent_run_id
     assert again.statuses == result.statuses
