@@ -311,3 +311,18 @@ def test_the_own_rates_replay_the_procedure_at_the_records_sizes():
     picked = {w.split(",")[0] + w.split(",")[1].split("(")[0]: r for w, r in by_what.items() if w.endswith("picked")}
     assert picked["K=3 cheapest 0.000 below "].rate >= 0.6  # a truly equal cheaper one is picked
     assert picked[f"K=6 cheapest {2 * CPU.margin:.3f} below "].hits <= 2  # one worse by twice the margin is not
+
+
+def test_a_claim_made_at_an_earlier_look_stands():
+    """A configuration shown not worse at one look stays so at the next (Bonferroni over the looks covers it),
+    even where the next look's interval, with other seeds, reaches below the margin."""
+    f = d.Fit(("cheap", "best"), np.array([0.40, 0.41]), np.array([3.0, 3.0]), np.diag([1e-5, 1e-5]),
+              np.array([1e-4, 1e-4]), np.array([4.0, 4.0]), np.array([0, 0]), np.array([1e-4, 1e-4]),
+              np.array([0.0, 0.0]))  # fmt: skip
+    iv = d.intervals(f, 0.025)
+    costs = {"cheap": 0.1, "best": 1.0}
+    fresh = d.answer(100.0, iv, costs, 0.005, 10, 3.0, posterior=False)
+    assert fresh.decision == d.CANNOT_TELL
+    kept = d.answer(100.0, iv, costs, 0.005, 10, 3.0, posterior=False, claims={"cheap": d.NOT_WORSE})
+    assert kept.pick == "cheap" and kept.decision == d.NOT_WORSE and kept.decided
+    assert kept.claims["cheap"] == d.NOT_WORSE and "earlier look" in kept.why

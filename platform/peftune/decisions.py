@@ -394,6 +394,9 @@ class Answer:
     needs: str = ""  # what would decide it
     seeds_needed: int = 0  # where more seeds would: about how many per configuration (0: not seeds, or unknown)
     grow: list[str] = field(default_factory=list)  # configurations a further seed could decide it with
+    # the claims about its configurations, this look's with the earlier looks' (a claim, once made, stands):
+    # config -> "not worse" (within the margin of the best of the others) or "worse" (by more than the margin)
+    claims: dict[str, str] = field(default_factory=dict)
     why: str = ""
     pairs: list[dict] = field(default_factory=list)  # every pair of its family at its look (``pair_rows``)
 
@@ -404,7 +407,7 @@ class Answer:
 
 
 def answer(budget: float, iv: Intervals, costs: Mapping[str, float], margin: float, max_seeds: int,
-           q_last: float, posterior: bool = True) -> Answer:  # fmt: skip
+           q_last: float, posterior: bool = True, claims: Mapping[str, str] | None = None) -> Answer:  # fmt: skip
     """The answer for the configurations of ``iv`` (all under the budget) at this look (module docstring);
     ``posterior``: also P(best) and the regret, which decide nothing (a simulation leaves them out).
 
@@ -429,12 +432,18 @@ def answer(budget: float, iv: Intervals, costs: Mapping[str, float], margin: flo
     by_cost = sorted(range(len(names)), key=lambda i: (costs[names[i]], -f.means[i], names[i]))
     low_of = {i: iv.vs_best(i)[1] for i in by_cost}
     high_of = {i: iv.vs_best(i)[2] for i in by_cost}
-    not_worse = [i for i in by_cost if low_of[i] >= -margin]
+    out.claims = dict(claims or {})  # an earlier look's claim stands (Bonferroni over the looks covers it)
+    for i in by_cost:
+        if names[i] not in out.claims and low_of[i] >= -margin:
+            out.claims[names[i]] = NOT_WORSE
+        elif names[i] not in out.claims and high_of[i] < -margin:
+            out.claims[names[i]] = "worse"
+    not_worse = [i for i in by_cost if out.claims.get(names[i]) == NOT_WORSE]
     chosen = not_worse[0] if not_worse else None
     # the questions still open: configurations at least as cheap as the pick (as the best, without one) neither
     # shown not worse nor shown worse by more than the margin
     before = by_cost[: by_cost.index(chosen)] if chosen is not None else by_cost[: by_cost.index(best) + 1]
-    open_ = [j for j in before if high_of[j] >= -margin]
+    open_ = [j for j in before if names[j] not in out.claims]
     pick = chosen if chosen is not None else best
     out.pick = names[pick]
     out.diff, out.ci_low, out.ci_high = iv.vs_best(pick)
@@ -442,8 +451,10 @@ def answer(budget: float, iv: Intervals, costs: Mapping[str, float], margin: flo
         out.p_best, out.regret, out.regret_high = _posterior(f, pick)
     if chosen is not None:  # a claim: the pick is within the margin of the best of the others
         out.decision = BETTER if chosen == best and low_of[best] > 0 else NOT_WORSE
-        out.why = f"the cheapest configuration shown not worse than the best of the others by more than {margin:g}" + (
-            "; every cheaper one is shown worse by more than that" if before and not open_ else ""
+        out.why = (
+            f"the cheapest configuration shown not worse than the best of the others by more than {margin:g}"
+            + (" (at an earlier look: the interval printed is this look's)" if low_of[chosen] < -margin else "")
+            + ("; every cheaper one is shown worse by more than that" if before and not open_ else "")
         )
         if not open_:
             return out
@@ -580,13 +591,15 @@ def replay(values: Mapping[str, Values], configurations: Sequence[Configuration]
     known = [c for c in configurations if c.name in values and len(values[c.name].seeds)]
     count = {c.name: min(plan.seeds, len(values[c.name].seeds)) for c in known}
     settled: dict[float, Answer] = {}
+    claims: dict[float, dict[str, str]] = {}  # per budget, the claims made so far
     reasons: dict[str, str] = {c.name: "" for c in known}
     look, answers, wanted = 0, [], {}
     while True:
         look += 1
         data = {n: values[n].first(count[n]) for n in count}
-        answers = _look(data, known, plan, look, settled, summaries)
+        answers = _look(data, known, plan, look, settled, summaries, claims)
         for a in answers:
+            claims[a.budget] = dict(a.claims)
             if a.decided and a.budget not in settled:
                 settled[a.budget] = a
         grow = sorted({n for a in answers if not a.decided for n in a.grow if count[n] < plan.max_seeds})
@@ -627,7 +640,8 @@ def _reason(name: str, answers: Sequence[Answer], stopped: str) -> str:
 
 
 def _look(data: Mapping[str, Values], known: Sequence[Configuration], plan: Plan, look: int,
-          settled: Mapping[float, Answer], summaries: bool = True) -> list[Answer]:  # fmt: skip
+          settled: Mapping[float, Answer], summaries: bool = True,
+          claims: Mapping[float, Mapping[str, str]] | None = None) -> list[Answer]:  # fmt: skip
     costs = {c.name: c.trainable_pct for c in known}
     q_cache: dict[tuple[str, ...], float] = {}
     out = []
@@ -646,7 +660,8 @@ def _look(data: Mapping[str, Values], known: Sequence[Configuration], plan: Plan
         key = tuple(members)
         if key not in q_cache:  # the last look's q at max_seeds: what more seeds could reach
             q_cache[key] = _q_at_max(f, plan)
-        a = answer(budget, iv, costs, plan.margin, plan.max_seeds, q_cache[key], posterior=summaries)
+        a = answer(budget, iv, costs, plan.margin, plan.max_seeds, q_cache[key], posterior=summaries,
+                   claims=(claims or {}).get(budget))  # fmt: skip
         a.look, a.pairs = look, pair_rows(iv, plan.margin, budget)
         if not np.isfinite(iv.q):
             a.needs = "no seed variance can be estimated below 2 seeds: confirm with 2 or more"
