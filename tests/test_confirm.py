@@ -554,3 +554,17 @@ def test_the_start_line_prints_the_margin_and_the_smallest_reachable_one():
     line = confirm.reachable_margin_line(definition, prepared)
     assert "margin δ = 0.02" in line and "up to 11 configurations a budget" in line  # 3 budgets x 3 + 2 anchors
     assert "NOT reachable within max_seeds" in line and "the smallest reachable margin is about 0.0" in line
+
+
+def test_a_confirmation_runs_record_names_the_rows_it_trained_on(tmp_path):
+    """The trial logger and the worker read a confirmation run's settings alike: its data settings are the
+    confirmation's (every row not held out), so its params and trial_spec.json re-run what it trained."""
+    from peftune import spaces, sweep
+
+    definition = spaces.load_sweep(spaces.resolve_sweep_path("sst_tuning"), budget="cpu")
+    settings = sweep.trial_settings(definition, 100, tmp_path)
+    search = settings.for_trial({"method": "ia3", "peftune": {"phase": "search"}})
+    confirming = settings.for_trial({"method": "ia3", "peftune": {"phase": "confirm", "seed": 1}})
+    assert search.data.max_train_examples == 1600 and confirming.data.max_train_examples is None
+    sampled = {"lr": 3e-3, "dropout": 0.1, "weight_decay": 0.0}
+    assert confirming.trial_spec("ia3", sampled).params()["data.max_train_examples"] is None

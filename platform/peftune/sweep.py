@@ -213,8 +213,9 @@ def trial_settings(
     budget = definition.budget
     train = {**definition.train, **search.fidelity_settings(definition, steps_per_run)}
     data = spaces.data_settings(definition, data_dir)
+    confirm_data = spaces.confirm_data_settings(definition, data_dir)
     return worker.TrialSettings(definition.name, tuple(definition.tasks), budget.epochs, budget.batch_size,
-                                definition.seed, train, data=data,
+                                definition.seed, train, data=data, confirm_data=confirm_data,
                                 threads=max(1, int(definition.resources.cpus_per_trial)))  # fmt: skip
 
 
@@ -384,17 +385,17 @@ def open_trial_logger(definition, record, settings, prepared, storage: str, exis
     return trial_logger
 
 
-def _confirm_runnable(definition: SweepDefinition, data_dir, settings: worker.TrialSettings, search_runnable,
-                      trainable: Callable[..., None] = worker.trainable):  # fmt: skip
+def _confirm_runnable(definition: SweepDefinition, data_dir, settings: worker.TrialSettings, search_runnable):
     """The confirmation's trainable: the search's, on ``confirm.train_examples`` train rows per task (the budget a
-    user trains at; the same selection, decision and dev rows), read here once and never packed."""
-    data = spaces.confirm_data_settings(definition, data_dir)
-    if data == settings.data or data_dir is None:
+    user trains at; the same selection, decision and dev rows), read here once and never packed. Its trials'
+    settings read that data (``TrialSettings.confirm_data``), and so does their record."""
+    data = settings.confirm_data
+    if data is None or data == settings.data or data_dir is None:
         return search_runnable
     prepared = data.prepare(definition.tasks)
     rows = ", ".join(f"{task} {len(split.train)}" for task, split in prepared.tasks.items())
     log.info("confirmation: every run trains on %s train rows, %d epoch(s)", rows, definition.budget.epochs)
-    return _runnable(definition, prepared, dataclasses.replace(settings, data=data), packs=False, trainable=trainable)
+    return _runnable(definition, prepared, settings, packs=False)
 
 
 def _runnable(definition: SweepDefinition, prepared, settings: worker.TrialSettings, packs: bool = True,

@@ -43,6 +43,8 @@ class TrialSettings:
     train: dict[str, Any] = field(default_factory=dict)
     phase: str = record.SEARCH  # a confirmation run also evaluates dev and keeps its predictions
     data: DataSettings | None = None  # what the sweep's data was read with (None: unknown to these settings)
+    # what a confirmation run's data is read with (``confirm.train_examples`` train rows); None: ``data``
+    confirm_data: DataSettings | None = None
     threads: int | None = None  # torch's threads in a trial: its CPUs (a trial re-runs exactly on as many)
     reporting: bool = False  # a report run (``record.REPORT_REASON``): dev only, no decision split, no predictions
     packing: PackSettings | None = None  # how search trials of packable methods pack (peftune.packing); None: never
@@ -52,7 +54,9 @@ class TrialSettings:
         marks = config.get("peftune") or {}
         seed = int(marks["seed"]) if marks.get("seed") is not None else self.seed
         reporting = bool(marks.get("report"))
-        return dataclasses.replace(self, seed=seed, phase=marks.get("phase") or self.phase, reporting=reporting)
+        phase = marks.get("phase") or self.phase
+        data = self.confirm_data if phase == record.CONFIRM and self.confirm_data is not None else self.data
+        return dataclasses.replace(self, seed=seed, phase=phase, reporting=reporting, data=data)
 
     @staticmethod
     def split(config: dict) -> tuple[str, dict[str, Any]]:
