@@ -612,7 +612,10 @@ def replay(values: Mapping[str, Values], configurations: Sequence[Configuration]
             return Outcome(answers, dict(count), reasons, {}, look, stopped, data, plan, everything)
         wanted = {n: values[n].seeds[count[n]] if count[n] < len(values[n].seeds) else None for n in grow}
         missing = {n: _next_seed(values[n].seeds) for n, s in wanted.items() if s is None}
-        if missing:  # the data stop here: the confirmation trains these next
+        if missing:  # the data stop here: the confirmation trains these next (a record: it stopped adding)
+            for n in count:
+                why = "open: its next seed was not trained (max_seconds, or the sweep was interrupted)"
+                reasons[n] = reasons[n] or (why if n in missing else _reason(n, answers, "open"))
             return Outcome(answers, dict(count), reasons, missing, look, "", data, plan)
         for n in grow:
             count[n] += 1
