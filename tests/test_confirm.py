@@ -48,7 +48,7 @@ SWEEP = """\
     resources: {{cpus_per_trial: 1, max_concurrent_trials: {concurrency}}}
     max_failures: 0
     checkpoints_per_method: 0
-    confirm: {{top_k: 1, seeds: 2{confirm}}}
+    confirm: {{contenders: 0, anchors: false, top_k: 1, seeds: 2{confirm}}}
     budget: tiny
     budgets:
       tiny: {{trials_per_method: 2, epochs: 2, batch_size: 16, max_length: 32, max_train_examples: 48,
@@ -357,7 +357,8 @@ def test_confirm_section_resolves_per_budget_and_names_bad_keys(workdir):
     assert (spec.confirm.top_k, spec.confirm.seeds, spec.confirm.defaults) == (1, 2, False)
     path = Path(spec.source)
     text = path.read_text().replace(
-        "confirm: {top_k: 1, seeds: 2}", "confirm: {top_k: 3, by_budget: {tiny: {seeds: 0, defaults: true}}}"
+        "confirm: {contenders: 0, anchors: false, top_k: 1, seeds: 2}",
+        "confirm: {top_k: 3, by_budget: {tiny: {seeds: 0, defaults: true}}}",
     )
     path.write_text(text)
     resolved = spaces.load_sweep(path).confirm

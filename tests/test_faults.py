@@ -251,7 +251,8 @@ def test_a_stopped_driver_closes_every_run_as_interrupted(tmp_path, tiny_data_di
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     samples, confirm = 4, NO_CONFIRMATION
     if phase == "confirmation":  # a short search, then two seeds of its best, recorded on a tracking server as
-        samples, confirm = 2, "{top_k: 1, seeds: 2}"  # under `ray job submit` (with SQLite the old bug hid)
+        # under `ray job submit` (with SQLite the old bug hid)
+        samples, confirm = 2, "{contenders: 0, anchors: false, top_k: 1, seeds: 2}"
         server = MlflowServer(tmp_path)
         server.first_start()
         request.addfinalizer(server.kill)

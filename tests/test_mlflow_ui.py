@@ -55,7 +55,8 @@ SWEEP = """\
     resources: {{cpus_per_trial: 1, max_concurrent_trials: 2}}
     max_failures: 0
     checkpoints_per_method: 0
-    confirm: {{top_k: 1, seeds: 2, defaults: false, max_seeds: 2}}  # no seeds added: a bounded run time
+    # no seeds added: a bounded run time
+    confirm: {{contenders: 0, anchors: false, top_k: 1, seeds: 2, defaults: false, max_seeds: 2}}
     budget: tiny
     budgets:
       tiny: {{trials_per_method: 2, epochs: 1, batch_size: 16, max_length: 32, max_train_examples: 48,
