@@ -114,8 +114,10 @@ def test_confirmation_trains_seeds_of_each_methods_best(local_ray, workdir, tiny
         assert sorted(r.data.tags[record.SEED] for r in runs) == ["4", "5"]  # new seeds: the search used 3
         for run in runs:
             assert run.data.params["seed"] == run.data.tags[record.SEED]
-            same = {k: v for k, v in trial.data.params.items() if k != "seed"}
+            # the same configuration, on the confirmation's rows (every train row not held out) with its own seed
+            same = {k: v for k, v in trial.data.params.items() if k not in ("seed", "data.max_train_examples")}
             assert {k: run.data.params[k] for k in same} == same, "a confirmation trains another configuration"
+            assert run.data.params["data.max_train_examples"] == "None"
             assert run.data.tags["peftune.status"] == "completed" and run.info.status == "FINISHED"
             history = mlflow.MlflowClient(uri).get_metric_history(run.info.run_id, "score")
             assert sorted(m.step for m in history) == [1, 2]  # the full budget

@@ -385,7 +385,8 @@ def open_trial_logger(definition, record, settings, prepared, storage: str, exis
     return trial_logger
 
 
-def _confirm_runnable(definition: SweepDefinition, data_dir, settings: worker.TrialSettings, search_runnable):
+def _confirm_runnable(definition: SweepDefinition, data_dir, settings: worker.TrialSettings, search_runnable,
+                      trainable: Callable[..., None] = worker.trainable):  # fmt: skip
     """The confirmation's trainable: the search's, on ``confirm.train_examples`` train rows per task (the budget a
     user trains at; the same selection, decision and dev rows), read here once and never packed. Its trials'
     settings read that data (``TrialSettings.confirm_data``), and so does their record."""
@@ -395,7 +396,7 @@ def _confirm_runnable(definition: SweepDefinition, data_dir, settings: worker.Tr
     prepared = data.prepare(definition.tasks)
     rows = ", ".join(f"{task} {len(split.train)}" for task, split in prepared.tasks.items())
     log.info("confirmation: every run trains on %s train rows, %d epoch(s)", rows, definition.budget.epochs)
-    return _runnable(definition, prepared, settings, packs=False)
+    return _runnable(definition, prepared, settings, packs=False, trainable=trainable)
 
 
 def _runnable(definition: SweepDefinition, prepared, settings: worker.TrialSettings, packs: bool = True,
