@@ -18,15 +18,13 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import time
 from collections.abc import Callable, Mapping, Sequence
 
 import torch
-from ray import tune
 
 from peftune import console, methods
 from peftune.backbone import BertModel, read_config, resolve_model_dir
-from peftune.confirm import Candidate, Rounds, candidate_of, rank
+from peftune.confirm import Candidate, Rounds, candidate_of, fit_rounds, rank
 from peftune.methods.options import options_from_params
 from peftune.model import MultitaskModel
 from peftune.params import count_parameters
@@ -42,9 +40,7 @@ from peftune.record import (
     config_key,
     run_config_key,
     run_phase,
-    trial_name,
 )
-from peftune.resume import CheckpointPruner
 from peftune.spaces import Choice, Fixed, IntRange, SweepDefinition
 from peftune.tasks import parse_tasks
 
@@ -141,29 +137,7 @@ def run_carried(definition: SweepDefinition, runnable, trial_logger, client, sto
              len(wanted), len(todo))  # fmt: skip
     if not todo:
         return 0
-    tuner = tune.Tuner(
-        runnable,
-        param_space={},
-        tune_config=tune.TuneConfig(
-            search_alg=Rounds(todo, lambda: None),
-            num_samples=-1,
-            max_concurrent_trials=definition.resources.max_concurrent_trials,
-            reuse_actors=True,
-            trial_name_creator=trial_name,
-            trial_dirname_creator=trial_name,
-        ),
-        run_config=tune.RunConfig(
-            name=f"{definition.name}-carry-{time.strftime('%Y%m%d-%H%M%S')}",  # a fresh experiment per run
-            storage_path=storage,
-            callbacks=[
-                trial_logger,
-                console.Progress("carried", len(todo), definition.budget.epochs),
-                CheckpointPruner(score=None),
-                *callbacks,
-            ],  # fmt: skip
-            failure_config=tune.FailureConfig(max_failures=definition.max_failures),
-            verbose=verbose,
-        ),
-    )
-    tuner.fit()
+    fit_rounds(definition, runnable, Rounds(todo, lambda: None), "carry",
+               console.Progress("carried", len(todo), definition.budget.epochs), storage, trial_logger, callbacks,
+               verbose)  # fmt: skip
     return len(todo)

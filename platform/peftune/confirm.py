@@ -496,35 +496,43 @@ class Confirmation:
         return frame.assign(seed=frame["seed"].astype(int))
 
     def _fit(self, rounds: Rounds) -> None:
-        definition = self.definition
-        tuner = tune.Tuner(
-            self.runnable,
-            param_space={},
-            tune_config=tune.TuneConfig(
-                search_alg=rounds,
-                num_samples=-1,  # until the rounds say there is none left
-                max_concurrent_trials=definition.resources.max_concurrent_trials,
-                reuse_actors=True,
-                trial_name_creator=trial_name,
-                trial_dirname_creator=trial_name,
-            ),
-            run_config=tune.RunConfig(
-                name=f"{definition.name}-confirm-{time.strftime('%Y%m%d-%H%M%S')}",  # a fresh experiment per run
-                storage_path=self.storage,
-                callbacks=[
-                    self.trial_logger,
-                    console.Progress("confirmation", lambda: self.ran, definition.budget.epochs),
-                    CheckpointPruner(score=None),  # a retry needs the latest checkpoint, nothing else
-                    *self.callbacks,
-                ],
-                failure_config=tune.FailureConfig(max_failures=definition.max_failures),
-                verbose=self.verbose,
-            ),
-        )
-        tuner.fit()
+        fit_rounds(self.definition, self.runnable, rounds, "confirm", console.Progress(
+            "confirmation", lambda: self.ran, self.definition.budget.epochs), self.storage, self.trial_logger,
+            self.callbacks, self.verbose)  # fmt: skip
         # the record is read next; what a tracking outage still holds back leaves those runs unfinished:
         # the confirmation says interrupted and the next run completes it
         self.trial_logger.flush(self.flush_s)
+
+
+def fit_rounds(definition, runnable, rounds: Rounds, phase: str, progress, storage: str, trial_logger,
+               callbacks: Sequence = (), verbose: int = 1) -> None:  # fmt: skip
+    """Run ``rounds`` as one fresh Tune experiment ``<sweep>-<phase>-<time>`` (no Tune state restored): the
+    sweep's trainable, concurrency and retries, recorded by the sweep's trial logger."""
+    tuner = tune.Tuner(
+        runnable,
+        param_space={},
+        tune_config=tune.TuneConfig(
+            search_alg=rounds,
+            num_samples=-1,  # until the rounds say there is none left
+            max_concurrent_trials=definition.resources.max_concurrent_trials,
+            reuse_actors=True,
+            trial_name_creator=trial_name,
+            trial_dirname_creator=trial_name,
+        ),
+        run_config=tune.RunConfig(
+            name=f"{definition.name}-{phase}-{time.strftime('%Y%m%d-%H%M%S')}",  # a fresh experiment per run
+            storage_path=storage,
+            callbacks=[
+                trial_logger,
+                progress,
+                CheckpointPruner(score=None),  # a retry needs the latest checkpoint, nothing else
+                *callbacks,
+            ],
+            failure_config=tune.FailureConfig(max_failures=definition.max_failures),
+            verbose=verbose,
+        ),
+    )
+    tuner.fit()
 
 
 def log_dev_sizes(record, prepared, seed: int) -> None:
