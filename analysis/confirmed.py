@@ -235,8 +235,8 @@ def recommendations(
             row |= {"diff": a.diff, "ci_low": a.ci_low, "ci_high": a.ci_high, "level": a.level}
             row |= {"p_best": a.p_best.get(a.pick, math.nan), "regret": a.regret, "regret_high": a.regret_high}
             needs = a.needs
-            for key, label in zip(configs["config_key"], configs["label"], strict=True):  # keys to names
-                needs = needs.replace(str(key), str(label))
+            for key, label in _labels(configs).items():  # keys to names, two frozen ones told apart
+                needs = needs.replace(str(key), label)
             row |= {"needs": needs + _cost_of(a, int(pick["seeds"]), seconds_per_run), "look": a.look}
         rows.append(row)
     return pd.DataFrame(rows)

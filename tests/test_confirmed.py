@@ -325,3 +325,23 @@ def test_what_would_tell_is_costed_at_the_sweeps_speed():
     a = decisions.Answer(1.0, ["a", "b"], seeds_needed=10)
     assert confirmed._cost_of(a, 3, 60.0) == " (14 more runs: about 14 slot-minutes at this sweep's speed)"
     assert confirmed._cost_of(decisions.Answer(1.0, ["a", "b"]), 3, 60.0) == ""  # rows would tell, not seeds
+
+
+def test_two_configurations_of_one_label_are_told_apart_in_what_would_decide():
+    """Two frozen configurations (the default and a tuned one) left open name which is which, not "frozen" twice."""
+    from types import SimpleNamespace
+
+    from peftune import decisions
+
+    configs = pd.DataFrame({
+        "config_key": ["f0000000aa", "f1111111bb", "ia3000000c"], "label": ["frozen", "frozen", "ia3"],
+        "method": ["frozen", "frozen", "ia3"], "default": [True, False, False], "trainable_pct": [0.0, 0.0, 0.06],
+        "score_mean": [0.40, 0.41, 0.45], "score_std": [0.01] * 3, "seeds": [3] * 3, "report_seeds": [0] * 3,
+    })  # fmt: skip
+    configs[confirmed.pareto.COST] = [0.0, 0.0, 60.0]
+    configs[confirmed.pareto.COST_PCT] = configs["trainable_pct"]
+    answer = decisions.Answer(0.1, list(configs["config_key"]), best="ia3000000c", pick="ia3000000c")
+    answer.needs = "cheaper and still open: f0000000aa, f1111111bb"
+    decided = SimpleNamespace(outcome=SimpleNamespace(plan=None), answer=lambda budget: answer)
+    needs = confirmed.recommendations(configs, decided, budgets_pct=[0.1]).iloc[0]["needs"]
+    assert needs == "cheaper and still open: frozen (default), frozen [f1111111]"
