@@ -275,7 +275,7 @@ def evaluate_sweep(
         ", ".join(configurations["label"]),
     )
     data = _evaluation_data(sweep, client, data_dir, test_dir, invalid_rows, device, epochs)
-    rows = []
+    rows, todo = [], []
     for _, trial in configurations.iterrows():
         recorded_dev = {m: trial[m] for m in [SCORE, *sweep.task_metrics]}
         rows.append(_row(trial, None, "selection (sweep)", "sweep record", recorded_dev))
@@ -283,7 +283,10 @@ def evaluate_sweep(
         for i, seed in enumerate(evaluation_seeds(sweep, trial, seeds)):
             restore = i == 0 and seed == base_seed and restore_checkpoints and bool(trial.get("has_checkpoint"))
             restore = restore and epochs is None  # a checkpoint holds the recorded epochs' training
-            rows += _evaluate_seed(data, trial, seed, restore)
+            todo.append((i, trial, seed, restore))
+    # every configuration's first seed, then every second one: a long evaluation's log has them all early
+    for _, trial, seed, restore in sorted(todo, key=lambda job: job[0]):
+        rows += _evaluate_seed(data, trial, seed, restore)
     runs = pd.DataFrame(rows)
     summary = summarize(runs, [SCORE, *sweep.task_metrics])
     directory = Path(output or Path(REPORTS_DIR) / name) / "evaluation"

@@ -172,6 +172,9 @@ def test_evaluate_frontier_with_two_seeds(sweep_store, data_dirs, tmp_path):
     assert set(evaluation.configurations["run_id"]) == expected
     assert {"t0", "t2"} <= set(evaluation.configurations["trial_id"])
     runs = evaluation.runs
+    # run round by round: every configuration's first seed before any second one (a long evaluation's log
+    # has every configuration early)
+    assert list(runs[runs["split"] == "dev"]["seed"]) == [0] * len(expected) + [1] * len(expected)
     # per configuration: its sweep dev figure, then each seed's dev and test
     assert len(runs) == len(expected) * (1 + 2 * 2)
     for run_id in expected:
