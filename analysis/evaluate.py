@@ -94,8 +94,9 @@ def select_configurations(sweep: SweepRuns, top: int | None = None) -> pd.DataFr
 
 
 def answer_configurations(sweep: SweepRuns) -> pd.DataFrame:
-    """Each budget's pick and its best contender (the decision procedure replayed on the record), each
-    represented by its search trial, with the budgets it stands for in ``answer_role``."""
+    """Each budget's pick, its best and the best of the others (the rival the pick was compared with), by the
+    decision procedure replayed on the record; each represented by its search trial, with the budgets it stands
+    for in ``answer_role``. Where the pick is the best, the rival is what tells whether the answer transfers."""
     from analysis import report
 
     configs = confirmed.configurations(sweep)
@@ -104,7 +105,7 @@ def answer_configurations(sweep: SweepRuns) -> pd.DataFrame:
     outcome = report.decide(sweep, configs).outcome
     roles: dict[str, list[str]] = {}
     for a in outcome.answers if outcome is not None else ():
-        for role, key in (("pick", a.pick), ("best", a.best)):
+        for role, key in (("pick", a.pick), ("best", a.best), ("rival", rival(a))):
             if key is not None:
                 roles.setdefault(key, []).append(f"{role} <= {a.budget:g}%")
     if not roles:
@@ -114,6 +115,17 @@ def answer_configurations(sweep: SweepRuns) -> pd.DataFrame:
     chosen = search.drop_duplicates("config_key")
     chosen = chosen.assign(answer_role=chosen["config_key"].map(lambda k: ", ".join(dict.fromkeys(roles[k]))))
     return chosen.sort_values([pareto.COST, SCORE], ascending=[True, False], kind="stable")
+
+
+def rival(answer) -> str | None:
+    """The best of the others under the budget on the decision split: the configuration, other than the pick,
+    whose estimate lies highest against it (from the pairs of the budget's family); None without one."""
+    gaps = {}  # other config -> its estimate minus the pick's
+    for row in answer.pairs:
+        if answer.pick in (row["a"], row["b"]):
+            other = row["b"] if row["a"] == answer.pick else row["a"]
+            gaps[other] = row["diff_mean"] if row["a"] == other else -row["diff_mean"]
+    return max(gaps, key=gaps.__getitem__) if gaps else None
 
 
 def _confirmed_frontier(sweep: SweepRuns) -> pd.DataFrame | None:
@@ -256,7 +268,8 @@ def evaluate_sweep(
 ) -> Evaluation:
     """Re-train (or restore) the frontier configurations of sweep ``name`` with ``seeds`` seeds; score dev and test.
 
-    ``answer``: each budget's pick and its best contender instead of the frontier (whether the answer transfers);
+    ``answer``: each budget's pick, its best and the best of the others instead of the frontier (whether the
+    answer transfers);
     ``epochs``: train each that many epochs instead of its recorded ones (no checkpoint is restored then);
     ``test_dir`` None: dev only."""
 
@@ -268,7 +281,7 @@ def evaluate_sweep(
     client = mlflow.MlflowClient(tracking_uri=sweep.tracking_uri)
     configurations = answer_configurations(sweep) if answer else select_configurations(sweep, top)
     log.info(
-        "evaluating %d frontier configuration(s) of sweep %s with %d seed(s): %s",
+        "evaluating %d configuration(s) of sweep %s with %d seed(s): %s",
         len(configurations),
         name,
         seeds,
@@ -512,7 +525,7 @@ def write_evaluation(evaluation: Evaluation, *, test_dir, seeds: int) -> None:
     evaluation.summary.to_csv(files[1], index=False)
     table = mean_std_table(evaluation.summary, metrics)
     answer = "answer_role" in evaluation.configurations
-    what = "each budget's pick and best contender" if answer else "the dev frontier"
+    what = "each budget's pick, best and best of the others" if answer else "the dev frontier"
     files[2].write_text(
         f"# Sweep {sweep.name}: final evaluation of {what}\n\n"
         f"- backbone `{sweep.backbone}`; {len(evaluation.configurations)} configuration(s), {seeds} seed(s) "

@@ -345,3 +345,25 @@ def test_two_configurations_of_one_label_are_told_apart_in_what_would_decide():
     decided = SimpleNamespace(outcome=SimpleNamespace(plan=None), answer=lambda budget: answer)
     needs = confirmed.recommendations(configs, decided, budgets_pct=[0.1]).iloc[0]["needs"]
     assert needs == "cheaper and still open: frozen (default), frozen [f1111111]"
+
+
+def test_the_answer_to_re_train_holds_each_budgets_pick_and_the_best_of_the_others(record):
+    """--answer: where the pick is the budget's best, the configuration it was compared with is re-trained too."""
+    from analysis import evaluate
+
+    uri, _ = record
+    sweep = runs.read_sweep_record("noise", uri)
+    outcome = report.decide(sweep, confirmed.configurations(sweep)).outcome
+    chosen = evaluate.answer_configurations(sweep)
+    roles = dict(zip(chosen["config_key"], chosen["answer_role"], strict=True))
+    for a in (a for a in outcome.answers if a.pick is not None):
+        others = [k for k in a.members if k != a.pick]
+        if not others:
+            continue
+        rival = evaluate.rival(a)
+        assert rival in others and f"rival <= {a.budget:g}%" in roles[rival]
+        assert f"pick <= {a.budget:g}%" in roles[a.pick]
+        pick_vs = {r["b"] if r["a"] == a.pick else r["a"]: r for r in a.pairs if a.pick in (r["a"], r["b"])}
+        assert set(pick_vs) == set(others)  # the pick is compared with each of the others
+        estimate = {k: (r["diff_mean"] if r["a"] == k else -r["diff_mean"]) for k, r in pick_vs.items()}
+        assert estimate[rival] == max(estimate.values())

@@ -166,7 +166,8 @@ def add_evaluate_parser(sub) -> None:
     p.add_argument(
         "--answer",
         action="store_true",
-        help="evaluate each budget's pick and its best contender (does the answer transfer?) instead of the frontier",
+        help="evaluate each budget's pick, its best and the best of the others (does the answer transfer?) instead "
+        "of the frontier",
     )
     p.add_argument("--epochs", type=int, help="train each configuration this many epochs (default: as it was)")
     p.add_argument(
