@@ -119,12 +119,13 @@ class SweepResult:
 def init_ray(address: str | None = None) -> None:
     """Connect to a cluster (``address`` or ``RAY_ADDRESS``, as ``ray job submit`` sets) or start Ray locally.
 
-    Either way the trials run this driver's own code (:func:`code_runtime_env`), not a copy a node has installed.
+    Either way the trials run this driver's own code and settings (:func:`trial_runtime_env`), not a copy a node
+    has installed.
     """
     if ray.is_initialized():
         return
     address = address or os.environ.get("RAY_ADDRESS")
-    runtime_env = code_runtime_env()
+    runtime_env = trial_runtime_env()
     if address:
         ray.init(address=address, runtime_env=runtime_env)
     else:
@@ -134,24 +135,38 @@ def init_ray(address: str | None = None) -> None:
     note_sigterm()
 
 
-def code_runtime_env() -> dict[str, Any]:
-    """Ray's runtime environment that ships the driver's ``peftune`` (and ``analysis``) to every worker.
+# Tune waits this long (seconds) for a reused worker's previous trial thread to end before the next trial may use the
+# worker. A trial Tune stops ends at its blocked report and unwinds (its checkpoint directory removed, its memory
+# given back: worker.trainable's `finally`); Tune's default of 2 s was exceeded on a loaded 2-core machine, and a
+# late thread fails the *next* trial ("Could not re-use actor"), which ends the sweep interrupted. Waiting costs
+# nothing when the thread ends sooner: the join returns when it does.
+THREAD_TIMEOUT_VAR = "TUNE_FUNCTION_THREAD_TIMEOUT_S"
+THREAD_TIMEOUT_S = 120
+
+
+def trial_runtime_env() -> dict[str, Any]:
+    """Ray's runtime environment for the trials: the driver's ``peftune`` (and ``analysis``), and Tune's wait for
+    a reused worker's previous trial (:data:`THREAD_TIMEOUT_S`).
 
     ``py_modules``: Ray zips each package directory this process imports from (a few hundred kB; uploaded to
     the cluster once per content hash), unpacks it on each node and puts it first on the workers' path, so a
     node's installed copy, or none, does not matter; the dependencies must be on the node (README). Nothing
-    is added when the job's own runtime environment already sets ``py_modules`` (Ray refuses to merge two).
+    is added when the job's own runtime environment already sets ``py_modules`` (Ray refuses to merge two),
+    and no variable the job's ``env_vars`` or this process's environment already sets (theirs stands).
     """
     job = json.loads(os.environ.get("RAY_JOB_CONFIG_JSON_ENV_VAR") or "{}").get("runtime_env") or {}
+    env: dict[str, Any] = {}
+    if THREAD_TIMEOUT_VAR not in (job.get("env_vars") or {}):
+        env["env_vars"] = {THREAD_TIMEOUT_VAR: os.environ.get(THREAD_TIMEOUT_VAR) or str(THREAD_TIMEOUT_S)}
     if "py_modules" in job:
         log.info("the job sets py_modules itself: the trials import peftune from there")
-        return {}
+        return env
     here = Path(__file__).resolve().parent
     # the analysis package runs on the driver; shipped too, from beside peftune, for whatever a job hands the trials
     # (found without importing it: the library does not import analysis)
     spec = importlib.util.find_spec("analysis")
     found = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
-    return {"py_modules": [str(here), *(str(p) for p in found[:1])]}
+    return {**env, "py_modules": [str(here), *(str(p) for p in found[:1])]}
 
 
 def check_storage(storage: str, shared: bool) -> None:
