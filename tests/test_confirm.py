@@ -528,6 +528,8 @@ def test_each_budget_confirms_its_best_contenders_of_any_method_and_the_anchors(
     # <= 0.1%: ia3, r1; <= 1%: r8, ia3; <= 10%: r64, r8; then the anchors
     assert [ids[c.run_id] for c in picked] == ["ia3", "r1", "r8", "r64", "frozen", "full"]
     assert [ids[c.run_id] for c in confirm.select_candidates(children, contenders=1)] == ["ia3", "r8", "r64"]
+    # the confirmation's log names them as the report does, by method and size
+    assert [c.label for c in picked] == ["ia3", "lora r=1", "lora r=8", "lora r=64", "frozen", "full"]
 
 
 def test_a_confirmation_trains_on_every_row_the_held_out_splits_leave(tiny_data_dir):

@@ -28,6 +28,7 @@ from ray.tune.search import Searcher
 
 from peftune import console, decisions
 from peftune.methods.options import options_from_params
+from peftune.methods.sizes import size_label
 from peftune.record import (
     BEST_SCORE,
     BUDGETS_PCT,
@@ -74,6 +75,11 @@ class Candidate:
     params: dict  # its MLflow params, as logged (strings)
     trainable_pct: float = math.inf  # trainable parameters per task, % of the backbone (inf: not recorded)
     seconds_per_run: float = 0.0  # its search trial's training seconds per full run (0: not recorded)
+
+    @property
+    def label(self) -> str:
+        """``lora r=16``, ``ia3``: its method and size, as the report names it (its key is for machines)."""
+        return f"{self.method} {size_label(self.method, self.params)}".strip()
 
 
 ANCHORS = ("frozen", "full")  # the floor (heads only) and the ceiling (every weight) each report is read against
@@ -404,9 +410,10 @@ class Confirmation:
             read_at - flushed_at,
             decided_at - read_at,
         )
+        labels = {candidate.config_key: candidate.label for candidate in self.candidates}
         for answer in outcome.answers:
             log.info("confirmation: look %d, budget <= %g%%: %s (pick %s)", outcome.looks, answer.budget,
-                     answer.decision, answer.pick)  # fmt: skip
+                     answer.decision, labels.get(answer.pick, answer.pick))  # fmt: skip
         self.count_earlier_seeds(outcome)
         why = {a.budget: a for a in outcome.answers if not a.decided}
         grow = [
