@@ -315,7 +315,8 @@ def markdown_report(report: Report) -> str:
         "## Best configuration per method and size",
         "",
         "Params are the trainable parameters per task (shared + that task's own, heads excluded) and the "
-        "parameters the method adds for all tasks, as % of the backbone.",
+        "parameters the method adds for all tasks, as % of the backbone. A size marked *untuned default* was "
+        "tried only at the method's published default: its row says nothing of the method tuned at that size.",
         "",
         to_markdown(display_table(report.best)) if len(report.best) else "No completed trial yet.\n",
         "![score vs trainable parameters](score_vs_params.png)",

@@ -298,3 +298,26 @@ def test_a_report_that_fails_midway_leaves_its_folder_as_it_was(store, tmp_path,
     publish.write_report(sweep, output, reference=False)
     assert "## Held-out test split" in (output / "report.md").read_text()
     assert (output / "notes.txt").read_text() == "mine" and (output / "evaluation" / "evaluation.md").is_file()
+
+
+def test_the_per_size_table_says_which_sizes_only_an_untuned_default_represents():
+    """A default is a method's untuned setting (AdaptBert's rate, 1e-5, for LoRA): a size whose best trial is
+    it must not read as the method tuned at that size; nor a carried trial as one the search tuned there."""
+    from analysis import pareto
+    from analysis.report import adaptbert_table
+    from peftune.record import BEST_EPOCH, STORED_PARAMS_PCT
+
+    def row(run_id, method, size, score, trials, default=False, carried_from=""):
+        return {"run_id": run_id, "method": method, "size": size, "sst_accuracy": score, "score": score,
+                pareto.COST_PCT: 0.5, STORED_PARAMS_PCT: 0.5, "trials_in_group": trials, BEST_EPOCH: 1,
+                "default": default, "carried_from": carried_from}  # fmt: skip
+
+    best = pd.DataFrame([
+        row("a", "lora", "r=8", 0.33, 1, default=True),  # the only trial at r=8
+        row("b", "lora", "r=16", 0.45, 1, carried_from="x"),
+        row("c", "dora", "r=8", 0.40, 3, default=True),  # the default beat two tuned trials of its size
+        row("d", "ia3", "", 0.43, 2),
+    ])  # fmt: skip
+    sizes = list(adaptbert_table(best, ["sst_accuracy"])["Size"])
+    assert sizes == ["r=8 (untuned default)", "r=16 (tuned setting carried to this size)",
+                     "r=8 (default, best of its size)", ""]  # fmt: skip
