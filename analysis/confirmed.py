@@ -213,6 +213,7 @@ def recommendations(
         row |= {"trainable_pct": math.nan, "best": None, "best_mean": math.nan, "decision": "none fits"}
         row |= {"diff": math.nan, "ci_low": math.nan, "ci_high": math.nan, "level": math.nan, "p_best": math.nan}
         row |= {"regret": math.nan, "regret_high": math.nan, "needs": "", "look": 0, "dev_source": ""}
+        row["open"] = False  # a claim made while a cheaper configuration's question is still open
         plan = decided.outcome.plan if decided is not None and decided.outcome is not None else None
         row["margin"] = plan.margin if plan is not None else math.nan  # the words' delta
         a = decided.answer(budget) if decided is not None else None
@@ -232,6 +233,7 @@ def recommendations(
                 row |= {"mean": pick["score_mean"], "std": pick["score_std"], "seeds": int(pick["seeds"])}
                 row["dev_source"] = "the decision seeds"
             row |= {"best": best["label"], "best_mean": best["score_mean"], "decision": a.decision}
+            row["open"] = a.decision in (decisions.BETTER, decisions.NOT_WORSE) and not a.decided
             row |= {"diff": a.diff, "ci_low": a.ci_low, "ci_high": a.ci_high, "level": a.level}
             row |= {"p_best": a.p_best.get(a.pick, math.nan), "regret": a.regret, "regret_high": a.regret_high}
             needs = a.needs
@@ -430,6 +432,8 @@ def recommendation_display(table: pd.DataFrame) -> pd.DataFrame:
         margin = getattr(r, "margin", math.nan)
         word = r.decision if pd.isna(margin) or r.decision in ("only one fits", "none fits") else (
             f"{r.decision} (δ = {margin:g})")  # fmt: skip
+        if getattr(r, "open", False):  # the pick stands on what was answered; a cheaper one may yet be as good
+            word += "; a cheaper question still open"
         rows.append(
             {
                 "Budget (trainable/task)": f"≤ {r.budget_pct:g}%",

@@ -367,3 +367,16 @@ def test_the_answer_to_re_train_holds_each_budgets_pick_and_the_best_of_the_othe
         assert set(pick_vs) == set(others)  # the pick is compared with each of the others
         estimate = {k: (r["diff_mean"] if r["a"] == k else -r["diff_mean"]) for k, r in pick_vs.items()}
         assert estimate[rival] == max(estimate.values())
+
+
+def test_a_pick_made_while_a_cheaper_question_is_open_says_so_beside_its_word(built):
+    """A budget's "not worse" or "better" stands on the questions answered; where a cheaper configuration's is
+    still open (the seeds ran out, or the time cap), the answer is not final and its Decision cell says so."""
+    rec = built.recommendation
+    answers = [built.decisions.answer(budget) for budget in rec["budget_pct"]]
+    expected = [a is not None and a.decision in ("better", "not worse") and not a.decided for a in answers]
+    assert list(rec["open"]) == expected
+    shown = confirmed.recommendation_display(rec.assign(open=[True] + [False] * (len(rec) - 1)))
+    words = list(shown["Decision (decision split)"])
+    assert words[0].endswith("; a cheaper question still open") and words[0].startswith(rec["decision"].iloc[0])
+    assert not any("still open" in word for word in words[1:])
