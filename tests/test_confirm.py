@@ -485,7 +485,7 @@ def test_a_resume_counts_the_seeds_an_earlier_run_added(monkeypatch):
              (("a", (1, 2, 3)), ("b", (1, 2)))}  # fmt: skip
     outcome = decisions.Outcome([], {"a": 3, "b": 2}, {}, {}, 2, "decided", final)
     monkeypatch.setattr(confirm, "decide_round", lambda *args: outcome)
-    candidates = {k: NS(config_key=k, seconds_per_run=1.0) for k in "ab"}
+    candidates = {k: NS(config_key=k, seconds_per_run=1.0, label=k) for k in "ab"}
     settings = NS(max_seconds=None, report_seeds=0, max_seeds=4)
     confirmation = confirm.Confirmation(
         definition=NS(confirm=settings, tasks=("sst",), seed=0, name="s"), record=NS(tracking_uri=""),
