@@ -277,10 +277,7 @@ def budget_table(
         best_key = a.best if a is not None and a.best else under.iloc[0]["config_key"]
         found = decided.pairs(budget_label(budget)) if decided is not None else {}
         for _, r in under.drop_duplicates("method").iterrows():
-            # a default is the method's untuned setting: said so, so that no reader takes it for the method tuned
-            mark = " (untuned default)" if r.get("default") else " (tuned setting carried to this size)" if r.get(
-                "carried") else ""  # fmt: skip
-            label = r["label"] + mark
+            label = r["label"] + setting_mark(bool(r.get("default")), bool(r.get("carried")))
             row = {"budget_pct": budget, "method": r["method"], "label": label, "mean": r["score_mean"]}
             row |= {"std": r["score_std"], "seeds": int(r["seeds"]), "trainable_pct": r[pareto.COST_PCT]}
             hit = found.get(tuple(sorted((best_key, r["config_key"]))))
@@ -306,6 +303,15 @@ def _mean_frontier(configs: pd.DataFrame) -> pd.DataFrame:
         return configs
     mask = pareto.pareto_mask(configs["score_mean"].to_numpy(float), configs[pareto.COST].to_numpy(float))
     return configs[mask].sort_values([pareto.COST, "score_mean"], ascending=[True, False]).copy()
+
+
+def setting_mark(default: bool, carried: bool, tuned_beside: bool = False) -> str:
+    """What a configuration's setting was, where the search did not tune it at that size: a method's default is
+    its untuned setting (``tuned_beside``: it beat tuned trials of its size), a carried trial the method's tuned
+    setting moved to this size (peftune.carry). Said so that no reader takes a default for the method tuned."""
+    if default:
+        return " (default, best of its size)" if tuned_beside else " (untuned default)"
+    return " (tuned setting carried to this size)" if carried else ""
 
 
 def _labels(configs: pd.DataFrame) -> dict[str, str]:

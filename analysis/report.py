@@ -141,19 +141,13 @@ def adaptbert_table(
         }
     )
     table = best[list(columns)].rename(columns=columns).reset_index(drop=True)
-    marks = [_setting_mark(row) for _, row in best.iterrows()]
+    marks = [
+        confirmed.setting_mark(bool(row.get("default")), bool(row.get("carried_from")), row["trials_in_group"] > 1)
+        for _, row in best.iterrows()
+    ]
     table["Size"] = [(size + mark).strip() for size, mark in zip(table["Size"], marks, strict=True)]
     table.insert(len(table.columns) - 1, "On frontier", best["run_id"].isin(frontier_ids).to_numpy())
     return table
-
-
-def _setting_mark(row: pd.Series) -> str:
-    """What a size's best trial was, where it was not a tuned one: a method's default is its untuned setting
-    (the only trial of that size, or one that beat the tuned ones there), a carried trial the method's tuned
-    setting moved to this size (peftune.carry). So that no reader takes a default for the method tuned."""
-    if row.get("default"):
-        return " (untuned default)" if row.get("trials_in_group", 1) == 1 else " (default, best of its size)"
-    return " (tuned setting carried to this size)" if row.get("carried_from") else ""
 
 
 def decide(sweep: SweepRuns, configs: pd.DataFrame) -> confirmed.Decided:

@@ -8,6 +8,7 @@ Found in CI: on a loaded 2-core machine a stopped trial's thread took longer tha
 
 from __future__ import annotations
 
+import os
 import time
 
 import pytest
@@ -33,7 +34,7 @@ def test_a_trial_after_a_slowly_unwinding_one_runs_on_the_same_worker(sweep_ray,
     def slow_to_unwind(config):
         try:
             for step in range(3):
-                tune.report({"score": config["x"] * step, "pid": __import__("os").getpid()})
+                tune.report({"score": config["x"] * step, "pid": os.getpid()})
         finally:
             time.sleep(UNWIND_S)
 
