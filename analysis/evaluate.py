@@ -263,7 +263,7 @@ def evaluate_sweep(
     output: str | Path | None = None,
     device: str = "auto",
     restore_checkpoints: bool = True,
-    invalid_rows: str = "raise",
+    invalid_rows: str | None = None,
     log_artifacts: bool = True,
 ) -> Evaluation:
     """Re-train (or restore) the frontier configurations of sweep ``name`` with ``seeds`` seeds; score dev and test.
@@ -271,6 +271,7 @@ def evaluate_sweep(
     ``answer``: each budget's pick, its best and the best of the others instead of the frontier (whether the
     answer transfers);
     ``epochs``: train each that many epochs instead of its recorded ones (no checkpoint is restored then);
+    ``invalid_rows`` None: the sweep's own setting (its definition's ``invalid_rows``), so its rows are read again;
     ``test_dir`` None: dev only."""
 
     if seeds < 1:
@@ -323,10 +324,13 @@ class _EvaluationData:
     epochs: int | None = None  # each re-training's epochs (None: as recorded)
 
 
-def _evaluation_data(sweep: SweepRuns, client, data_dir, test_dir, invalid_rows: str, device: str,
+def _evaluation_data(sweep: SweepRuns, client, data_dir, test_dir, invalid_rows: str | None, device: str,
                      epochs: int | None = None) -> _EvaluationData:  # fmt: skip
     """Read the sweep's data with its recorded budget, then the test split (once, after every selection)."""
 
+    definition = yaml.safe_load(_artifact_text(client, sweep.parent_run_id, "sweep.yaml") or "{}") or {}
+    # the rows the sweep trained on: a preset that skips malformed rows (the multitask one) is read the same way
+    invalid_rows = invalid_rows or definition.get("invalid_rows") or "raise"
     p = sweep.parent_params
     model = str(p.get("model") or sweep.backbone)
     max_length = int(p.get("max_length") or 128)
@@ -346,7 +350,6 @@ def _evaluation_data(sweep: SweepRuns, client, data_dir, test_dir, invalid_rows:
     )
     prepared = data.prepare(sweep.tasks)
     recorded = _artifact_text(client, sweep.parent_run_id, "data_hashes.json")
-    definition = yaml.safe_load(_artifact_text(client, sweep.parent_run_id, "sweep.yaml") or "{}") or {}
     tokenizer = load_tokenizer(resolve_model_dir(model))
     # the one place the test split is read: every configuration is chosen before, on dev
     tests = {} if test_dir is None else load_test_splits(test_dir, sweep.tasks, tokenizer, max_length, invalid_rows)

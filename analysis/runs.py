@@ -17,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import pandas as pd
 
@@ -136,6 +137,13 @@ def _read_sweep_record(name: str, uri: str, client) -> SweepRuns:
     if len(parents) > 1:
         raise UserError(f"experiment {name!r} in {uri} holds more than one sweep parent run; expected one")
     parent = parents[0]
+    if parent.info.artifact_uri.startswith("mlflow-artifacts:") and urlparse(uri).scheme not in ("http", "https"):
+        # MLflow can only fetch such artifacts through the server that stored them
+        raise UserError(
+            f"sweep {name!r} in {uri} keeps its artifacts on the MLflow server that recorded it "
+            f"({parent.info.artifact_uri[:80]}); start it (`peftune up` where the store lives) and pass "
+            "--tracking-uri http://127.0.0.1:5000, or set MLFLOW_TRACKING_URI to it"
+        )
     children = [
         run
         for run in _search_all(client, experiment_id, f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'")

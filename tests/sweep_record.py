@@ -61,6 +61,7 @@ def record_sweep(
     planned_epochs: int = 2,
     batch_size: int = 16,
     seed: int = 0,
+    definition: dict | None = None,
 ) -> tuple[str, str, dict[str, str]]:
     """Create the experiment, its parent run and one child run per trial; returns (experiment id, parent id, runs)."""
     import mlflow
@@ -102,7 +103,8 @@ def record_sweep(
         **budget,
     }
     client.log_batch(parent_id, params=[Param(k, _value(v)) for k, v in params.items()])
-    definition = {"name": name, "tasks": tasks, "model": model, "seed": seed, "train": train_settings or {}}
+    definition = {"name": name, "tasks": tasks, "model": model, "seed": seed, "train": train_settings or {},
+                  **(definition or {})}  # fmt: skip
     client.log_text(parent_id, yaml.safe_dump(definition), "sweep.yaml")
     client.log_dict(parent_id, data_hashes or {}, "data_hashes.json")
 

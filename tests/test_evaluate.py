@@ -300,3 +300,35 @@ def test_dev_only_at_more_epochs_and_no_answer_without_a_confirmation(sweep_stor
     assert "dev only" in (tmp_path / "report" / "evaluation" / "evaluation.md").read_text()
     with pytest.raises(UserError, match="no confirmation runs: --answer"):
         evaluate_sweep(SWEEP, data, None, answer=True, tracking_uri=uri, output=tmp_path / "r2", log_artifacts=False)
+
+
+def test_a_sweep_that_skipped_malformed_rows_is_re_read_the_same_way(tiny_model_dir, data_dirs, tmp_path):
+    """The multitask preset skips Quora's two malformed train rows (``invalid_rows: skip``): its record is
+    evaluated without being told so; ``invalid_rows="raise"`` still stops at the row, naming file and line."""
+    data, _ = data_dirs
+    broken = tmp_path / "data"
+    shutil.copytree(data, broken)
+    with open(broken / "sts-train.csv", "a", encoding="utf-8") as f:
+        f.write("72\tid0072\ta fine film\t\t5.0\n")  # line 74: an empty second sentence
+    counts = {key: 1_000 for key in COUNT_KEYS}
+    trial = TrialSpec("t0", "frozen", {}, [{"sst_accuracy": 0.5, "sts_pearson": 0.1}], counts, lr=1e-2)
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    record_sweep(uri, "skipping", TASKS, [trial], artifact_dir=tmp_path / "artifacts", model=str(tiny_model_dir),
+                 planned_epochs=1, definition={"invalid_rows": "skip"})  # fmt: skip
+    evaluation = evaluate_sweep("skipping", broken, None, seeds=1, tracking_uri=uri, output=tmp_path / "report",
+                                log_artifacts=False)  # fmt: skip
+    assert (evaluation.runs["split"] == "dev").sum() == 1
+    with pytest.raises(UserError, match=r"sts-train.csv, line 74: empty text"):
+        evaluate_sweep("skipping", broken, None, seeds=1, tracking_uri=uri, output=tmp_path / "r2",
+                       invalid_rows="raise", log_artifacts=False)  # fmt: skip
+
+
+def test_a_record_whose_artifacts_live_on_its_server_names_the_server(tmp_path):
+    """A sweep run through ``peftune up`` keeps its artifacts behind the MLflow server (``mlflow-artifacts:``);
+    read through its SQLite file, the one-line error says to start the server and read through it."""
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    client = mlflow.MlflowClient(tracking_uri=uri)
+    experiment = client.create_experiment("served", artifact_location="mlflow-artifacts:/1")
+    client.create_run(experiment, tags={"peftune.role": "sweep", "peftune.sweep": "served"})
+    with pytest.raises(UserError, match=r"start it \(`peftune up` where the store lives\) and pass --tracking-uri"):
+        read_sweep_record("served", uri)

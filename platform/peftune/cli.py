@@ -180,7 +180,11 @@ def add_evaluate_parser(sub) -> None:
         default=True,
         help="restore the trial's logged checkpoint for its own seed instead of re-training it (default: on)",
     )
-    p.add_argument("--invalid-rows", default="raise", choices=["raise", "skip"], help="as for train")
+    p.add_argument(
+        "--invalid-rows",
+        choices=["raise", "skip"],
+        help="as for train (default: the sweep's own, its definition's invalid_rows)",
+    )
     p.add_argument("--device", default="auto", help="auto (CUDA if present, else CPU), cpu, cuda, cuda:1...")
     p.set_defaults(func=cmd_evaluate)
 
