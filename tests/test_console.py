@@ -91,3 +91,30 @@ def test_tunes_slow_step_warnings_show_once_per_kind_and_the_rest_in_one_line_at
     caplog.clear()
     tune_log.warning(warn_if_slow.DEFAULT_MESSAGE.format(name="on_trial_result", duration=0.6))
     assert len(caplog.records) == 1  # outside a sweep (and with --verbose) every one shows
+
+
+def test_a_quiet_sweep_s_tune_fit_prints_nothing_of_its_own(monkeypatch, capfd, tmp_path):
+    """Ray Tune's newer reporter prints an experiment box and a TensorBoard hint at every fit, even at verbose=0:
+    a quiet sweep turns that reporter off; a user's own choice of it wins."""
+    import ray
+    from ray import tune
+
+    from peftune import sweep
+
+    monkeypatch.setenv("RAY_AIR_NEW_OUTPUT", "1")
+    console.quiet_tune(console.TUNE_TABLES)
+    assert os.environ["RAY_AIR_NEW_OUTPUT"] == "1"
+    monkeypatch.delenv("RAY_AIR_NEW_OUTPUT")  # restored at the end, as it was
+    console.quiet_tune(console.TUNE_QUIET)
+    sweep.init_ray()
+    try:
+        capfd.readouterr()
+        tune.Tuner(
+            lambda config: tune.report({"score": config["x"]}),
+            param_space={"x": tune.grid_search([1, 2])},
+            run_config=tune.RunConfig(name="quiet", storage_path=str(tmp_path), verbose=console.TUNE_QUIET),
+        ).fit()
+    finally:
+        ray.shutdown()
+    printed = capfd.readouterr().out
+    assert "Configuration for experiment" not in printed and "tensorboard" not in printed.lower()

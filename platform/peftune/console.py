@@ -42,6 +42,15 @@ def quiet_libraries() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
+def quiet_tune(verbose: int) -> None:
+    """At ``TUNE_QUIET``, Ray Tune's own output says nothing: its newer reporter prints an experiment box, the
+    results path and a TensorBoard hint at each fit whatever ``verbose`` is (9 lines a phase, "Number of trials
+    9223372036854775807" for the confirmation's open-ended rounds); the older one honours 0. A user's own
+    ``RAY_AIR_NEW_OUTPUT`` wins."""
+    if verbose == TUNE_QUIET:
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+
+
 def quiet_trial_logs() -> None:
     """In a trial's process: Ray Train's "Checkpoint successfully created" line per checkpoint (107 lines of the
     SST cpu job) is kept at debug level; its warnings still show."""

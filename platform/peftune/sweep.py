@@ -316,6 +316,7 @@ def run_sweep(
     """
     hooks = hooks or SweepHooks()
     _set_environment()
+    console.quiet_tune(verbose)
     tracking_uri = record_names.resolve_tracking_uri(tracking_uri)
     storage = record_names.storage_uri(storage_path)
     experiment_path = f"{storage.rstrip('/')}/{definition.name}"
