@@ -535,7 +535,8 @@ def write_evaluation(evaluation: Evaluation, *, test_dir, seeds: int) -> None:
         f"each; {f'test files from `{test_dir}`' if test_dir is not None else 'dev only (no test split given)'}\n"
         "- `selection (sweep)`: the trial's own figure on the split that selected it (the selection split; dev in "
         "records older than it); `dev` and `test`: mean ± sample std over the "
-        "seeds (the first seed restored from the trial's checkpoint when it has one), best dev epoch of each run\n\n"
+        "seeds (the first seed restored from the trial's checkpoint when it has one), each run at its epoch best on "
+        "the split that selects, as the sweep chose (the selection split; dev in records older than it)\n\n"
         + to_markdown(table)
         + "\n![dev vs test](evaluation.png)\n"
     )

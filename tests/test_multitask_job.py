@@ -99,6 +99,14 @@ def test_multitask_job_smoke_test_on_the_real_data(tmp_path):
         assert column in table, table[:2000]
     assert (report / "report.html").is_file()
 
+    # `peftune evaluate --answer` on this record reads the data as the sweep did (its malformed rows skipped)
+    evaluate = [str(Path(sys.executable).parent / "peftune"), "evaluate", "--sweep", "multitask_tuning",
+                "--data-dir", str(SHARED_DATA), "--tracking-uri", uri, "--answer", "--seeds", "1",
+                "--output", str(report)]  # fmt: skip
+    evaluated = subprocess.run(evaluate, cwd=REPO, env=env, capture_output=True, text=True, timeout=900)
+    assert evaluated.returncode == 0, (evaluated.stdout + evaluated.stderr)[-4000:]
+    assert (report / "evaluation" / "evaluation.md").is_file()
+
 
 def test_invalid_rows_flag_overrides_the_definition():
     import argparse
