@@ -214,6 +214,9 @@ def recommendations(
         row |= {"diff": math.nan, "ci_low": math.nan, "ci_high": math.nan, "level": math.nan, "p_best": math.nan}
         row |= {"regret": math.nan, "regret_high": math.nan, "needs": "", "look": 0, "dev_source": ""}
         row["open"] = False  # a claim made while a cheaper configuration's question is still open
+        # where an earlier look made the pick's claim: that look and its interval (the row's is the last look's)
+        row |= {"shown_look": 0, "shown_diff": math.nan, "shown_low": math.nan, "shown_high": math.nan}
+        row["shown_level"] = math.nan
         plan = decided.outcome.plan if decided is not None and decided.outcome is not None else None
         row["margin"] = plan.margin if plan is not None else math.nan  # the words' delta
         a = decided.answer(budget) if decided is not None else None
@@ -235,6 +238,9 @@ def recommendations(
             row |= {"best": best["label"], "best_mean": best["score_mean"], "decision": a.decision}
             row["open"] = a.decision in (decisions.BETTER, decisions.NOT_WORSE) and not a.decided
             row |= {"diff": a.diff, "ci_low": a.ci_low, "ci_high": a.ci_high, "level": a.level}
+            if (shown := a.shown_earlier) is not None:
+                row |= {"shown_look": shown.look, "shown_diff": shown.diff, "shown_low": shown.low}
+                row |= {"shown_high": shown.high, "shown_level": shown.level}
             row |= {"p_best": a.p_best.get(a.pick, math.nan), "regret": a.regret, "regret_high": a.regret_high}
             needs = a.needs
             for key, label in _labels(configs).items():  # keys to names, two frozen ones told apart
@@ -430,6 +436,17 @@ def interval_text(diff, low, high, digits: int = 3) -> str:
     return f"{diff:+.{digits}f} [{low:+.{digits}f}, {high:+.{digits}f}]"
 
 
+def _pick_interval(r, level: str) -> str:
+    """The pick's interval against the best of the others; where an earlier look made its claim, that look's
+    interval first (the one that showed it), then the last look's: seeds added since for other questions can
+    move it below -margin, and the claim stands (the looks' error rate covers it)."""
+    last = interval_text(r.diff, r.ci_low, r.ci_high) + level
+    if not getattr(r, "shown_look", 0):
+        return last
+    shown = interval_text(r.shown_diff, r.shown_low, r.shown_high) + f" at {r.shown_level:.2%}"
+    return f"{shown} when shown, at look {r.shown_look}; {last} at look {r.look}, with the seeds added since"
+
+
 def recommendation_display(table: pd.DataFrame) -> pd.DataFrame:
     rows = []
     for r in table.itertuples(index=False):
@@ -449,7 +466,7 @@ def recommendation_display(table: pd.DataFrame) -> pd.DataFrame:
                 "Dev score (mean ± std, reported only)": mean_std(r.mean, r.std),
                 "Seeds (dev score's)": f"{r.seeds} ({r.dev_source})" if r.seeds else "",
                 "Best under the budget": "the pick" if same else f"{_text(r.best)}, {r.best_mean:.3f}",
-                "Pick - best of the others [simultaneous interval]": interval_text(r.diff, r.ci_low, r.ci_high) + level,
+                "Pick - best of the others [simultaneous interval]": _pick_interval(r, level),
                 "P(best)": "" if pd.isna(r.p_best) else f"{r.p_best:.2f}",
                 "Expected regret (95% bound)": "" if pd.isna(r.regret) else f"{r.regret:.3f} ({r.regret_high:.3f})",
                 "What would decide it": _text(r.needs),

@@ -380,3 +380,35 @@ def test_a_pick_made_while_a_cheaper_question_is_open_says_so_beside_its_word(bu
     words = list(shown["Decision (decision split)"])
     assert words[0].endswith("; a cheaper question still open") and words[0].startswith(rec["decision"].iloc[0])
     assert not any("still open" in word for word in words[1:])
+
+
+def test_a_claim_an_earlier_look_made_is_shown_with_the_interval_that_made_it():
+    """A pick shown not worse at look 1 keeps its claim when seeds added at later looks (for a cheaper question)
+    move its interval below -margin: the table prints look 1's interval, which showed it, then the last look's,
+    so "not worse (δ = 0.02)" never stands beside an interval that alone does not show it."""
+    from types import SimpleNamespace
+
+    from peftune import decisions
+
+    configs = pd.DataFrame({
+        "config_key": ["ia3000000c", "dora00000d"], "label": ["ia3", "dora r=32"], "method": ["ia3", "dora"],
+        "default": [False, False], "trainable_pct": [0.06, 1.98], "score_mean": [0.40, 0.41],
+        "score_std": [0.01] * 2, "seeds": [5] * 2, "report_seeds": [0] * 2,
+    })  # fmt: skip
+    configs[confirmed.pareto.COST] = [60.0, 2000.0]
+    configs[confirmed.pareto.COST_PCT] = configs["trainable_pct"]
+    claim = decisions.Claim(decisions.NOT_WORSE, 1, 0.021, -0.016, 0.058, 0.9917)
+    answer = decisions.Answer(10.0, list(configs["config_key"]), best="dora00000d", pick="dora00000d", look=3,
+                              decision=decisions.NOT_WORSE, diff=0.008, ci_low=-0.027, ci_high=0.031, level=0.9917,
+                              claims={"dora00000d": claim}, grow=["ia3000000c"])  # fmt: skip
+    decided = SimpleNamespace(outcome=SimpleNamespace(plan=None), answer=lambda budget: answer)
+    rec = confirmed.recommendations(configs, decided, budgets_pct=[10.0])
+    assert rec.iloc[0][["shown_look", "shown_low"]].tolist() == [1, -0.016]
+    cell = confirmed.recommendation_display(rec).iloc[0]["Pick - best of the others [simultaneous interval]"]
+    assert cell == ("+0.021 [-0.016, +0.058] at 99.17% when shown, at look 1; "
+                    "+0.008 [-0.027, +0.031] at 99.17% at look 3, with the seeds added since")  # fmt: skip
+    answer.claims = {"dora00000d": claim._replace(look=3)}  # shown at the last look: one interval
+    rec = confirmed.recommendations(configs, decided, budgets_pct=[10.0])
+    assert confirmed.recommendation_display(rec).iloc[0]["Pick - best of the others [simultaneous interval]"] == (
+        "+0.008 [-0.027, +0.031] at 99.17%"
+    )

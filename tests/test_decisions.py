@@ -323,6 +323,8 @@ def test_a_claim_made_at_an_earlier_look_stands():
     costs = {"cheap": 0.1, "best": 1.0}
     fresh = d.answer(100.0, iv, costs, 0.005, 10, 3.0, posterior=False)
     assert fresh.decision == d.CANNOT_TELL
-    kept = d.answer(100.0, iv, costs, 0.005, 10, 3.0, posterior=False, claims={"cheap": d.NOT_WORSE})
+    earlier = d.Claim(d.NOT_WORSE, 1, -0.004, -0.0049, -0.003, 0.99)
+    kept = d.answer(100.0, iv, costs, 0.005, 10, 3.0, posterior=False, claims={"cheap": earlier}, look=2)
     assert kept.pick == "cheap" and kept.decision == d.NOT_WORSE and kept.decided
-    assert kept.claims["cheap"] == d.NOT_WORSE and "earlier look" in kept.why
+    assert kept.claims["cheap"] == earlier and "earlier look" in kept.why
+    assert kept.shown_earlier == earlier and fresh.shown_earlier is None  # the interval that showed it, kept

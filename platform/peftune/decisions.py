@@ -17,6 +17,7 @@ import hashlib
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -394,9 +395,8 @@ class Answer:
     needs: str = ""  # what would decide it
     seeds_needed: int = 0  # where more seeds would: about how many per configuration (0: not seeds, or unknown)
     grow: list[str] = field(default_factory=list)  # configurations a further seed could decide it with
-    # the claims about its configurations, this look's with the earlier looks' (a claim, once made, stands):
-    # config -> "not worse" (within the margin of the best of the others) or "worse" (by more than the margin)
-    claims: dict[str, str] = field(default_factory=dict)
+    # the claims about its configurations, this look's with the earlier looks' (a claim, once made, stands)
+    claims: dict[str, Claim] = field(default_factory=dict)
     why: str = ""
     pairs: list[dict] = field(default_factory=list)  # every pair of its family at its look (``pair_rows``)
 
@@ -405,9 +405,30 @@ class Answer:
         """A claim with no cheaper question that more seeds could still answer."""
         return self.decision in (BETTER, NOT_WORSE) and not self.grow
 
+    @property
+    def shown_earlier(self) -> Claim | None:
+        """The pick's claim where an earlier look made it: its interval then, which ``diff``/``ci_*`` (this
+        look's, with the seeds added since for other questions) may no longer show."""
+        if self.decision != NOT_WORSE:  # "better" stands on this look's interval (above 0)
+            return None
+        claim = self.claims.get(self.pick) if self.pick is not None else None
+        return claim if claim is not None and claim.word == NOT_WORSE and claim.look < self.look else None
+
+
+class Claim(NamedTuple):
+    """What a look showed about one configuration against the best of the others, with the interval that showed it."""
+
+    word: str  # "not worse" (within the margin of the best of the others) or "worse" (by more than the margin)
+    look: int
+    diff: float  # this configuration - the best of the others, at that look
+    low: float
+    high: float
+    level: float
+
 
 def answer(budget: float, iv: Intervals, costs: Mapping[str, float], margin: float, max_seeds: int,
-           q_last: float, posterior: bool = True, claims: Mapping[str, str] | None = None) -> Answer:  # fmt: skip
+           q_last: float, posterior: bool = True, claims: Mapping[str, Claim] | None = None,
+           look: int = 0) -> Answer:  # fmt: skip
     """The answer for the configurations of ``iv`` (all under the budget) at this look (module docstring);
     ``posterior``: also P(best) and the regret, which decide nothing (a simulation leaves them out).
 
@@ -419,7 +440,7 @@ def answer(budget: float, iv: Intervals, costs: Mapping[str, float], margin: flo
     else the budget stays "cannot tell", said with what would tell."""
     f = iv.fit
     names = list(f.names)
-    out = Answer(budget, names, level=iv.level)
+    out = Answer(budget, names, level=iv.level, look=look)
     if not names:
         out.decision = "none fits"
         return out
@@ -434,11 +455,10 @@ def answer(budget: float, iv: Intervals, costs: Mapping[str, float], margin: flo
     high_of = {i: iv.vs_best(i)[2] for i in by_cost}
     out.claims = dict(claims or {})  # an earlier look's claim stands (Bonferroni over the looks covers it)
     for i in by_cost:
-        if names[i] not in out.claims and low_of[i] >= -margin:
-            out.claims[names[i]] = NOT_WORSE
-        elif names[i] not in out.claims and high_of[i] < -margin:
-            out.claims[names[i]] = "worse"
-    not_worse = [i for i in by_cost if out.claims.get(names[i]) == NOT_WORSE]
+        if names[i] not in out.claims and (low_of[i] >= -margin or high_of[i] < -margin):
+            word = NOT_WORSE if low_of[i] >= -margin else "worse"
+            out.claims[names[i]] = Claim(word, look, *iv.vs_best(i), iv.level)
+    not_worse = [i for i in by_cost if names[i] in out.claims and out.claims[names[i]].word == NOT_WORSE]
     chosen = not_worse[0] if not_worse else None
     # the questions still open: configurations at least as cheap as the pick (as the best, without one) neither
     # shown not worse nor shown worse by more than the margin
@@ -591,7 +611,7 @@ def replay(values: Mapping[str, Values], configurations: Sequence[Configuration]
     known = [c for c in configurations if c.name in values and len(values[c.name].seeds)]
     count = {c.name: min(plan.seeds, len(values[c.name].seeds)) for c in known}
     settled: dict[float, Answer] = {}
-    claims: dict[float, dict[str, str]] = {}  # per budget, the claims made so far
+    claims: dict[float, dict[str, Claim]] = {}  # per budget, the claims made so far
     reasons: dict[str, str] = {c.name: "" for c in known}
     look, answers, wanted = 0, [], {}
     while True:
@@ -644,7 +664,7 @@ def _reason(name: str, answers: Sequence[Answer], stopped: str) -> str:
 
 def _look(data: Mapping[str, Values], known: Sequence[Configuration], plan: Plan, look: int,
           settled: Mapping[float, Answer], summaries: bool = True,
-          claims: Mapping[float, Mapping[str, str]] | None = None) -> list[Answer]:  # fmt: skip
+          claims: Mapping[float, Mapping[str, Claim]] | None = None) -> list[Answer]:  # fmt: skip
     costs = {c.name: c.trainable_pct for c in known}
     q_cache: dict[tuple[str, ...], float] = {}
     out = []
@@ -664,8 +684,8 @@ def _look(data: Mapping[str, Values], known: Sequence[Configuration], plan: Plan
         if key not in q_cache:  # the last look's q at max_seeds: what more seeds could reach
             q_cache[key] = _q_at_max(f, plan)
         a = answer(budget, iv, costs, plan.margin, plan.max_seeds, q_cache[key], posterior=summaries,
-                   claims=(claims or {}).get(budget))  # fmt: skip
-        a.look, a.pairs = look, pair_rows(iv, plan.margin, budget)
+                   claims=(claims or {}).get(budget), look=look)  # fmt: skip
+        a.pairs = pair_rows(iv, plan.margin, budget)
         if not np.isfinite(iv.q):
             a.needs = "no seed variance can be estimated below 2 seeds: confirm with 2 or more"
             a.grow = [n for n in members if len(data[n].seeds) < 2]
