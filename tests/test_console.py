@@ -95,17 +95,22 @@ def test_tunes_slow_step_warnings_show_once_per_kind_and_the_rest_in_one_line_at
 
 def test_a_quiet_sweep_s_tune_fit_prints_nothing_of_its_own(monkeypatch, capfd, tmp_path):
     """Ray Tune's newer reporter prints an experiment box and a TensorBoard hint at every fit, even at verbose=0:
-    a quiet sweep turns that reporter off; a user's own choice of it wins."""
+    a quiet sweep turns that reporter off for its own fits; a user's own choice of it wins. Found in CI: left
+    off, a later sweep with Tune's tables in the same process (and the drivers it started) lost the "started
+    with configuration" lines the tables print."""
     import ray
     from ray import tune
 
     from peftune import sweep
 
-    monkeypatch.setenv("RAY_AIR_NEW_OUTPUT", "1")
-    console.quiet_tune(console.TUNE_TABLES)
-    assert os.environ["RAY_AIR_NEW_OUTPUT"] == "1"
-    monkeypatch.delenv("RAY_AIR_NEW_OUTPUT")  # restored at the end, as it was
-    console.quiet_tune(console.TUNE_QUIET)
+    name = console.TUNE_NEW_OUTPUT
+    monkeypatch.setenv(name, "1")
+    console.quiet_tune(console.TUNE_QUIET)()
+    assert os.environ[name] == "1"  # the user's
+    monkeypatch.delenv(name)  # restored at the end, as it was
+    console.quiet_tune(console.TUNE_TABLES)()
+    assert name not in os.environ
+    back = console.quiet_tune(console.TUNE_QUIET)
     sweep.init_ray()
     try:
         capfd.readouterr()
@@ -118,3 +123,5 @@ def test_a_quiet_sweep_s_tune_fit_prints_nothing_of_its_own(monkeypatch, capfd, 
         ray.shutdown()
     printed = capfd.readouterr().out
     assert "Configuration for experiment" not in printed and "tensorboard" not in printed.lower()
+    back()
+    assert name not in os.environ  # the next sweep of this process gets Tune's default reporter

@@ -29,6 +29,7 @@ log = logging.getLogger(__name__)
 # 142 and 241 lines of the SST cpu job. A user's own setting wins.
 QUIET_MLFLOW = {"MLFLOW_SUPPRESS_PRINTING_URL_TO_STDOUT": "true", "MLFLOW_ENABLE_ARTIFACTS_PROGRESS_BAR": "false"}
 TUNE_QUIET, TUNE_TABLES = 0, 1  # Ray Tune's ``verbose``: nothing, or its status tables
+TUNE_NEW_OUTPUT = "RAY_AIR_NEW_OUTPUT"  # "0": Tune's older console reporter, which prints nothing at verbose 0
 BEST_SHOWN = 3  # methods listed in the "best so far" part of a progress line
 # a progress line is printed at least this often while trials finish, and at each tenth of the phase: a line per
 # trial was 158 of the SST cpu job's 315 lines
@@ -42,13 +43,16 @@ def quiet_libraries() -> None:
     optuna.logging.set_verbosity(optuna.logging.WARNING)
 
 
-def quiet_tune(verbose: int) -> None:
+def quiet_tune(verbose: int) -> Callable[[], None]:
     """At ``TUNE_QUIET``, Ray Tune's own output says nothing: its newer reporter prints an experiment box, the
     results path and a TensorBoard hint at each fit whatever ``verbose`` is (9 lines a phase, "Number of trials
     9223372036854775807" for the confirmation's open-ended rounds); the older one honours 0. A user's own
-    ``RAY_AIR_NEW_OUTPUT`` wins."""
-    if verbose == TUNE_QUIET:
-        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+    ``RAY_AIR_NEW_OUTPUT`` wins. Returns what puts the environment back: a later sweep of this process (with
+    Tune's tables) and the processes it starts get Tune's default reporter."""
+    if verbose != TUNE_QUIET or TUNE_NEW_OUTPUT in os.environ:
+        return lambda: None
+    os.environ[TUNE_NEW_OUTPUT] = "0"
+    return lambda: os.environ.pop(TUNE_NEW_OUTPUT, None)
 
 
 def quiet_trial_logs() -> None:

@@ -316,7 +316,6 @@ def run_sweep(
     """
     hooks = hooks or SweepHooks()
     _set_environment()
-    console.quiet_tune(verbose)
     tracking_uri = record_names.resolve_tracking_uri(tracking_uri)
     storage = record_names.storage_uri(storage_path)
     experiment_path = f"{storage.rstrip('/')}/{definition.name}"
@@ -335,6 +334,7 @@ def run_sweep(
         hooks.on_trial_logger(trial_logger)
     links = search.RunLinks(optuna_url, trial_logger.known_run_id)  # each Optuna trial gets its MLflow run id
     where = (tracking_uri, experiment_path, reports_dir)
+    tune_output_back = console.quiet_tune(verbose)  # this sweep's fits only
     try:
         init_ray(ray_address)
         runnable = _runnable(definition, prepared, settings, trainable=hooks.trainable)
@@ -382,6 +382,7 @@ def run_sweep(
         raise
     finally:
         packing.stop_hubs()  # on every way out, the early returns of an unrecorded sweep included
+        tune_output_back()
     confirmed = dataclasses.asdict(confirmation) if confirmation else None
     result = _result(definition, record, where, status, trials, checkpoints_logged=logged, confirmation=confirmed)
     if complete and on_finished is not None:
