@@ -33,6 +33,7 @@ from peftune.record import (  # the record's names, shared with the writer (no R
     COUNT_METRICS,
     DECISION,
     DEFAULT,
+    DEFAULT_UI,
     DEV,
     DIVERGED,
     EARLY_STOPPED,
@@ -142,7 +143,7 @@ def _read_sweep_record(name: str, uri: str, client) -> SweepRuns:
         raise UserError(
             f"sweep {name!r} in {uri} keeps its artifacts on the MLflow server that recorded it "
             f"({parent.info.artifact_uri[:80]}); start it (`peftune up` where the store lives) and pass "
-            "--tracking-uri http://127.0.0.1:5000, or set MLFLOW_TRACKING_URI to it"
+            f"--tracking-uri {DEFAULT_UI}, or set MLFLOW_TRACKING_URI to it"
         )
     children = [
         run

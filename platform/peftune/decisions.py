@@ -412,7 +412,7 @@ class Answer:
         if self.decision != NOT_WORSE:  # "better" stands on this look's interval (above 0)
             return None
         claim = self.claims.get(self.pick) if self.pick is not None else None
-        return claim if claim is not None and claim.word == NOT_WORSE and claim.look < self.look else None
+        return claim if claim is not None and claim.look < self.look else None
 
 
 class Claim(NamedTuple):
@@ -451,13 +451,13 @@ def answer(budget: float, iv: Intervals, costs: Mapping[str, float], margin: flo
         out.pick, out.decision = names[best], "only one fits"
         return out
     by_cost = sorted(range(len(names)), key=lambda i: (costs[names[i]], -f.means[i], names[i]))
-    low_of = {i: iv.vs_best(i)[1] for i in by_cost}
-    high_of = {i: iv.vs_best(i)[2] for i in by_cost}
+    vs_best = {i: iv.vs_best(i) for i in by_cost}  # (estimate, low, high) against the best of the others
+    low_of = {i: v[1] for i, v in vs_best.items()}
     out.claims = dict(claims or {})  # an earlier look's claim stands (Bonferroni over the looks covers it)
     for i in by_cost:
-        if names[i] not in out.claims and (low_of[i] >= -margin or high_of[i] < -margin):
+        if names[i] not in out.claims and (low_of[i] >= -margin or vs_best[i][2] < -margin):
             word = NOT_WORSE if low_of[i] >= -margin else "worse"
-            out.claims[names[i]] = Claim(word, look, *iv.vs_best(i), iv.level)
+            out.claims[names[i]] = Claim(word, look, *vs_best[i], iv.level)
     not_worse = [i for i in by_cost if names[i] in out.claims and out.claims[names[i]].word == NOT_WORSE]
     chosen = not_worse[0] if not_worse else None
     # the questions still open: configurations at least as cheap as the pick (as the best, without one) neither
@@ -466,7 +466,7 @@ def answer(budget: float, iv: Intervals, costs: Mapping[str, float], margin: flo
     open_ = [j for j in before if names[j] not in out.claims]
     pick = chosen if chosen is not None else best
     out.pick = names[pick]
-    out.diff, out.ci_low, out.ci_high = iv.vs_best(pick)
+    out.diff, out.ci_low, out.ci_high = vs_best[pick]
     if posterior:
         out.p_best, out.regret, out.regret_high = _posterior(f, pick)
     if chosen is not None:  # a claim: the pick is within the margin of the best of the others
