@@ -147,24 +147,34 @@ def tiny_prepared(tiny_data_dir):
 
 # `.ci/run` runs the slow tier in two workers, a whole file to a worker at a time, in collection order: the longest
 # files go first, so that neither worker is left alone with a long one at the end (with the files in name order,
-# one core sat idle for the last 3.3 minutes). By the slow tier's measured time per file, longest first.
+# one core sat idle for the last 3.3 minutes). By the slow tier's measured time per file (the long tests included),
+# longest first; the same order serves `-m "slow and not long"` and `-m long`.
 LONGEST_FIRST = (
-    "test_fresh_machine",
     "test_decision_rates",
-    "test_multitask_job",
     "test_faults",
-    "test_postgres",
-    "test_worker_memory",
-    "test_lease",
-    "test_mlflow_ui",
-    "test_install",
-    "test_code_travels",
-    "test_cluster",
+    "test_fresh_machine",
+    "test_decisions",
+    "test_multitask_job",
     "test_confirm",
+    "test_disk_full_sweeps",
+    "test_mlflow_ui",
+    "test_code_travels",
+    "test_lease",
+    "test_search",
+    "test_cluster",
+    "test_postgres",
+    "test_packing",
+    "test_install",
+    "test_worker_memory",
+    "test_reproducible",
 )
 
 
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: a long test is deselected as the slow one it is
 def pytest_collection_modifyitems(items):
+    for item in items:
+        if item.get_closest_marker("long"):
+            item.add_marker(pytest.mark.slow)  # a long test is a slow one: the fast tier never runs it
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.stem, len(rank)))  # stable: the rest keep their order
 

@@ -229,6 +229,7 @@ def copy_sources(destination: Path) -> Path:
     return destination
 
 
+@pytest.mark.long
 def test_a_job_s_trials_run_its_own_code_on_a_node_without_the_package(tmp_path, tiny_data_dir, cluster_env):
     head_env = {k: v for k, v in cluster_env.items() if k != "PYTHONPATH"}  # the installed peftune only
     # Ray's memory monitor counts the whole machine's memory, which the test shares with other work: seen killing

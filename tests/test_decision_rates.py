@@ -25,13 +25,13 @@ def upper(rate: sm.Rate) -> float:
     return sm.wilson(rate.hits, rate.n)[1]
 
 
-@pytest.mark.parametrize("k", [8, 15, 23])
+@pytest.mark.parametrize("k", [8, pytest.param(15, marks=pytest.mark.long), pytest.param(23, marks=pytest.mark.long)])
 def test_a_cheaper_contender_exactly_the_margin_worse_is_rarely_picked(k):
     picked, _, seeds = sm.family_rates(WORLD, k, CPU, SIMS, gap=CPU.margin, cheap_sd=CHEAP_SD, others_sd=OTHERS_SD)
     assert picked.rate <= 0.05 and upper(picked) <= 0.065, str(picked)
 
 
-@pytest.mark.parametrize("k", [8, 15, 23])
+@pytest.mark.parametrize("k", [8, pytest.param(15, marks=pytest.mark.long), pytest.param(23, marks=pytest.mark.long)])
 @pytest.mark.parametrize("cheap_sd", [OTHERS_SD, CHEAP_SD], ids=["equal", "unequal"])
 def test_among_equal_configurations_better_is_rarely_claimed(k, cheap_sd):
     _, better, _ = sm.family_rates(WORLD, k, CPU, SIMS, gap=0.0, cheap_sd=cheap_sd, others_sd=OTHERS_SD)

@@ -176,7 +176,7 @@ def test_report_runs_give_the_picks_dev_score_and_stay_out_of_its_seed_statistic
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("k", [6, 12])
+@pytest.mark.parametrize("k", [6, pytest.param(12, marks=pytest.mark.long)])
 @pytest.mark.parametrize("world", [sm.W1, sm.W2], ids=lambda w: w.name)
 def test_the_global_null_holds_five_percent_through_the_real_loop(world, k):
     rate = sm.null_error(world, k, CPU, 2000, 500)

@@ -103,6 +103,7 @@ def cut_state_files(experiment: Path) -> list[str]:
     return cut
 
 
+@pytest.mark.long
 @pytest.mark.parametrize("full", ["storage", "store"])
 def test_a_full_disk_interrupts_the_sweep_and_the_same_command_resumes_it(full, tmp_path, tiny_data_dir):
     samples = 3

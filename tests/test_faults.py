@@ -240,10 +240,11 @@ STOPS = {  # how the driver is stopped, and in which phase
     "sigterm-in-confirmation": ((signal.SIGTERM,), "confirmation"),
     "sigterm-twice": ((signal.SIGTERM, signal.SIGTERM), "search"),  # issue 34: the second one made it exit 143
 }
+LONG_STOPS = {"sigterm"}  # the long tier: in CI, ctrl-c and sigterm-twice stop the search
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("stop", list(STOPS))
+@pytest.mark.parametrize("stop", [pytest.param(s, marks=[pytest.mark.long] if s in LONG_STOPS else []) for s in STOPS])
 def test_a_stopped_driver_closes_every_run_as_interrupted(tmp_path, tiny_data_dir, stop, request):
     """A double Ctrl-C, or the SIGTERM of `ray job stop` (in the search or in the confirmation that follows it):
     the sweep is interrupted (exit 3, resumable), not failed."""
@@ -395,6 +396,7 @@ class Outage(tune.Callback):
                 self.server.start()  # no waiting: the trials go on while it comes up
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_tracking_server_outage_stops_no_trial_and_loses_or_duplicates_nothing(
     local_ray, tmp_path, tiny_data_dir, monkeypatch, caplog

@@ -141,6 +141,7 @@ def test_up_refuses_bad_ports_and_a_port_held_by_something_else(capsys, tmp_path
     assert not (tmp_path / "mlflow.db").exists()  # nothing started, nothing written
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.skipif(not (SHARED_DATA / "ids-sst-train.csv").exists(), reason="the shared data is not here")
 def test_readme_first_command_on_a_fresh_machine(tmp_path):

@@ -42,6 +42,7 @@ def run(command: list, cwd: Path, env: dict, timeout: float) -> str:
     return output
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_a_non_editable_install_finds_its_data_and_runs_the_smoke_sweep(tmp_path, tiny_data_dir):
     source, venv, empty = tmp_path / "source", tmp_path / "venv", tmp_path / "empty"

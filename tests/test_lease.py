@@ -250,6 +250,7 @@ class Driver:
             pass
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_two_drivers_of_one_sweep_the_second_refused_then_a_takeover_after_sigkill(tmp_path, tiny_data_dir):
     (tmp_path / "methods").mkdir()

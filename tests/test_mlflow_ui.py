@@ -105,6 +105,7 @@ def printed(output: str, label: str) -> str:
     return found.group(1)
 
 
+@pytest.mark.long
 def test_the_printed_links_open_the_trials_the_answer_and_the_frontier(server, tmp_path, tiny_data_dir):
     browser = find_browser()
     definition = write_definition(tmp_path / "defs", "ui_sweep", SPACES, SWEEP)

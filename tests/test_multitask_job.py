@@ -45,6 +45,7 @@ def test_invalid_rows_key_is_validated(tmp_path):
         spaces.load_sweep(bad, budget="smoke")
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.skipif(not (SHARED_DATA / "quora-train.csv").is_file(), reason="the real data is not here")
 def test_multitask_job_smoke_test_on_the_real_data(tmp_path):

@@ -106,6 +106,7 @@ def stop_each_methods_second_trial_at_its_first_rung(monkeypatch) -> None:
     monkeypatch.setattr(search.PerMethodScheduler, "on_trial_result", on_trial_result)
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_packed_search_trials_record_their_solo_twins_scores(local_ray, tmp_path, tiny_data_dir, monkeypatch):
     stop_each_methods_second_trial_at_its_first_rung(monkeypatch)

@@ -74,6 +74,7 @@ def recorded(uri: str, parent_run_id: str) -> list[tuple]:
     )
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_one_or_two_workers_give_the_same_trials_stops_and_scores(tmp_path, tiny_data_dir):
     ray.init(address="local", num_cpus=2, include_dashboard=False)

@@ -18,6 +18,7 @@ from conftest import SHARED_DATA
 TRIALS = 6
 
 
+@pytest.mark.long
 @pytest.mark.slow
 @pytest.mark.skipif(not (SHARED_DATA / "ids-sst-train.csv").is_file(), reason="the real data is not here")
 def test_a_reused_worker_keeps_its_memory_across_trials(tmp_path):
