@@ -137,7 +137,9 @@ def run_carried(definition: SweepDefinition, runnable, trial_logger, client, sto
              len(wanted), len(todo))  # fmt: skip
     if not todo:
         return 0
-    fit_rounds(definition, runnable, Rounds(todo, lambda: None), "carry",
-               console.Progress("carried", len(todo), definition.budget.epochs), storage, trial_logger, callbacks,
-               verbose)  # fmt: skip
+    stopped = fit_rounds(definition, runnable, Rounds(todo, lambda: None), "carry",
+                         console.Progress("carried", len(todo), definition.budget.epochs), storage, trial_logger,
+                         callbacks, verbose)  # fmt: skip
+    if stopped:  # the user stopped the sweep here: it closes as interrupted, and the same command resumes it
+        raise KeyboardInterrupt
     return len(todo)

@@ -54,6 +54,7 @@ from peftune.record import (
     trial_name,
 )
 from peftune.resume import CheckpointPruner
+from peftune.stopping import ctrl_c_through_tune
 from peftune.tasks import get_task
 
 log = logging.getLogger("peftune.confirm")
@@ -348,6 +349,7 @@ class Confirmation:
     added: int = 0
     stopped_by: str = ""
     held_back: bool = False  # a round did not finish in the record: no seeds were added after it
+    user_stopped: bool = False  # Ctrl-C (or Tune's SIGUSR1) came during the fit, though its trials may all be done
     reported: bool = False  # the report round (fresh seeds for each budget's pick) was handed out
     adding_since: float | None = None  # when the first round ended: confirm.max_seconds counts from there
 
@@ -359,7 +361,8 @@ class Confirmation:
         if todo:
             self._fit(Rounds(todo, self.next_round))
         finished = self.finished()
-        status = COMPLETED if finished == len(self.wanted) and not self.held_back else INTERRUPTED
+        done = finished == len(self.wanted) and not self.held_back and not self.user_stopped
+        status = COMPLETED if done else INTERRUPTED
         stopped_by = self.stopped_by if self.added else ""
         return ConfirmationResult(status, len(self.wanted), finished, self.ran, self.deleted, self.added, stopped_by)
 
@@ -503,7 +506,7 @@ class Confirmation:
         return frame.assign(seed=frame["seed"].astype(int))
 
     def _fit(self, rounds: Rounds) -> None:
-        fit_rounds(self.definition, self.runnable, rounds, "confirm", console.Progress(
+        self.user_stopped = fit_rounds(self.definition, self.runnable, rounds, "confirm", console.Progress(
             "confirmation", lambda: self.ran, self.definition.budget.epochs), self.storage, self.trial_logger,
             self.callbacks, self.verbose)  # fmt: skip
         # the record is read next; what a tracking outage still holds back leaves those runs unfinished:
@@ -512,9 +515,10 @@ class Confirmation:
 
 
 def fit_rounds(definition, runnable, rounds: Rounds, phase: str, progress, storage: str, trial_logger,
-               callbacks: Sequence = (), verbose: int = 1) -> None:  # fmt: skip
+               callbacks: Sequence = (), verbose: int = 1) -> bool:  # fmt: skip
     """Run ``rounds`` as one fresh Tune experiment ``<sweep>-<phase>-<time>`` (no Tune state restored): the
-    sweep's trainable, concurrency and retries, recorded by the sweep's trial logger."""
+    sweep's trainable, concurrency and retries, recorded by the sweep's trial logger. Whether the user stopped it
+    (``stopping.ctrl_c_through_tune``: Tune took a Ctrl-C and returned, however many of its trials were done)."""
     tuner = tune.Tuner(
         runnable,
         param_space={},
@@ -539,7 +543,9 @@ def fit_rounds(definition, runnable, rounds: Rounds, phase: str, progress, stora
             verbose=verbose,
         ),
     )
-    tuner.fit()
+    with ctrl_c_through_tune() as ctrl_c:
+        tuner.fit()
+    return ctrl_c.pressed
 
 
 def log_dev_sizes(record, prepared, seed: int) -> None:

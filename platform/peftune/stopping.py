@@ -6,8 +6,12 @@ The state lives here, in a module with no heavy imports, so the command line can
 
 from __future__ import annotations
 
+import contextlib
+import os
 import signal
 import threading
+from collections.abc import Iterator
+from dataclasses import dataclass
 
 _SIGTERMS: list[int] = []  # the SIGTERMs this driver received
 
@@ -42,3 +46,34 @@ def stopped(error: BaseException) -> bool:
     if isinstance(error, KeyboardInterrupt) or sigterm_received():
         return True
     return isinstance(error, SystemExit) and error.code == signal.SIGTERM
+
+
+@dataclass
+class TuneCtrlC:
+    """Whether the Ctrl-C that stops a sweep came while Tune's ``fit`` held it (``ctrl_c_through_tune``)."""
+
+    pressed: bool = False
+
+
+@contextlib.contextmanager
+def ctrl_c_through_tune() -> Iterator[TuneCtrlC]:
+    """Around a ``Tuner.fit()``: whether Tune took a Ctrl-C, and Ctrl-C the driver's own again afterwards.
+
+    Tune takes the first Ctrl-C of a fit for a graceful stop: it puts back the handler it found and returns as a
+    finished run does. A Ctrl-C that came once the trials were done left no trace, and the sweep went on to its
+    confirmation. A fit that saw none leaves Tune's handler installed: the next Ctrl-C (in the confirmation, the
+    report) did nothing. Tune's handler having put back the one found before the fit is how its Ctrl-C shows
+    (``signal.getsignal``); with ``TUNE_DISABLE_SIGINT_HANDLER`` set, or off the main thread, Tune installs none and
+    Ctrl-C raises ``KeyboardInterrupt`` in the fit."""
+    noted = TuneCtrlC()
+    if threading.current_thread() is not threading.main_thread() or os.environ.get(
+        "TUNE_DISABLE_SIGINT_HANDLER", "0"
+    ) not in ("", "0"):
+        yield noted
+        return
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        yield noted
+        noted.pressed = signal.getsignal(signal.SIGINT) is before
+    finally:
+        signal.signal(signal.SIGINT, before)

@@ -48,7 +48,7 @@ from peftune.record import (
 from peftune.resume import CheckpointPruner, GoodState, RunCallbacks, checkpoint_exists, installed, repair_state
 from peftune.shared_data import SharedData
 from peftune.spaces import SweepDefinition, prepare_data
-from peftune.stopping import note_sigterm, stopped
+from peftune.stopping import ctrl_c_through_tune, note_sigterm, stopped
 from peftune.tasks import get_task
 
 log = logging.getLogger("peftune.sweep")
@@ -343,7 +343,11 @@ def run_sweep(
                        budgets, verbose)  # fmt: skip
         progress = console.Progress("search", _search_trials(definition, budgets), definition.budget.epochs)
         state = [GoodState(experiment_path), CheckpointPruner(SCORE)]  # Tune's saved state and the checkpoints
-        with installed([trial_logger, links, progress, *state, *callbacks]), every_slot_pending(definition.resources):
+        with (
+            installed([trial_logger, links, progress, *state, *callbacks]),
+            every_slot_pending(definition.resources),
+            ctrl_c_through_tune() as ctrl_c,
+        ):
             grid = tuner.fit()
         if not trial_logger.flush(tracking_wait_s):
             return _unrecorded(definition, record, *where, trial_logger, len(grid))
@@ -351,6 +355,7 @@ def run_sweep(
         searched = confirm.search_run_ids(runs)
         trials = [t for t in tracking.trial_records(runs) if t.run_id in searched]
         complete = search_over(definition, grid, budgets) and len([t for t in trials if t.status]) >= len(grid)
+        complete = complete and not ctrl_c.pressed  # stopped by the user, even with every trial done
         confirmation = None
         if complete and definition.confirm.contenders and definition.confirm.seeds:
             # each budget's contenders tuned under it: the methods' tuned settings at smaller budgets' sizes
