@@ -115,9 +115,10 @@ def carried(definition: SweepDefinition, runs: Sequence, pct: Callable[[str, Map
 
 
 def run_carried(definition: SweepDefinition, runnable, trial_logger, client, storage: str, callbacks: Sequence = (),
-                verbose: int = 1) -> int:  # fmt: skip
-    """Train the carried trials not yet finished in the record (a partial run of one is replaced); return how many
-    trained. They are search trials: the trial logger records them, the confirmation reads them as candidates."""
+                verbose: int = 1) -> bool:  # fmt: skip
+    """Train the carried trials not yet finished in the record (a partial run of one is replaced); return whether
+    the user stopped them (Ctrl-C: the sweep is then interrupted). They are search trials: the trial logger records
+    them, the confirmation reads them as candidates."""
     runs = trial_logger.runs()
     searched = [r for r in runs if run_phase(r.data.tags) == SEARCH]
     wanted = carried(definition, [r for r in searched if not r.data.tags.get(CARRIED_FROM)],
@@ -136,10 +137,7 @@ def run_carried(definition: SweepDefinition, runnable, trial_logger, client, sto
     log.info("carried trials: %d proposed (each budget's size for a method's tuned setting), %d to train",
              len(wanted), len(todo))  # fmt: skip
     if not todo:
-        return 0
-    stopped = fit_rounds(definition, runnable, Rounds(todo, lambda: None), "carry",
-                         console.Progress("carried", len(todo), definition.budget.epochs), storage, trial_logger,
-                         callbacks, verbose)  # fmt: skip
-    if stopped:  # the user stopped the sweep here: it closes as interrupted, and the same command resumes it
-        raise KeyboardInterrupt
-    return len(todo)
+        return False
+    return fit_rounds(definition, runnable, Rounds(todo, lambda: None), "carry",
+                      console.Progress("carried", len(todo), definition.budget.epochs), storage, trial_logger,
+                      callbacks, verbose)  # fmt: skip

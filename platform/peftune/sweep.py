@@ -354,13 +354,14 @@ def run_sweep(
         runs = trial_logger.runs()  # the record as the driver holds it: every write reached it (flushed)
         searched = confirm.search_run_ids(runs)
         trials = [t for t in tracking.trial_records(runs) if t.run_id in searched]
-        complete = search_over(definition, grid, budgets) and len([t for t in trials if t.status]) >= len(grid)
-        complete = complete and not ctrl_c.pressed  # stopped by the user, even with every trial done
+        # a Ctrl-C Tune took stops the sweep, even with every trial done
+        complete = not ctrl_c.pressed and search_over(definition, grid, budgets)
+        complete = complete and len([t for t in trials if t.status]) >= len(grid)
         confirmation = None
         if complete and definition.confirm.contenders and definition.confirm.seeds:
             # each budget's contenders tuned under it: the methods' tuned settings at smaller budgets' sizes
             client = mlflow.MlflowClient(tracking_uri=record.tracking_uri)
-            carry.run_carried(definition, runnable, trial_logger, client, storage, callbacks, verbose)
+            complete = not carry.run_carried(definition, runnable, trial_logger, client, storage, callbacks, verbose)
             if not trial_logger.flush(tracking_wait_s):
                 return _unrecorded(definition, record, *where, trial_logger, len(grid))
         packing.stop_hubs()  # the search's packs are over (the confirmation never packs)
