@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 from types import SimpleNamespace
 
 from peftune import console
@@ -125,3 +127,40 @@ def test_a_quiet_sweep_s_tune_fit_prints_nothing_of_its_own(monkeypatch, capfd, 
     assert "Configuration for experiment" not in printed and "tensorboard" not in printed.lower()
     back()
     assert name not in os.environ  # the next sweep of this process gets Tune's default reporter
+
+
+# A trial's process: Ray's SIGTERM handler (raises SystemExit, as ``ray._private.worker`` does) fires while a
+# garbage-collection callback runs; a second object's callback raises an ordinary error.
+UNRAISED_EXIT = """
+import os, signal, sys
+{install}
+def ray_like_handler(signum, frame):
+    raise SystemExit(1)
+signal.signal(signal.SIGTERM, ray_like_handler)
+class Collected:
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        for _ in range(1000):  # the handler runs at a bytecode boundary, here: inside the callback
+            pass
+class Broken:
+    def __del__(self):
+        raise ValueError("a real fault in a callback")
+Collected()
+print("after the exit", flush=True)
+Broken()
+"""
+
+
+def run_unraised_exit(install: str) -> subprocess.CompletedProcess:
+    script = UNRAISED_EXIT.format(install=install)
+    return subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+
+
+def test_an_exit_that_a_collection_callback_swallowed_is_not_printed_and_other_faults_still_are():
+    without = run_unraised_exit("")
+    assert "Exception ignored" in without.stderr and "SystemExit" in without.stderr  # the fault as it shows today
+    done = run_unraised_exit("from peftune import console; console.quiet_trial_logs(); console.quiet_trial_logs()")
+    assert done.returncode == 0 and "after the exit" in done.stdout
+    assert "SystemExit" not in done.stderr
+    assert "ValueError: a real fault in a callback" in done.stderr  # to the hook that was there, once
+    assert done.stderr.count("Exception ignored") == 1

@@ -15,6 +15,7 @@ import logging
 import math
 import os
 import re
+import sys
 import time
 from collections.abc import Callable, Iterator
 
@@ -57,8 +58,27 @@ def quiet_tune(verbose: int) -> Callable[[], None]:
 
 def quiet_trial_logs() -> None:
     """In a trial's process: Ray Train's "Checkpoint successfully created" line per checkpoint (107 lines of the
-    SST cpu job) is kept at debug level; its warnings still show."""
+    SST cpu job) is kept at debug level; its warnings still show. An exit that could not be raised is dropped
+    (:class:`DropUnraisedExit`)."""
     logging.getLogger("ray.train").setLevel(logging.WARNING)
+    if not isinstance(sys.unraisablehook, DropUnraisedExit):  # a worker process runs many trials: install once
+        sys.unraisablehook = DropUnraisedExit(sys.unraisablehook)
+
+
+class DropUnraisedExit:
+    """``sys.unraisablehook`` for a trial's process. Ray's SIGTERM handler raises ``SystemExit`` wherever the
+    worker is; when Tune stops an idle worker while a garbage-collection callback runs, Python cannot raise it
+    there and prints it as "Exception ignored in ...": a 9-line traceback in the job's console (after the
+    multitask job's carried trials) for an exit that failed to happen. The raylet follows its SIGTERM with a
+    SIGKILL, so the worker ends all the same: that exit is dropped without a word; every other unraisable
+    exception goes to the hook that was there."""
+
+    def __init__(self, previous: Callable):
+        self.previous = previous
+
+    def __call__(self, unraisable) -> None:
+        if not isinstance(unraisable.exc_value, SystemExit):
+            self.previous(unraisable)
 
 
 class SlowLoopWarnings(logging.Filter):
