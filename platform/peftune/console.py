@@ -69,9 +69,9 @@ class DropUnraisedExit:
     """``sys.unraisablehook`` for a trial's process. Ray's SIGTERM handler raises ``SystemExit`` wherever the
     worker is; when Tune stops an idle worker while a garbage-collection callback runs, Python cannot raise it
     there and prints it as "Exception ignored in ...": a 9-line traceback in the job's console (after the
-    multitask job's carried trials) for an exit that failed to happen. The raylet follows its SIGTERM with a
-    SIGKILL, so the worker ends all the same: that exit is dropped without a word; every other unraisable
-    exception goes to the hook that was there."""
+    multitask job's carried trials; at the end of an SST confirmation round) for an exit that failed to happen.
+    The raylet follows its SIGTERM with a SIGKILL, so the worker ends all the same: that exit is dropped without
+    a word; every other unraisable exception goes to the hook that was there."""
 
     def __init__(self, previous: Callable):
         self.previous = previous
