@@ -1,6 +1,7 @@
-"""The documentation holds: the README is a short user's page, docs/configuration.md is the schema's, figures live
-on docs/benchmarks.md only (no commit hash or timing in the README, the YAML comments or the jobs' docstrings), and
-no module docstring is an essay (at most 15 lines)."""
+"""The documentation holds: the README is a short user's page linking every page of docs/, docs/design.md's module
+table names every module, docs/configuration.md is the schema's, figures live on docs/benchmarks.md only (one dated
+table per figure, each row with its commit, machine and command; no commit hash or timing in the README, the YAML
+comments or the jobs' docstrings), every link to a section of it resolves, and no module docstring is an essay."""
 
 from __future__ import annotations
 
@@ -112,10 +113,98 @@ def test_the_configuration_reference_names_every_key_of_the_schema():
     assert not {key for key in keys if f"| `{key}` |" not in written}
 
 
-def test_the_benchmarks_page_dates_its_entries():
-    text = (DOCS / "benchmarks.md").read_text(encoding="utf-8")
-    recorded = re.findall(r"\*\*Recorded:\*\* (\d{4}-\d{2}-\d{2}), ([0-9a-f]{7,40})", text)
-    assert len(recorded) >= 20, "every entry gives the date and commit that recorded it"
+BENCHMARKS = DOCS / "benchmarks.md"
+ARCHIVE = DOCS / "benchmarks-archive.md"
+MAX_BENCHMARKS_LINES = 200
+DATE = re.compile(r"^\d{4}-\d{2}-\d{2}$")
+
+
+def markdown_tables(text: str) -> list[list[list[str]]]:
+    """Each table of a Markdown page as its rows of cells (the header first, the separator row left out)."""
+    tables, rows = [], []
+    for line in [*text.splitlines(), ""]:
+        if line.startswith("|"):
+            if not re.fullmatch(r"\|(\s*:?-+:?\s*\|)+", line.strip()):
+                rows.append(re.split(r"\s*\|\s*", line.strip().strip("|").strip()))
+        elif rows:
+            tables.append(rows)
+            rows = []
+    return tables
+
+
+def headings(text: str) -> list[str]:
+    return re.findall(r"^#{1,6} (.+?)\s*$", text, flags=re.M)
+
+
+def slug(heading: str) -> str:
+    """A heading's anchor as GitHub makes it: lower case, punctuation dropped, spaces as hyphens."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
+
+
+def test_the_benchmarks_page_is_a_short_reference_with_its_archive():
+    text = BENCHMARKS.read_text(encoding="utf-8")
+    assert len(text.splitlines()) < MAX_BENCHMARKS_LINES, "docs/benchmarks.md: the current figures only"
+    assert "](benchmarks-archive.md)" in text and ARCHIVE.exists(), "superseded entries go to the archive, linked"
+
+
+def test_every_figure_on_the_benchmarks_page_has_its_date_commit_machine_and_command():
+    """Every table of docs/benchmarks.md gives, for each row, the date, the commit, the machine (one the page
+    names, with its matmul peaks in brackets) and the command of the measurement."""
+    text = BENCHMARKS.read_text(encoding="utf-8")
+    machines = re.findall(r"\*\*([\w-]+)\*\*:", text)
+    assert machines, "docs/benchmarks.md names its machines (**name**: what it is)"
+    tables = markdown_tables(text)
+    assert tables
+    for header, *rows in tables:
+        columns = {name: header.index(name) for name in ("date", "commit", "command")} | {
+            "machine": next((i for i, name in enumerate(header) if name.startswith("machine")), None)
+        }
+        assert None not in columns.values(), f"a table without its date, commit, machine or command: {header}"
+        assert rows, header
+        for row in rows:
+            cell = {name: row[i] if i < len(row) else "" for name, i in columns.items()}
+            assert DATE.match(cell["date"]), f"{row[0]!r}: date {cell['date']!r}"
+            assert re.search(r"\b[0-9a-f]{7,40}\b", cell["commit"]), f"{row[0]!r}: commit {cell['commit']!r}"
+            assert re.match(rf"({'|'.join(machines)}\b).*\(.+\)", cell["machine"]), (
+                f"{row[0]!r}: machine {cell['machine']!r} is none of {machines} with its peaks in brackets"
+            )
+            assert cell["command"], f"{row[0]!r}: no command"
+
+
+LINKING = [
+    README,
+    REPO / "CONTRIBUTING.md",
+    REPO / "pyproject.toml",
+    *sorted(DOCS.glob("*.md")),
+    *sorted((REPO / "jobs").glob("*.py")),
+    *sorted((REPO / "platform" / "peftune").rglob("*.py")),
+    *sorted((REPO / "analysis").rglob("*.py")),
+    *sorted((REPO / "search_spaces").rglob("*.yaml")),
+]
+
+
+def test_every_link_to_a_section_of_the_benchmarks_pages_resolves():
+    """``docs/benchmarks.md, "Name"`` (in a comment or docstring) names the start of a heading of that page, and
+    ``benchmarks.md#anchor`` (in a page) one of its anchors: a figure moved to the archive takes its link along."""
+    sections = {page.name: headings(page.read_text(encoding="utf-8")) for page in (BENCHMARKS, ARCHIVE)}
+    broken = []
+    for path in LINKING:
+        if not path.exists() or path in (BENCHMARKS, ARCHIVE):
+            continue
+        text = re.sub(r"\s*\n\s*#?\s*", " ", path.read_text(encoding="utf-8"))  # a link may wrap a comment
+        for page, name in re.findall(r"(benchmarks(?:-archive)?\.md),? \"([^\"]+)\"", text):
+            if not any(heading.startswith(name) for heading in sections[page]):
+                broken.append(f"{path.relative_to(REPO)}: {page}, {name!r}")
+        for page, anchor in re.findall(r"(benchmarks(?:-archive)?\.md)#([\w-]+)", text):
+            if anchor not in {slug(heading) for heading in sections[page]}:
+                broken.append(f"{path.relative_to(REPO)}: {page}#{anchor}")
+    assert not broken, f"links to sections of the benchmarks pages that do not exist: {broken}"
+
+
+def test_a_section_link_is_read_as_the_test_reads_it():
+    assert slug("The core against the HF Trainer (`peftune bench`)") == "the-core-against-the-hf-trainer-peftune-bench"
+    assert slug("Exactness on a CPU at MiniLM's shapes") == "exactness-on-a-cpu-at-minilms-shapes"
+    assert markdown_tables("a\n\n| x | y |\n|---|---|\n| 1 | 2 |\n\nb") == [[["x", "y"], ["1", "2"]]]
 
 
 # ----------------------------------------------------------------------------- YAML comments and job docstrings
