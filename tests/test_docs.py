@@ -207,6 +207,57 @@ def test_a_section_link_is_read_as_the_test_reads_it():
     assert markdown_tables("a\n\n| x | y |\n|---|---|\n| 1 | 2 |\n\nb") == [[["x", "y"], ["1", "2"]]]
 
 
+# ----------------------------------------------------------------------------- the module and page tables
+
+
+PACKAGE = REPO / "platform" / "peftune"
+
+
+def module_table() -> set[str]:
+    """The names of docs/design.md's module table: the backticked words of the first column of the first table
+    after its heading "Modules and layers" (``cli.py``, ``benchmarks/driver.py``, ``methods/`` for a whole
+    subpackage)."""
+    text = (DOCS / "design.md").read_text(encoding="utf-8")
+    section = text[text.index("## Modules and layers") :]
+    header, *rows = markdown_tables(section)[0]
+    assert header[0] == "module", header
+    return {name for row in rows for name in re.findall(r"`([^`]+)`", row[0])}
+
+
+def package_modules() -> list[str]:
+    """Every module of the package, as a path relative to it (``cli.py``, ``methods/lora.py``), but its own
+    ``__init__.py``."""
+    return sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py") if path != PACKAGE / "__init__.py")
+
+
+def test_the_design_pages_module_table_names_every_module_of_the_package():
+    """A module is named by its path in the package (``sweep.py``, ``benchmarks/driver.py``), or a subpackage's
+    modules all at once by its directory (``methods/``); a subpackage's ``__init__.py`` by any row of its
+    directory. A row naming no module is stale."""
+    names = module_table()
+    missing = []
+    for module in package_modules():
+        folder = module.rsplit("/", 1)[0] + "/" if "/" in module else ""
+        covered = module in names or (folder and folder in names)
+        if module.endswith("/__init__.py"):
+            covered = any(name.startswith(folder) for name in names)
+        if not covered:
+            missing.append(module)
+    assert not missing, f"docs/design.md's module table lacks {missing}: add a row saying what each does"
+    stale = [name for name in names if not (PACKAGE / name).exists()]
+    assert not stale, f"docs/design.md's module table names {stale}, which are not modules of peftune"
+
+
+def test_the_readmes_documentation_table_links_every_page_of_docs():
+    """The README's table under "## Documentation": its first column's links."""
+    text = README.read_text(encoding="utf-8")
+    section = text[text.index("## Documentation") :]
+    header, *rows = markdown_tables(section)[0]
+    linked = {target for row in rows for target in re.findall(r"\]\(([^)#\s]+)\)", row[0])}
+    pages = {f"docs/{page.name}" for page in DOCS.glob("*.md")}
+    assert not pages - linked, f"the README's documentation table lacks {sorted(pages - linked)}"
+
+
 # ----------------------------------------------------------------------------- YAML comments and job docstrings
 
 
