@@ -140,10 +140,10 @@ def exit_after_sigterm() -> NoReturn:
     """Exit 3 at once after SIGTERM, the records closed: Ray's core worker, once it has seen the signal,
     aborts the interpreter's normal exit (status -6), so Ray is shut down here and the rest of the exit skipped.
 
-    Midway through ``ray.shutdown()`` Ray's core worker puts SIGTERM back to the default action (measured: 0.3 s
-    in, a second before it returns), whatever Python had set: a second SIGTERM then (``ray job stop`` twice)
-    killed the driver, status 143. So Ray shuts down in a thread while this one, the only one that may set
-    signal handlers, keeps SIGTERM ignored."""
+    Midway through ``ray.shutdown()``, well before it returns, Ray's core worker puts SIGTERM back to the default
+    action, whatever Python had set (docs/benchmarks.md, "Small figures behind design choices"): a second SIGTERM
+    then (``ray job stop`` twice) killed the driver, status 143. So Ray shuts down in a thread while this one, the
+    only one that may set signal handlers, keeps SIGTERM ignored."""
     import ray  # loaded already: a SIGTERM that stops a sweep comes after Ray started
 
     if threading.current_thread() is not threading.main_thread():

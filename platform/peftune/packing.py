@@ -39,8 +39,9 @@ log = logging.getLogger("peftune.packing")
 # a member's trial that neither went on nor stopped within this is taken as stopped (its process died): Tune
 # answers a report far sooner (docs/benchmarks.md, "Packed trials")
 DECISION_TIMEOUT_S = 300.0
-# the least a new runner waits for its top-up CPUs (``pack_wait_s`` where longer): about twice a runner process's
-# start, so that a short ``pack_wait_s`` does not leave every top-up unheld (docs/benchmarks.md, "Packed trials")
+# the least a new runner waits for its top-up CPUs (``pack_wait_s`` where longer): longer than a runner process
+# takes to start, so that a short ``pack_wait_s`` does not leave every top-up unheld (docs/benchmarks.md, "Packed
+# trials")
 RUNNER_START_S = 10.0
 
 
@@ -165,12 +166,11 @@ class PackHub:
         """An idle runner of this place for a pack of ``members``, or a new one.
 
         A new runner holds what its members do not: a pack of k < K members holds k/K of a trial's CPUs, and trains
-        on one trial's threads; without the rest, Ray would give it to other trials (measured: packed trials trained
-        2x slower than alone in the cpu sweep, before this). Where that top-up cannot start within ``pack_wait_s``
-        (``RUNNER_START_S`` at least) it holds none: every CPU may be held by members waiting for their runners,
-        and then no top-up ever starts (measured: the SST job's search stood still for 18 minutes, 5 runners waiting
-        for their top-ups and 6 members holding both CPUs). Of a GPU it holds nothing: k members take about k/K of a
-        slot's memory, and a GPU's share is not a share of its time anyway."""
+        on one trial's threads; without the rest, Ray would give it to other trials, and the pack would train slower
+        than its members alone. Where that top-up cannot start within ``pack_wait_s`` (``RUNNER_START_S`` at least)
+        it holds none: every CPU may be held by members waiting for their runners, and then no top-up ever starts
+        and the search stands still. Of a GPU it holds nothing: k members take about k/K of a slot's memory, and a
+        GPU's share is not a share of its time anyway. Both cases as measured: docs/benchmarks.md, "Packed trials"."""
         with self.lock:
             idle = self.idle.get((place, members))
             if idle:

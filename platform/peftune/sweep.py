@@ -137,9 +137,9 @@ def init_ray(address: str | None = None) -> None:
 
 # Tune waits this long (seconds) for a reused worker's previous trial thread to end before the next trial may use the
 # worker. A trial Tune stops ends at its blocked report and unwinds (its checkpoint directory removed, its memory
-# given back: worker.trainable's `finally`); Tune's default of 2 s was exceeded on a loaded 2-core machine, and a
-# late thread fails the *next* trial ("Could not re-use actor"), which ends the sweep interrupted. Waiting costs
-# nothing when the thread ends sooner: the join returns when it does.
+# given back: worker.trainable's `finally`); on a loaded machine that took longer than Tune's default wait, and a
+# late thread fails the *next* trial ("Could not re-use actor"), which ends the sweep interrupted (docs/benchmarks.md,
+# "Small figures behind design choices"). Waiting costs nothing when the thread ends sooner: the join returns then.
 THREAD_TIMEOUT_VAR = "TUNE_FUNCTION_THREAD_TIMEOUT_S"
 THREAD_TIMEOUT_S = 120
 
@@ -206,8 +206,8 @@ def every_slot_pending(resources: spaces.Resources):
 
     With a searcher of its own and no ``max_concurrent_trials``, Tune keeps one trial pending: a trial
     shorter than a new worker's start-up (importing torch: seconds) then ends first, the pending trial takes
-    its worker, and the other slots stay idle. The smoke sweep's search ran one trial at a time so, 26 s; 19 s
-    with both slots started at once. Tune reads this setting only from the environment.
+    its worker, and the other slots stay idle: the search runs one trial at a time (measured on the smoke sweep:
+    docs/benchmarks.md, "Small figures behind design choices"). Tune reads this setting only from the environment.
     """
     if PENDING_ENV in os.environ:
         yield
