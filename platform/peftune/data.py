@@ -1,7 +1,9 @@
-"""Task data: read and validate the tab-separated files, tokenize once, batch by length, schedule tasks.
+"""Task data: read and validate each task's files, tokenize once, batch by length, schedule tasks.
 
-1. ``read_task_file``: TSV with CSV quoting (the CS224N multitask format), read with :mod:`csv`; every problem is
-   one :class:`DataError` naming file, line and what was expected, before anything is returned.
+1. Reading (:mod:`peftune.tables`): pandas reads each file the task declares (CSV, TSV, JSON Lines, Parquet);
+   every problem is one :class:`DataError` naming file, line and what was expected, before anything is returned.
+   A task that declares one ``file`` has it split here into train, dev and test rows; a class task that lists no
+   ``labels`` has them read from its train file first (:func:`resolve_labels`).
 2. ``encode_split``: tokenization runs once per (file content, tokenizer, max length) in a process; token ids are
    stored flat with offsets, so an :class:`EncodedSplit` is small enough for Ray's object store.
 3. ``bucketed_batches``: batches padded only to their longest member, of similar lengths, in a seeded random order.
@@ -12,15 +14,11 @@ Why each step looks the way it does: docs/design.md, "Data pipeline".
 
 from __future__ import annotations
 
-import codecs
-import csv
 import hashlib
-import io
 import itertools
 import json
 import logging
 import os
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -30,44 +28,26 @@ import numpy as np
 import torch
 
 from peftune.errors import UserError
-from peftune.tasks import TaskSpec, get_task
+from peftune.tables import (
+    INVALID_ROW_POLICIES,
+    MAX_TEXT_CHARS,
+    DataError,
+    Example,
+    Rows,
+    check_policy,
+    labelled,
+    read_bytes,
+    read_rows,
+    split_rows,
+)
+from peftune.tasks import TaskSpec, declare, get_task
+
+__all__ = ["INVALID_ROW_POLICIES", "MAX_TEXT_CHARS", "DataError", "Example"]  # read from here by the callers
 
 logger = logging.getLogger(__name__)
 
-INVALID_ROW_POLICIES = ("raise", "skip")
 SCHEDULES = ("round_robin", "proportional", "temperature")
 DEFAULT_MAX_LENGTH = 128
-# longest text accepted (characters): the longest in the shipped files is ~2,200 (a CFIMDB review);
-# anything far longer is a broken file (e.g. an unbalanced quote), and is cut to max_length anyway
-MAX_TEXT_CHARS = 20_000
-# a label as the data files write it (3, 1.0, 2.75, 4e-1): ASCII digits only
-ASCII_NUMBER = re.compile(r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?")
-
-
-class DataError(UserError):
-    """A data file is missing or malformed; the message says where (file, line) and what was expected."""
-
-    def __init__(self, path: str | os.PathLike, problem: str, line: int | None = None, expected: str | None = None):
-        self.path = os.fspath(path)
-        self.problem = _bounded_line(problem)  # it may quote the file's own text: tabs, newlines, megabytes
-        self.line = line
-        self.expected = expected
-        where = self.path if line is None else f"{self.path}, line {line}"
-        super().__init__(f"{where}: {self.problem}" + (f"; expected {expected}" if expected else ""))
-
-    def __reduce__(self):
-        # The default reduce would call DataError(message) and lose the fields; Ray pickles exceptions.
-        return (type(self), (self.path, self.problem, self.line, self.expected))
-
-
-def _bounded_line(text: str, limit: int = 400) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-class Example(NamedTuple):
-    texts: tuple[str, ...]  # one sentence, or two for a pair task; stripped, never empty
-    label: float
 
 
 @dataclass(frozen=True, eq=False)
@@ -85,6 +65,7 @@ class EncodedSplit:
     lines: torch.Tensor  # (N,) int32, 1-based line of each example in the source file (file order kept)
     source: str  # path of the file read
     sha256: str  # of the file's bytes: log it to say exactly which data a run used
+    examples_sha256: str  # of the examples (texts, labels): the same data in another format has the same one
     max_length: int
     pad_id: int  # the tokenizer's pad token id; batches pad with it
     skipped: tuple[tuple[int, str], ...] = ()  # (line, reason) of rows dropped with invalid_rows="skip"
@@ -182,182 +163,26 @@ SPLITS = ("train", "selection", "decision", "dev")
 
 def file_sha256(path: str | os.PathLike) -> str:
     """Hex sha256 of a file's bytes (what the sweep logs so a run names the exact data it used)."""
-    return hashlib.sha256(_read_bytes(Path(path))).hexdigest()
+    return hashlib.sha256(read_bytes(Path(path))).hexdigest()
 
 
-def read_task_file(path: str | os.PathLike, spec: TaskSpec, *, invalid_rows: str = "raise") -> list[Example]:
-    """All rows of one task file as validated examples, in file order.
+def read_task_file(
+    path: str | os.PathLike, spec: TaskSpec, *, invalid_rows: str = "raise", role: str = "train"
+) -> list[Example]:
+    """All rows of one task file (its ``role`` part, for a task of one split file) as validated examples.
 
-    Raises :class:`DataError` on the first problem. With ``invalid_rows="skip"``
-    a row-level problem (field count, empty text, bad label) drops the row with a
-    logged warning instead; file-level problems (missing file or column, bad
-    encoding, no rows) always raise.
+    Raises :class:`DataError` on the first problem. With ``invalid_rows="skip"`` a row-level problem (field
+    count, empty text, bad label) drops the row with a logged warning instead; file-level problems (missing
+    file or column, bad encoding, no rows) always raise. A class task whose labels are not known yet takes
+    them from these rows.
     """
     path = Path(path)
-    examples, _, skipped = _parse(path, _read_bytes(path), spec, invalid_rows)
+    data = read_bytes(path)
+    rows = _role_rows(path, data, hashlib.sha256(data).hexdigest(), spec, role, invalid_rows)
+    spec = spec if spec.kind == "regression" or spec.labels is not None else spec.resolved(rows.labels)
+    examples, _, skipped = labelled(path, rows, spec, role, invalid_rows)
     _warn_skipped(path, skipped)
     return examples
-
-
-def _read_bytes(path: Path) -> bytes:
-    try:
-        return path.read_bytes()
-    except FileNotFoundError:
-        raise DataError(path, "file not found", expected="an existing data file") from None
-    except IsADirectoryError:
-        raise DataError(path, "is a directory", expected="a data file") from None
-    except OSError as error:
-        raise DataError(path, f"cannot read the file ({error.strerror})", expected="a readable data file") from None
-    except ValueError:  # the operating system takes no NUL in a path ("embedded null byte")
-        shown = str(path).replace("\0", "\\0")
-        raise DataError(shown, "the path holds a NUL byte", expected="a path without NUL bytes") from None
-
-
-def _decode(path: Path, data: bytes) -> str:
-    if data.startswith(codecs.BOM_UTF8):
-        data = data[len(codecs.BOM_UTF8) :]
-    try:
-        return data.decode("utf-8")
-    except UnicodeDecodeError as error:
-        line = data.count(b"\n", 0, error.start) + 1
-        raise DataError(
-            path, f"byte 0x{data[error.start]:02x} is not valid UTF-8", line=line, expected="UTF-8 encoded text"
-        ) from None
-
-
-def _parse(
-    path: Path, data: bytes, spec: TaskSpec, invalid_rows: str
-) -> tuple[list[Example], list[int], list[tuple[int, str]]]:
-    """(examples, their 1-based start lines, skipped (line, reason)) of one file's bytes."""
-    _check_policy(invalid_rows)
-    text = _decode(path, data)
-    if not text.strip():
-        raise DataError(path, "the file is empty", line=1, expected=_header_expected(spec))
-    # newline="" hands line endings to csv, so quoted fields may hold them and line_num counts physical lines
-    reader = csv.reader(io.StringIO(text, newline=""), delimiter="\t")
-    try:
-        header = _checked_header(path, [name.strip() for name in next(reader)], spec)
-        examples, lines, skipped = _read_rows(path, reader, header, spec, invalid_rows)
-    except csv.Error as error:
-        if "field larger than field limit" in str(error):
-            raise DataError(
-                path,
-                f"a field longer than {csv.field_size_limit():,} characters",
-                line=reader.line_num,
-                expected=f"texts of at most {MAX_TEXT_CHARS:,} characters",
-            ) from None
-        raise DataError(path, f"unreadable CSV ({error})", line=reader.line_num, expected="tab-separated CSV") from None
-    if not examples:
-        raise DataError(path, "no data rows", line=reader.line_num + 1, expected="examples after the header row")
-    return examples, lines, skipped
-
-
-def _header_expected(spec: TaskSpec) -> str:
-    return "a tab-separated header row with columns " + ", ".join((*spec.text_columns, spec.label_column))
-
-
-def _checked_header(path: Path, header: list[str], spec: TaskSpec) -> list[str]:
-    """The header row, refused when a column the task needs is missing, repeated, or holds a NUL."""
-    expected = _header_expected(spec)
-    nul = [name for name in header if "\x00" in name]
-    if nul:  # "id\x00" is not "id": the column would silently go unchecked
-        raise DataError(path, f"column name {nul[0]!r} holds a NUL character", line=1, expected=expected)
-    repeated = sorted({name for name in header if name and header.count(name) > 1})
-    if repeated:
-        raise DataError(
-            path,
-            f"column(s) {', '.join(repeated)} appear twice in the header",
-            line=1,
-            expected=expected + ", each once",
-        )
-    missing = [name for name in (*spec.text_columns, spec.label_column) if name not in header]
-    if missing:
-        found = ", ".join(header)
-        raise DataError(
-            path, f"missing column(s) {', '.join(missing)} for task {spec.name!r} (found: {found})", line=1,
-            expected=expected,
-        )  # fmt: skip
-    return header
-
-
-def _read_rows(path: Path, reader, header: list[str], spec: TaskSpec, invalid_rows: str):
-    """The data rows after the header: (examples, their start lines, skipped (line, reason))."""
-    text_at = [header.index(name) for name in spec.text_columns]
-    label_at = header.index(spec.label_column)
-    id_at = header.index("id") if "id" in header else None
-    examples, lines, skipped = [], [], []
-    seen_ids: dict[str, tuple[int, Example]] = {}  # id -> (line, example): an id names one example
-    end_of_previous = reader.line_num
-    for row in reader:
-        line, end_of_previous = end_of_previous + 1, reader.line_num
-        if not row:  # a blank line is not a row (as in pandas)
-            continue
-        checked = _check_row(row, len(header), text_at, label_at, spec, header, spans=reader.line_num - line + 1)
-        if isinstance(checked, Example):
-            if id_at is not None:
-                _check_id(path, seen_ids, row[id_at].strip(), line, checked)
-            examples.append(checked)
-            lines.append(line)
-        elif invalid_rows == "skip":
-            skipped.append((line, "; expected ".join(checked)))
-        else:
-            reason, expected = checked
-            raise DataError(path, reason, line=line, expected=f"{expected} (or pass invalid_rows='skip')")
-    return examples, lines, skipped
-
-
-def _check_id(path: Path, seen: dict, example_id: str, line: int, example: Example) -> None:
-    """An id names one example: repeated with the same text and label is a duplicate row, otherwise an error."""
-    first = seen.setdefault(example_id, (line, example))
-    if first[1] != example:
-        raise DataError(
-            path,
-            f"id {example_id[:80]!r} is repeated with another text or label (first at line {first[0]})",
-            line=line,
-            expected="one example per id",
-        )
-
-
-def _check_policy(invalid_rows: str) -> None:
-    if invalid_rows not in INVALID_ROW_POLICIES:
-        raise UserError(f"invalid_rows={invalid_rows!r}, expected one of {INVALID_ROW_POLICIES}")
-
-
-def _check_row(row, num_fields, text_at, label_at, spec, header, spans) -> Example | tuple[str, str]:
-    """The row as an Example, or (problem, expectation)."""
-    if len(row) != num_fields:
-        hint = f" (the row spans {spans} lines: is a double quote unbalanced?)" if spans > 1 else ""
-        return f"{len(row)} fields{hint}", f"{num_fields} tab-separated fields, as in the header"
-    broken = [header[i] for i, value in enumerate(row) if "\n" in value or "\r" in value]
-    if broken:  # only a quoted field holds these: a quote left open swallowed the following line(s)
-        return (
-            f"column {broken[0]!r} holds a line break (the row spans {spans} line(s): is a double quote unbalanced?)",
-            "one line per row; quotes in a field doubled and the field quoted",
-        )
-    texts = tuple(row[i].strip() for i in text_at)
-    for i, value in zip(text_at, texts, strict=True):
-        if not value:
-            return f"empty text in column {header[i]!r}", "a non-empty sentence"
-        if len(value) > MAX_TEXT_CHARS:
-            return f"text of {len(value):,} characters in column {header[i]!r}", f"at most {MAX_TEXT_CHARS:,}"
-        if not any(char.isprintable() and not char.isspace() for char in value):
-            return f"text in column {header[i]!r} has no printable character", "a sentence of words"
-    nul = [header[i] for i, value in enumerate(row) if "\x00" in value]
-    if nul:  # invisible in a terminal, and a NUL in an id makes another id
-        return f"column {nul[0]!r} holds a NUL character", "text without NUL (\\x00) characters: is it a binary file?"
-    raw = row[label_at].strip()
-    if not ASCII_NUMBER.fullmatch(raw):  # float() alone takes '٣', '３' and '0_3' for 3
-        return f"label {raw!r} in column {spec.label_column!r} is not a number", _label_expectation(spec)
-    label = float(raw)
-    wrong = spec.check_label(label)
-    if wrong is not None:
-        return f"label {raw!r} in column {spec.label_column!r} is invalid for task {spec.name!r}", wrong
-    return Example(texts, label)
-
-
-def _label_expectation(spec: TaskSpec) -> str:
-    kind = "an integer class label" if spec.kind in ("multiclass", "binary") else "a number"
-    return f"{kind} in [{spec.label_min:g}, {spec.label_max:g}] in ASCII digits"
 
 
 def _warn_skipped(path: Path, skipped: Sequence[tuple[int, str]]) -> None:
@@ -367,12 +192,49 @@ def _warn_skipped(path: Path, skipped: Sequence[tuple[int, str]]) -> None:
         logger.warning("%s: skipped %d invalid row(s): %s%s", path, len(skipped), shown, more)
 
 
+def task_path(data_dir: str | os.PathLike | None, spec: TaskSpec, role: str) -> Path:
+    """Where ``role``'s file of ``spec`` is: beside the task file when it is there, else in ``data_dir``."""
+    name = spec.file_of(role)
+    beside = Path(spec.folder) / name if spec.folder is not None else None
+    if beside is not None and (beside.exists() or data_dir is None):
+        return beside
+    if data_dir is None:
+        raise UserError(f"task {spec.name!r} reads {name} from the data directory; expected --data-dir")
+    return Path(data_dir) / name
+
+
+def resolve_labels(data_dir, spec: TaskSpec, invalid_rows: str = "raise") -> TaskSpec:
+    """``spec`` with its class labels read from its train file where it lists none, declared in this process."""
+    if spec.kind == "regression" or spec.labels is not None:
+        return spec
+    path = task_path(data_dir, spec, "train")
+    data = read_bytes(path)
+    rows = _role_rows(path, data, hashlib.sha256(data).hexdigest(), spec, "train", invalid_rows)
+    return declare(spec.resolved(rows.labels))
+
+
+def _role_rows(path: Path, data: bytes, sha256: str, spec: TaskSpec, role: str, invalid_rows: str) -> Rows:
+    """``role``'s rows of the file: all of them, or its part of a task's one split file."""
+    rows = _parsed(path, data, sha256, spec, invalid_rows)
+    return rows if spec.file is None else rows.subset(split_rows(rows, spec)[role])
+
+
+def examples_sha256(examples: Sequence[Example]) -> str:
+    """A hash of the examples themselves (texts and labels, in order): the same data in CSV, JSON Lines or
+    Parquet has the same one, where each file's bytes differ."""
+    digest = hashlib.sha256()
+    for example in examples:
+        digest.update(json.dumps([example.texts, example.label], ensure_ascii=False).encode())
+        digest.update(b"\n")
+    return digest.hexdigest()
+
+
 # --------------------------------------------------------------------------- tokenization and cache
 
-# (sha256, tokenizer fingerprint, max_length, spec, limit, seed) -> EncodedSplit; limit None = the whole file
+# (sha256, tokenizer fingerprint, max_length, spec, role, limit, seed) -> EncodedSplit; limit None = every row
 _CACHE: dict[tuple, EncodedSplit] = {}
-# (sha256, spec, invalid_rows) -> a file's rows read by check_files, held until load_tasks tokenizes them
-_PARSED: dict[tuple, tuple[list[Example], list[int], list[tuple[int, str]]]] = {}
+# (sha256, spec as read, invalid_rows) -> a file's rows read by check_files, held until load_tasks tokenizes them
+_PARSED: dict[tuple, Rows] = {}
 
 
 def clear_cache() -> None:
@@ -437,19 +299,18 @@ class _Pending(NamedTuple):
 
 
 def _prepare_file(
-    path: Path, spec: TaskSpec, fingerprint: str, max_length: int, invalid_rows: str
+    path: Path, spec: TaskSpec, role: str, fingerprint: str, max_length: int, invalid_rows: str
 ) -> tuple[tuple, EncodedSplit | _Pending]:
     """(cache key, the cached split of the file or the file validated and ready to tokenize)."""
-    _check_policy(invalid_rows)
-    data = _read_bytes(path)
+    check_policy(invalid_rows)
+    data = read_bytes(path)
     sha256 = hashlib.sha256(data).hexdigest()
-    key = (sha256, fingerprint, max_length, spec)
+    key = (sha256, fingerprint, max_length, spec, role)
     cached = _CACHE.get((*key, None, None))
     if cached is None:
-        examples, lines, skipped = _parsed(path, data, sha256, spec, invalid_rows)
-        _PARSED.pop((sha256, spec, invalid_rows))
+        rows = _role_rows(path, data, sha256, spec, role, invalid_rows)
+        examples, lines, skipped = labelled(path, rows, spec, role, invalid_rows)
         return key, _Pending(path, sha256, spec, examples, lines, skipped)
-    _PARSED.pop((sha256, spec, invalid_rows), None)  # read by check_files, tokenized already
     if cached.skipped and invalid_rows == "raise":
         # cached by an earlier invalid_rows="skip" call; this caller wants to know
         line, reason = cached.skipped[0]
@@ -457,12 +318,13 @@ def _prepare_file(
     return key, cached
 
 
-def _parsed(path: Path, data: bytes, sha256: str, spec: TaskSpec, invalid_rows: str):
-    """A file's (examples, their lines, skipped rows), parsed once whether check_files or load_tasks reads it first."""
-    key = (sha256, spec, invalid_rows)
+def _parsed(path: Path, data: bytes, sha256: str, spec: TaskSpec, invalid_rows: str) -> Rows:
+    """A file's rows, parsed once whether check_files or load_tasks reads it first (its labels do not change
+    how it is read: the key leaves them out, so a task's labels resolved from train do not read it again)."""
+    key = (sha256, replace(spec, labels=None), invalid_rows)
     if key not in _PARSED:
-        _PARSED[key] = _parse(path, data, spec, invalid_rows)
-        _warn_skipped(path, _PARSED[key][2])
+        _PARSED[key] = read_rows(path, data, spec, invalid_rows)
+        _warn_skipped(path, _PARSED[key].skipped)
     return _PARSED[key]
 
 
@@ -499,6 +361,7 @@ def _finish(key: tuple, prepared: EncodedSplit | _Pending, tokenizer, limit: int
         lines=torch.tensor(prepared.lines, dtype=torch.int32),
         source=os.fspath(prepared.path),
         sha256=prepared.sha256,
+        examples_sha256=examples_sha256(prepared.examples),
         max_length=max_length,
         pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0,
         skipped=tuple(prepared.skipped),
@@ -544,8 +407,10 @@ def encode_split(
     seed: int = 0,
     *,
     invalid_rows: str = "raise",
+    role: str = "dev",
 ) -> EncodedSplit:
-    """Read, validate and tokenize one file; cached per (file sha256, tokenizer, max_length).
+    """Read, validate and tokenize one file (``role``'s part of a task's one split file); cached per (file sha256,
+    tokenizer, max_length, task, role).
 
     ``limit`` keeps a seeded random subset of that many examples (in file
     order). A cache hit returns the very same object without re-reading rows
@@ -553,7 +418,8 @@ def encode_split(
     never served stale.
     """
     _check_encoding_args(spec, tokenizer, max_length, limit)
-    key, prepared = _prepare_file(Path(path), spec, tokenizer_fingerprint(tokenizer), max_length, invalid_rows)
+    fingerprint = tokenizer_fingerprint(tokenizer)
+    key, prepared = _prepare_file(Path(path), spec, role, fingerprint, max_length, invalid_rows)
     return _finish(key, prepared, tokenizer, limit, seed)
 
 
@@ -580,15 +446,16 @@ def load_tasks(
     ``decision_examples``: a decision split of that many further train rows per task (0: none; it needs a
     selection split), or all the rows left when the file holds fewer (said in a warning).
     """
-    files = task_files(data_dir, specs)
+    files = task_files(data_dir, specs, invalid_rows)
     for spec, limit in itertools.product({spec for spec, _, _ in files}, (max_train_examples, max_dev_examples)):
         _check_encoding_args(spec, tokenizer, max_length, limit)
 
     fingerprint = tokenizer_fingerprint(tokenizer)
     prepared = {  # phase 1: read + validate everything (cheap)
-        (spec.name, part): _prepare_file(path, spec, fingerprint, max_length, invalid_rows)
+        (spec.name, part): _prepare_file(path, spec, part, fingerprint, max_length, invalid_rows)
         for spec, part, path in files
     }
+    _PARSED.clear()  # the rows are in `prepared` now, or tokenized already
     selecting = selection_examples is not False
     limits = {"train": None if selecting else max_train_examples, "dev": max_dev_examples}
     splits = {  # phase 2: tokenize what the cache did not have
@@ -606,34 +473,44 @@ def load_tasks(
     return tasks
 
 
-def task_files(data_dir: str | os.PathLike, specs: Iterable[TaskSpec | str]) -> list[tuple[TaskSpec, str, Path]]:
-    """(task, "train" or "dev", path) of every file the tasks read from ``data_dir``, in order; refused when the
-    directory is not one or a task is named twice."""
-    if not os.fspath(data_dir).strip():  # Path("") is the working directory: read from there only when told
+def task_files(
+    data_dir: str | os.PathLike | None, specs: Iterable[TaskSpec | str], invalid_rows: str = "raise"
+) -> list[tuple[TaskSpec, str, Path]]:
+    """(task, "train" or "dev", path) of every task's files, in order, each class task's labels resolved (read
+    from its train file where it lists none); refused when a task is named twice, or when the data directory a
+    task reads from is not one. A task file's own files are read beside it (``data_dir`` may then be None)."""
+    if data_dir is not None and not os.fspath(data_dir).strip():  # Path("") is the working directory
         raise UserError(f"data directory {os.fspath(data_dir)!r}: an empty path; expected a directory")
-    if "\0" in os.fspath(data_dir):  # not "not found": no directory can be named so
+    if data_dir is not None and "\0" in os.fspath(data_dir):  # not "not found": no directory can be named so
         raise DataError(os.fspath(data_dir).replace("\0", "\\0"), "the path holds a NUL byte", expected="a directory")
-    data_dir = Path(data_dir)
     specs = [get_task(s) if isinstance(s, str) else s for s in specs]
     if not specs:
         raise UserError("no task to load")
     if len({s.name for s in specs}) != len(specs):
         raise UserError(f"a task is named twice in {[s.name for s in specs]}")
-    if not data_dir.is_dir():
-        problem = "is not a directory" if data_dir.exists() else "data directory not found"
-        files = ", ".join(f for s in specs for f in (s.train_file, s.dev_file))
-        raise DataError(data_dir, problem, expected=f"a directory holding {files}")
-    return [(spec, part, data_dir / name) for spec in specs for part, name in (("train", spec.train_file),
-                                                                               ("dev", spec.dev_file))]  # fmt: skip
+    paths = {(spec.name, role): task_path(data_dir, spec, role) for spec in specs for role in ("train", "dev")}
+    if data_dir is not None and not Path(data_dir).is_dir():
+        needed = [path.name for path in paths.values() if path.parent == Path(data_dir)]
+        if needed:
+            problem = "is not a directory" if Path(data_dir).exists() else "data directory not found"
+            raise DataError(data_dir, problem, expected=f"a directory holding {', '.join(dict.fromkeys(needed))}")
+    specs = [resolve_labels(data_dir, spec, invalid_rows) for spec in specs]
+    return [(spec, role, paths[spec.name, role]) for spec in specs for role in ("train", "dev")]
 
 
-def check_files(data_dir: str | os.PathLike, specs: Iterable[TaskSpec | str], invalid_rows: str = "raise") -> None:
+def check_files(
+    data_dir: str | os.PathLike | None, specs: Iterable[TaskSpec | str], invalid_rows: str = "raise"
+) -> list[TaskSpec]:
     """Read and validate every task file without a tokenizer, so a bad row is refused before the tokenizer's
-    library loads (seconds). The rows read are kept for :func:`load_tasks`, which then does not parse them again."""
-    _check_policy(invalid_rows)
-    for spec, _, path in task_files(data_dir, specs):
-        data = _read_bytes(path)
-        _parsed(path, data, hashlib.sha256(data).hexdigest(), spec, invalid_rows)
+    library loads (seconds); returns the tasks, their labels resolved. The rows read are kept for
+    :func:`load_tasks`, which then does not parse them again."""
+    check_policy(invalid_rows)
+    files = task_files(data_dir, specs, invalid_rows)
+    for spec, role, path in files:
+        data = read_bytes(path)
+        rows = _role_rows(path, data, hashlib.sha256(data).hexdigest(), spec, role, invalid_rows)
+        labelled(path, rows, spec, role, invalid_rows)  # a dev label the train file lacks is refused here too
+    return list(dict.fromkeys(spec for spec, _, _ in files))
 
 
 def carve(

@@ -64,9 +64,9 @@ class MultitaskModel(nn.Module):
         )
         for task in tasks:
             if task.kind == "regression":
-                # start at the middle of the label range (2.5 for STS): the shared weights then learn
+                # start at the middle of the declared range (2.5 for STS): the shared weights then learn
                 # from the similarity signal, not from a head still climbing from 0 towards the labels
-                nn.init.constant_(self.heads[task.name][1].bias, (task.label_min + task.label_max) / 2)
+                nn.init.constant_(self.heads[task.name][1].bias, task.head_center)
 
     def forward(self, task: str, input_ids, attention_mask, token_type_ids) -> torch.Tensor:
         """(B, T) token tensors of one task -> (B, num_outputs) head outputs."""

@@ -15,6 +15,8 @@ from typing import Any
 
 import ray
 
+from peftune import tasks
+
 
 @dataclass(frozen=True)
 class SharedData:
@@ -43,6 +45,8 @@ def worker_prepared(prepared):
     if key not in _PREPARED:
         _PREPARED.clear()
         _PREPARED[key] = ray.get(prepared.ref)
+        for spec in getattr(_PREPARED[key], "specs", ()):  # a user's task is known here only by its data
+            tasks.declare(spec)
     return _PREPARED[key]
 
 

@@ -42,7 +42,7 @@ from peftune.model import POOLINGS, MultitaskModel
 from peftune.optim import ClippedAdamW
 from peftune.params import count_parameters
 from peftune.record import DEV, EPOCH, PARTIAL, SCORE, split_metric
-from peftune.tasks import get_task, overall_score, parse_tasks
+from peftune.tasks import TaskSpec, get_task, overall_score, parse_tasks
 from peftune.validation import Bound, checked
 
 log = logging.getLogger("peftune.train")
@@ -209,6 +209,7 @@ class PreparedData:
     pad_token_id: int
     max_length: int
     file_hashes: dict[str, str]  # file name -> sha256, for the record
+    specs: tuple[TaskSpec, ...] = ()  # the tasks as read (labels resolved): a worker declares them (shared_data)
 
 
 def prepare(
@@ -229,12 +230,12 @@ def prepare(
     the first; the real quora-train.csv has two. ``selection_examples``: a selection split carved from
     the train file (see :func:`peftune.data.load_tasks`).
     """
-    check_files(data_dir, parse_tasks(tasks), invalid_rows)  # a bad row is refused before transformers loads
+    specs = check_files(data_dir, parse_tasks(tasks), invalid_rows)  # a bad row is refused before transformers loads
     backbone, model_dir = load_pretrained(model)
     tokenizer = load_tokenizer(model_dir)
     data = load_tasks(
         data_dir,
-        parse_tasks(tasks),
+        specs,
         tokenizer,
         max_length=max_length,
         max_train_examples=max_train_examples,
@@ -251,6 +252,7 @@ def prepare(
         pad_token_id=tokenizer.pad_token_id or 0,
         max_length=max_length,
         file_hashes=hashes,
+        specs=tuple(specs),
     )
 
 
