@@ -1,6 +1,6 @@
 """Sweeps, as ``peftune sweep`` and ``jobs/*.py`` run them: the flags both share, the definition they spell, the
-checks made before Ray (the spaces against the model, the tracking store, the test files, the lease), the sweep
-and its final evaluation, and the exit status of the outcome.
+checks made before Ray (the spaces against the model, the tracking store, the test files, a resume's saved state,
+the lease), the sweep and its final evaluation, and the exit status of the outcome.
 
 Every refusal of bad input comes before Ray, Tune, MLflow and the report's libraries are imported (each import of
 them is inside the function that needs it)."""
@@ -192,8 +192,9 @@ def main_from_args(args) -> int:
     """Run the sweep the flags describe, and write its report when it has completed.
 
     Every refusal of bad input (flags, the definition, the data files, the model) comes before Ray, Tune,
-    MLflow and the report's libraries are imported: together they take seconds to load (10 s on a busy 2-core
-    machine), which a one-line refusal should not wait for."""
+    MLflow and the report's libraries are imported: together they take seconds to load (docs/benchmarks.md,
+    "Small figures behind design choices"), which a one-line refusal should not wait for; and every refusal that
+    does not depend on the data comes before the data is read and tokenized."""
     definition = definition_from_args(args)  # validated before anything starts
     check_spaces_against_model(definition)
     record.check_tracking_uri(record.resolve_tracking_uri(args.tracking_uri))
@@ -202,6 +203,7 @@ def main_from_args(args) -> int:
         check_test_args(test_dir, definition, args.test_seeds)
     storage = record.storage_uri(args.storage_path)
     record.check_storage_uri(storage)  # every refusal before any data is read
+    check_resumable(bool(getattr(args, "resume", False)), definition.name, storage)
     lease.Lease(lease.lease_dir(storage), definition.name).check_free()
     prepared = spaces.prepare_data(definition, args.data_dir)
     from analysis.publish import on_sweep_finished
@@ -216,6 +218,22 @@ def main_from_args(args) -> int:
     ignore_further_interrupts()  # the records are closed: a late Ctrl-C must not turn the exit status into a lie
     print("\n" + result.summary(), flush=True)
     return exit_code(result.status, allow_failures=getattr(args, "allow_failures", False))
+
+
+# the file of a sweep's Ray Tune state that ``Tuner.can_restore`` looks for under ``<storage>/<sweep>`` (Tune's
+# ``tuner.pkl``; tests/test_resume_refusal.py checks the two agree)
+TUNER_STATE = "tuner.pkl"
+
+
+def check_resumable(resume: bool, name: str, storage: str) -> None:
+    """``--resume`` of a sweep with no saved Ray Tune state is refused here, before the data is read and Ray is
+    imported, as the sweep itself would refuse it (``sweep._check_resume``) only after both. An object-store URI is
+    left to the sweep's check, which reaches the store through Ray."""
+    if not resume or "://" in storage:
+        return
+    experiment_path = f"{storage.rstrip('/')}/{name}"
+    if not (Path(experiment_path) / TUNER_STATE).is_file():
+        raise UserError(f"nothing to resume: no Ray Tune state for sweep {name!r} at {experiment_path}")
 
 
 def _run_sweep(args, definition: spaces.SweepDefinition, prepared, verbose: bool) -> SweepResult:
