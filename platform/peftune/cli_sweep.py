@@ -63,7 +63,7 @@ def _add_what_runs(parser, definition_default: str | None) -> None:
     parser.add_argument(
         "--smoke-test",
         action="store_true",
-        help="the tiny 'smoke' budget: a few trials on a sliver of the data, minutes on 2 CPU cores",
+        help="the tiny 'smoke' budget: a few trials on a sliver of the data: the whole code path, not an answer",
     )
     parser.add_argument(
         "--budget", help="a budget preset of the definition (e.g. smoke, cpu, gpu; default: the definition's own)"
