@@ -9,6 +9,7 @@ a frontier (completed only, by default: :mod:`analysis.pareto`). The columns of 
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 import re
@@ -52,6 +53,7 @@ from peftune.record import (  # the record's names, shared with the writer (no R
     STATUS,
     SWEEP,
     SWEEP_ROLE,
+    TASKS_ARTIFACT,
     TRIAL_ID,
     TRIAL_ROLE,
     best_epoch,
@@ -154,6 +156,7 @@ def _read_sweep_record(name: str, uri: str, client) -> SweepRuns:
     tasks = _split_list(parent.data.params.get("tasks", ""))
     if not tasks:  # an older or partial record: take the tasks the trials ran
         tasks = next((_split_list(c.data.params["tasks"]) for c in children if c.data.params.get("tasks")), [])
+    declare_recorded_tasks(client, parent.info.run_id, tasks)
     metrics = task_metric_names(tasks)
     histories = {run.info.run_id: _histories(client, run, metrics) for run in children}
     frame = trials_frame(children, metrics, histories)
@@ -175,6 +178,26 @@ def _read_sweep_record(name: str, uri: str, client) -> SweepRuns:
         confirmations=confirmations,
         parent_metrics=dict(parent.data.metrics),
     )
+
+
+def declare_recorded_tasks(client, run_id: str, tasks: Sequence[str]) -> None:
+    """Declare in this process the tasks a sweep ran that are not shipped ones, from its parent run's
+    ``tasks.json`` (their declarations, labels resolved): a report of a user's task needs its file nowhere."""
+    from peftune.tasks import TaskSpec, declare, task_names
+
+    unknown = [task for task in tasks if task not in task_names()]
+    if not unknown:
+        return
+    with tempfile.TemporaryDirectory(prefix="peftune-tasks-") as tmp:
+        try:
+            recorded = json.loads(Path(client.download_artifacts(run_id, TASKS_ARTIFACT, tmp)).read_text())
+        except Exception:  # MLflow raises its own kinds for a missing artifact
+            raise UserError(
+                f"task(s) {', '.join(unknown)} of this sweep are not shipped ones and its parent run {run_id} has "
+                f"no {TASKS_ARTIFACT} declaring them; expected a record written by a sweep that read task files"
+            ) from None
+    for task in unknown:
+        declare(TaskSpec.from_declaration(recorded[task]["declaration"], f"{TASKS_ARTIFACT} of run {run_id}"))
 
 
 # (tracking URI, run id, split) -> that completed run's predictions: the artifact of a completed run never

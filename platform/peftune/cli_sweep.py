@@ -49,16 +49,23 @@ def add_arguments(parser, definition_default: str | None = None) -> None:
 
 def _add_what_runs(parser, definition_default: str | None) -> None:
     """The definition, its budget and the overrides of what the sweep runs."""
-    if definition_default is None:
-        parser.add_argument(
-            "definition",
-            help="a sweep definition: a name under search_spaces/ (sst_tuning, "
-            "multitask_tuning, smoke) or a path to a YAML file",
-        )
-    else:
-        parser.set_defaults(definition=definition_default)
+    what = "a sweep definition: a name under search_spaces/ (sst_tuning, multitask_tuning, smoke) or a YAML file"
+    if definition_default is None:  # `peftune sweep DEFINITION`
+        parser.add_argument("definition", help=what)
+    else:  # a job: its own definition unless told another ("": jobs/tuning.py, which has none of its own)
+        default = definition_default or None
+        parser.add_argument("--definition", default=default, required=default is None, help=f"{what} (default: "
+                            f"{default or 'none'})")  # fmt: skip
     parser.add_argument(
-        "--data-dir", type=path_arg, required=True, help="directory holding the task files (read by the driver only)"
+        "--data-dir",
+        type=path_arg,
+        help="directory holding the task files (read by the driver only); not needed when every task is a task "
+        "file whose data files lie beside it",
+    )
+    parser.add_argument(
+        "--tasks",
+        help="the tasks instead of the definition's: comma-separated shipped task names or task files (YAML; "
+        "docs/guide.md, 'Your own task')",
     )
     parser.add_argument(
         "--smoke-test",
@@ -162,6 +169,10 @@ def definition_from_args(args) -> spaces.SweepDefinition:
     if args.smoke_test and args.budget not in (None, "smoke"):
         raise UserError(f"--smoke-test uses the smoke budget; it cannot be combined with --budget {args.budget}")
     definition = spaces.load_sweep(spaces.resolve_sweep_path(args.definition), budget=budget)
+    if getattr(args, "tasks", None):
+        definition = definition.with_tasks(args.tasks.split(","))
+    if args.data_dir is None and not definition.declarations:
+        raise UserError("--data-dir is required: the sweep's tasks read their files from the data directory")
     overrides = {"trials_per_method": args.trials_per_method} if args.trials_per_method is not None else {}
     return definition.with_overrides(
         name=args.name,
@@ -294,7 +305,8 @@ def exit_code(status: str, allow_failures: bool = False) -> int:
 
 
 def job_main(definition: str, description: str, argv: list[str] | None = None) -> int:
-    """What ``jobs/*.py`` run: parse the flags, run the sweep and its report, print where everything is."""
+    """What ``jobs/*.py`` run: parse the flags, run the sweep and its report, print where everything is.
+    ``definition``: the job's own sweep definition (``--definition`` replaces it); "": ``--definition`` is required."""
     parser = Parser(
         description=description, epilog=EXIT_CODES_HELP, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -319,7 +331,7 @@ def _warn_relative_paths_in_job(args) -> None:
             ("--storage-path", args.storage_path),
             ("--reports-dir", args.reports_dir),
         )
-        if "://" not in str(value) and not Path(value).is_absolute()
+        if value is not None and "://" not in str(value) and not Path(value).is_absolute()
     ]
     uri = record.resolve_tracking_uri(args.tracking_uri)
     if args.tracking_uri is None and record.sqlite_path(uri) is not None:

@@ -19,13 +19,20 @@ from peftune.backbone import check_tokenizer_files, read_config, resolve_model_d
 from peftune.cli_common import Parser, add_model_args, check_device, check_output_dir, finite_float, path_arg
 from peftune.errors import UserError
 from peftune.legacy import FLAG_ONLY
+from peftune.tasks import is_task_file
 
 
 def add_train_parser(sub) -> None:
     p = sub.add_parser("train", help="train one configuration and save its best checkpoint")
     add_method_args(p)
     add_model_args(p)
-    p.add_argument("--tasks", default="sst,para,sts", help="comma-separated task names (default sst,para,sts)")
+    p.add_argument(
+        "--tasks",
+        "--task",
+        default="sst,para,sts",
+        help="comma-separated shipped task names or task files (YAML; docs/guide.md, 'Your own task'); "
+        "default sst,para,sts",
+    )
     p.add_argument(
         "--spec",
         type=path_arg,
@@ -190,7 +197,8 @@ def cmd_train(args) -> int:
     check_train_args(args, spec, output)  # all a user can get wrong, before the data is read
     if spec.threads is not None:
         torch.set_num_threads(spec.threads)
-    logging.info("reading and tokenizing %s from %s", ",".join(config.tasks), spec.data.data_dir)
+    where = spec.data.data_dir or "beside their task files"
+    logging.info("reading and tokenizing %s from %s", ",".join(config.tasks), where)
     prepared = spec.data.prepare(config.tasks)
     best = {record.SCORE: float("-inf")}
 
@@ -224,8 +232,8 @@ def spec_from_args(args) -> trial_spec.TrialSpec:
     """The trial ``peftune train`` runs: the file of ``--spec`` (with the data directory, device and threads
     given beside it), or the trial its flags spell (the inverse of ``TrialSpec.command``)."""
     if args.spec is None:
-        if args.data_dir is None:
-            raise UserError("--data-dir is required (or --spec FILE, a trial's specification)")
+        if args.data_dir is None and not all(map(is_task_file, args.tasks.split(","))):
+            raise UserError("--data-dir is required for a shipped task (or --spec FILE, a trial's specification)")
         return trial_spec.TrialSpec(config_from_args(args), data_from_args(args), args.threads)
     parser = Parser(prog="peftune")  # train's flags alone: the top-level -v (debug logging) goes with --spec
     add_train_parser(parser.add_subparsers(dest="command", required=True))
@@ -249,7 +257,7 @@ def data_from_args(args) -> trial_spec.DataSettings:
     """The data settings ``peftune train``'s flags spell; a value out of range names its flag."""
     try:
         return trial_spec.DataSettings(
-            data_dir=str(args.data_dir),
+            data_dir=str(args.data_dir) if args.data_dir is not None else None,
             model=args.model,
             max_length=args.max_length,
             max_train_examples=args.max_train_examples,

@@ -522,8 +522,8 @@ def carve(
     split the ``decision`` rows before them, train the first ``limit`` rows of the rest (all of the rest
     with ``limit`` None). Where the budget leaves enough unused rows, train is exactly the subset
     ``_limited`` gives without these splits, so they cost the training nothing; where the budget would use
-    those rows, they are held out of it. A file too small for the decision split it asks for gives it what
-    the train rows leave (at least half of the rows stay for training), with a warning. The held-out splits
+    those rows, they are held out of it. A file too small for the roles is refused (:func:`check_roles`: at least
+    half of what the held-out splits leave stays for training), naming what would fit. The held-out splits
     do not depend on ``limit``: a search (a few rows) and its confirmation (every row not held out) carve the
     same selection and decision rows, and the search's train rows are a prefix of the confirmation's.
     """
@@ -532,19 +532,52 @@ def carve(
         raise DataError(
             train.source, f"selection_examples {selection!r} of {n} rows", expected=f"an integer from 1 to {n - 1}"
         )
+    check_roles(train.task, n, selection, decision, where=train.source)
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed))
-    if decision:
-        room = max(0, n - selection - max(1, (n - selection) // 2))
-        if room < decision:
-            logger.warning(
-                "%s: %d rows leave %d for a decision split of %d: the decision split has %d",
-                train.source, n, room, decision, room,
-            )  # fmt: skip
-            decision = room
     kept = order[: min(limit or n, n - selection - decision)]
     chosen = order[n - selection - decision : n - selection].sort().values
     decided = train.subset(chosen) if decision else None
     return train.subset(kept.sort().values), train.subset(order[n - selection :].sort().values), decided
+
+
+def check_roles(task: str, rows: int, selection: int, decision: int, where: str = "") -> None:
+    """Refuse a train file too small for the roles carved from it: the selection split, the decision split, and
+    at least half of what they leave for training. The message says what would fit."""
+    if selection >= rows:
+        raise DataError(
+            where or task,
+            f"task {task!r}: {rows} train rows cannot hold a selection split of {selection} and train rows",
+            expected=f"selection_examples of at most {rows - 1} (as large as dev unless set), or a larger train file",
+        )
+    room = max(0, rows - selection - max(1, (rows - selection) // 2))
+    if decision > room:
+        raise DataError(
+            where or task,
+            f"task {task!r}: {rows} train rows leave {rows - selection} after a selection split of {selection}; a "
+            f"decision split of {decision} would leave fewer than half of those to train on",
+            expected=f"decision_examples of at most {room}, or a larger train file",
+        )
+
+
+def check_role_sizes(
+    files: Sequence[tuple[TaskSpec, str, Path]],
+    invalid_rows: str,
+    selection_examples: int | None | bool,
+    decision_examples: int,
+    max_dev_examples: int | None,
+) -> None:
+    """:func:`check_roles` for every task, from the rows :func:`check_files` read (before any tokenization)."""
+    if selection_examples is False:
+        return
+    rows = {}
+    for spec, role, path in files:
+        data = read_bytes(path)
+        found = _role_rows(path, data, hashlib.sha256(data).hexdigest(), spec, role, invalid_rows)
+        rows[spec.name, role] = len(labelled(path, found, spec, role, "skip")[0])
+    for name in dict.fromkeys(name for name, _ in rows):
+        dev = min(rows[name, "dev"], max_dev_examples or rows[name, "dev"])
+        selection = dev if selection_examples is None else selection_examples
+        check_roles(name, rows[name, "train"], selection, decision_examples)
 
 
 # --------------------------------------------------------------------------- batching

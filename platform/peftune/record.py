@@ -100,6 +100,7 @@ def is_report_run(seed_reason) -> bool:
 
 
 TRAIN_COMMAND = "peftune.train_command"  # the `peftune train` command line that re-runs the trial
+TASKS_ARTIFACT = "tasks.json"  # a sweep's tasks: declarations, examples' hashes, rows per role (tracking.task_record)
 
 # the splits a trial's numbers come from (peftune.data.SPLITS): a search trial's plain metrics (score,
 # sst_accuracy, ...) are on the selection split and repeated as selection_score; a confirmation run also

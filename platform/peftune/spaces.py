@@ -19,14 +19,14 @@ from typing import Annotated, Any
 
 import torch
 import yaml
-from pydantic import Field, SkipValidation, StrictBool, StrictInt, StrictStr, TypeAdapter
+from pydantic import AfterValidator, Field, SkipValidation, StrictBool, StrictInt, StrictStr, TypeAdapter
 
 from peftune import legacy, methods, validation
 from peftune.backbone import DEFAULT_MODEL, BertConfig
 from peftune.data import INVALID_ROW_POLICIES
 from peftune.errors import PeftuneError
 from peftune.record import HYPERPARAMETERS, SCORE, TRAINABLE_PER_TASK
-from peftune.tasks import task_names
+from peftune.tasks import is_task_file, resolve_tasks, task_names
 from peftune.train import RATES, SEED, TrainConfig
 from peftune.trial_spec import DataSettings
 from peftune.validation import EMPTY, Bound, Section, SpaceError, at, count, fail, named, one_of, rule, section, show
@@ -358,11 +358,25 @@ class _Settings(Section):
             fail("a budget in steps or tokens needs allocation: per_method and objective: single", "search", "unit")
 
 
+def _task_entry(value: str) -> str:
+    if not (is_task_file(value) or value in task_names()):
+        fail(f"unknown task {show(value)}; expected one of {', '.join(task_names())} or a task file's path (.yaml)")
+    return value
+
+
+_TaskEntries = Annotated[
+    list[Annotated[StrictStr, AfterValidator(_task_entry)]],
+    validation.rule(lambda v: isinstance(v, list) and v, "expected a non-empty list of tasks, got {}", True),
+    validation.rule(lambda v: len(set(v)) == len(v), "a task is listed twice in {}"),
+    Field(json_schema_extra={"minItems": 1}),
+]
+
+
 @section(kw_only=True)
 class SweepFile(_Settings):
     """A sweep definition as written (``peftune schema`` prints its JSON Schema)."""
 
-    tasks: validation.names_of("task", task_names())
+    tasks: _TaskEntries  # shipped task names, or paths of task files (relative to this file's folder, else as given)
     methods: validation.names_of("method", methods.method_names)
     budgets: Annotated[dict[_Preset, Budget], Field(min_length=1)]
     budget: StrictStr | None = None  # the preset a run uses unless told another
@@ -378,7 +392,9 @@ class SweepFile(_Settings):
 class SweepDefinition(_Settings):
     """A sweep definition resolved: its budget preset chosen, its method spaces loaded."""
 
-    tasks: tuple[str, ...]
+    tasks: tuple[str, ...]  # the tasks' names, in the order listed
+    # name -> declaration of each task read from a user's task file (a shipped task is known by its name)
+    declarations: SkipValidation[dict[str, dict]] = dataclasses.field(default_factory=dict)
     spaces: SkipValidation[dict[str, MethodSpace]]  # method name -> its space, in the order listed
     budget_name: str
     budget: Budget
@@ -397,6 +413,8 @@ class SweepDefinition(_Settings):
         """The resolved definition (chosen budget, method spaces inlined): what the sweep really ran."""
         out = {key: getattr(self, key) for key in ("name", "description", "methods", "model", "seed")}
         out.update(tasks=list(self.tasks), budget=self.budget_name)
+        if self.declarations:  # only then: a sweep of shipped tasks keeps the fingerprint it always had
+            out["task_declarations"] = self.declarations
         out.update({f"budget_{k}": v for k, v in dataclasses.asdict(self.budget).items()})
         out.update({key: dataclasses.asdict(getattr(self, key)) for key in ("search", "scheduler", "resources")})
         out.update(max_failures=self.max_failures, checkpoints_per_method=self.checkpoints_per_method)
@@ -413,6 +431,12 @@ class SweepDefinition(_Settings):
             data["resources"].pop(key)
         data = legacy.fingerprint_budget(data, len(self.spaces))  # a sweep begun with num_samples resumes
         return hashlib.sha256(json.dumps(data, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+    def with_tasks(self, entries: list[str]) -> "SweepDefinition":
+        """A copy on other tasks: shipped names or task files (paths relative to the working directory)."""
+        specs = resolve_tasks(entries)
+        declarations = {spec.name: spec.declaration() for spec in specs if not spec.is_shipped}
+        return dataclasses.replace(self, tasks=tuple(spec.name for spec in specs), declarations=declarations)
 
     def with_overrides(self, *, name=None, model=None, multi_objective=None, invalid_rows=None, **budget):
         """A copy with another name/model/data policy, the multi-objective search (no scheduler), or budget fields."""
@@ -433,16 +457,24 @@ _SWEEP_KEYS = {f.name for f in dataclasses.fields(SweepFile)}
 def load_sweep(path: str | Path, budget: str | None = None, spaces_dir: str | Path | None = None) -> SweepDefinition:
     """Read and validate a sweep definition; ``budget`` picks a preset (default: the file's ``budget``)."""
     path = Path(path)
-    spaces_dir = Path(spaces_dir) if spaces_dir is not None else path.parent / METHODS_SUBDIR
+    own = Path(spaces_dir) if spaces_dir is not None else path.parent / METHODS_SUBDIR
+    shipped = SEARCH_SPACES_DIR / METHODS_SUBDIR
+
+    def space_file(method: str) -> Path:  # a method's space beside the file, else the shipped one (unless told where)
+        mine = own / f"{method}.yaml"
+        return mine if mine.is_file() or spaces_dir is not None else shipped / f"{method}.yaml"
+
     with named(path):
         data = validation.read_yaml(path)
         sweep = TypeAdapter(SweepFile).validate_python(data)
         for i, method in enumerate(sweep.methods):
-            if not (spaces_dir / f"{method}.yaml").is_file():
-                missing = f"no search space for {method!r}: {spaces_dir / method}.yaml not found"
+            if not space_file(method).is_file():
+                missing = f"no search space for {method!r}: {space_file(method)} not found"
                 raise SpaceError(path, f"methods[{i}]", missing)
-        spaces = {method: load_method_space(spaces_dir / f"{method}.yaml") for method in sweep.methods}
-        _check_train(sweep)
+        spaces = {method: load_method_space(space_file(method)) for method in sweep.methods}
+        specs = resolve_tasks(sweep.tasks, relative_to=path.parent)
+        names = tuple(spec.name for spec in specs)
+        _check_train(sweep, names)
         chosen, presets = budget if budget is not None else sweep.budget, ", ".join(sweep.budgets)
         if chosen not in sweep.budgets:
             problem = f"no budget preset {show(chosen)}" if chosen is not None else "no budget chosen"
@@ -453,11 +485,12 @@ def load_sweep(path: str | Path, budget: str | None = None, spaces_dir: str | Pa
             override = {key: getattr(sweep.confirm.by_budget[chosen], key) for key in given}
             confirm = at(("confirm", "by_budget", chosen), dataclasses.replace, confirm, **override)
         kept = {f.name: getattr(sweep, f.name) for f in dataclasses.fields(_Settings)}
-        return SweepDefinition(**kept, tasks=tuple(sweep.tasks), spaces=spaces, budget_name=chosen,
+        declarations = {spec.name: spec.declaration() for spec in specs if not spec.is_shipped}
+        return SweepDefinition(**kept, tasks=names, declarations=declarations, spaces=spaces, budget_name=chosen,
                                budget=sweep.budgets[chosen], confirm=confirm, source=str(path))  # fmt: skip
 
 
-def _check_train(sweep: SweepFile) -> None:
+def _check_train(sweep: SweepFile, tasks: tuple[str, ...]) -> None:
     """``train:``: TrainConfig's fixed settings, each checked by TrainConfig itself (its rules, written there)."""
     settable = {f.name: type(f.default) for f in dataclasses.fields(TrainConfig)
                 if f.name not in _SET_ELSEWHERE and isinstance(f.default, (int, float, str))}  # fmt: skip
@@ -470,7 +503,7 @@ def _check_train(sweep: SweepFile) -> None:
         if key is not None:
             at(("train", key), _KINDS[settable[key]].validate_python, value)
         try:
-            TrainConfig(method=sweep.methods[0], tasks=sweep.tasks, **(sweep.train if key is None else {key: value}))
+            TrainConfig(method=sweep.methods[0], tasks=tasks, **(sweep.train if key is None else {key: value}))
         except PeftuneError as error:
             fail(str(error), "train", *([key] if key else []))
     # a trial sees only the GPUs Ray gives it, from cuda:0 (the device's form is TrainConfig's check)

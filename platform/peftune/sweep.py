@@ -229,9 +229,11 @@ def trial_settings(
     train = {**definition.train, **search.fidelity_settings(definition, steps_per_run)}
     data = spaces.data_settings(definition, data_dir)
     confirm_data = spaces.confirm_data_settings(definition, data_dir)
+    declared = tuple(get_task(name) for name in definition.declarations)  # as read: their labels resolved
     return worker.TrialSettings(definition.name, tuple(definition.tasks), budget.epochs, budget.batch_size,
                                 definition.seed, train, data=data, confirm_data=confirm_data,
-                                threads=max(1, int(definition.resources.cpus_per_trial)))  # fmt: skip
+                                threads=max(1, int(definition.resources.cpus_per_trial)),
+                                task_specs=declared)  # fmt: skip
 
 
 def steps_per_run(definition: SweepDefinition, prepared) -> int:
@@ -490,6 +492,7 @@ def _open_record(definition: SweepDefinition, prepared, tracking_uri: str, exper
             expect_existing=exists,
             skipped_rows=skipped,
             datasets=tracking.data_inputs(prepared),
+            tasks=tracking.task_record(prepared),
         )
     confirm.log_dev_sizes(record, prepared, definition.seed)  # split sizes and the selection seed
     line = confirm.reachable_margin_line(definition, prepared)

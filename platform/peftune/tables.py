@@ -21,15 +21,15 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import numpy as np
-import pandas as pd
-import pyarrow as pa
-import pyarrow.csv as pa_csv
 
 from peftune.errors import UserError
 from peftune.tasks import TaskSpec
+
+if TYPE_CHECKING:
+    import pandas as pd
 
 INVALID_ROW_POLICIES = ("raise", "skip")
 # the longest text accepted (characters): far beyond any sentence or review; a longer one is a broken file (an
@@ -200,6 +200,9 @@ def _header_expected(spec: TaskSpec, fmt: str) -> str:
 def _delimited(path: Path, text: str, separator: str, spec: TaskSpec) -> tuple[pd.DataFrame, list[int], dict]:
     """(every cell as text, each row's line, {line: Problem} of rows with another field count), read by pyarrow's
     CSV reader (quoted fields may hold the separator; a doubled quote is a quote)."""
+    import pyarrow as pa  # here, not at import: a refusal of bad flags does not wait for it
+    import pyarrow.csv as pa_csv
+
     data = text.encode("utf-8")
     parse = {"delimiter": separator, "newlines_in_values": True}
     try:
@@ -284,7 +287,9 @@ def _record_lines(text: str, frame: pd.DataFrame, bad: dict) -> tuple[list[int],
     return lines, problems
 
 
-def _jsonl(path: Path, text: str) -> tuple[pd.DataFrame, dict]:
+def _jsonl(path: Path, text: str) -> pd.DataFrame:
+    import pandas as pd
+
     try:
         frame = pd.read_json(io.StringIO(text), lines=True, dtype=False, convert_dates=False)
     except ValueError:
@@ -298,10 +303,12 @@ def _jsonl(path: Path, text: str) -> tuple[pd.DataFrame, dict]:
                         path, "not a JSON object", line=number, expected="one JSON object a line (JSON Lines)"
                     ) from None
         raise DataError(path, "unreadable JSON Lines", expected="one JSON object a line") from None
-    return frame, {}
+    return frame
 
 
 def _parquet(path: Path, data: bytes) -> pd.DataFrame:
+    import pandas as pd
+
     try:
         return pd.read_parquet(io.BytesIO(data))
     except Exception as error:  # pyarrow raises its own kinds (ArrowInvalid, OSError...) for a damaged file

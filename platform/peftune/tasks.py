@@ -50,6 +50,17 @@ _Name = Annotated[
 ]
 _Column = Annotated[StrictStr, Field(min_length=1)]
 _Label = StrictInt | Annotated[StrictStr, Field(min_length=1)]
+_Texts = Annotated[
+    _Column | list[_Column],
+    validation.rule(
+        lambda v: (
+            (isinstance(v, str) and v)
+            or (isinstance(v, list) and len(v) == 2 and all(isinstance(c, str) and c for c in v))
+        ),
+        "expected a column name, or a list of two column names for a sentence pair, got {}",
+        before=True,
+    ),
+]
 _Fraction = Annotated[Float, validation.rule(lambda v: 0 < v < 1, "expected a fraction between 0 and 1, got {}")]
 
 
@@ -72,7 +83,7 @@ class TaskFile(Section):
 
     name: _Name
     kind: one_of(KINDS)
-    text: _Column | Annotated[list[_Column], Field(min_length=1, max_length=2)]  # one column, or two for a pair
+    text: _Texts  # a column, or a list of two columns: a sentence pair
     label: _Column
     train: _Column | None = None  # paths relative to the task file's folder, else to --data-dir
     dev: _Column | None = None
@@ -388,6 +399,12 @@ def declare(spec: TaskSpec) -> TaskSpec:
     if known is None or known.labels is None:
         _TASKS[spec.name] = spec
     return _TASKS[spec.name]
+
+
+def forget_declared() -> None:
+    """Drop every task declared in this process but the shipped ones (a test's, or a finished sweep's)."""
+    for name in [name for name, spec in _registry().items() if not spec.is_shipped]:
+        del _TASKS[name]
 
 
 def is_task_file(entry: str) -> bool:

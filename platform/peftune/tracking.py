@@ -72,6 +72,7 @@ from peftune.record import (
     STATUS,
     SWEEP,
     SWEEP_ROLE,
+    TASKS_ARTIFACT,
     TRAIN_COMMAND,
     TRAINABLE_PER_TASK,
     TRIAL_ID,
@@ -90,6 +91,7 @@ from peftune.record import (
     ui_base,
 )
 from peftune.sweep_state import SweepState
+from peftune.tasks import get_task
 from peftune.tracking_buffer import log_datasets
 
 log = logging.getLogger("peftune.tracking")
@@ -254,6 +256,7 @@ def open_sweep(
     expect_existing: bool,
     skipped_rows: list[dict] | None = None,
     datasets: list[dict[str, str]] | None = None,
+    tasks: dict[str, dict] | None = None,
 ) -> SweepRecord:
     """Create the sweep's parent run, or find it again when the sweep resumes (and check it matches).
 
@@ -264,6 +267,7 @@ def open_sweep(
     ``skipped_rows``: the data rows dropped under ``invalid_rows: skip`` ({file, line, reason}); a new
     parent run records their count (param ``skipped_rows``) and the list (``skipped_rows.json``).
     ``datasets``: the data files as MLflow datasets (:func:`data_inputs`), logged on the parent run.
+    ``tasks``: each task's declaration, examples' hashes and rows per role (:func:`task_record`, ``tasks.json``).
     Both a new and a resumed sweep (re)write the experiment's view of its trials (:func:`show_trials`).
     """
     client = _client(tracking_uri)
@@ -295,6 +299,8 @@ def open_sweep(
     client.log_batch(run_id, params=[Param(k, param_text(v)) for k, v in params.items()])
     client.log_text(run_id, definition.to_yaml(), "sweep.yaml")
     client.log_dict(run_id, dict(sorted(data_hashes.items())), "data_hashes.json")
+    if tasks:
+        client.log_dict(run_id, tasks, TASKS_ARTIFACT)
     if skipped_rows:
         client.log_dict(run_id, list(skipped_rows), "skipped_rows.json")
     log_datasets(client, run_id, datasets)
@@ -319,6 +325,21 @@ def _check_resumed(parent, name: str, fingerprints: dict, expect_existing: bool,
             f"the data files differ from those sweep {name!r} started with: resume it on the same "
             f"data, or pick another name"
         )
+
+
+def task_record(prepared) -> dict[str, dict]:
+    """Per task: its declaration as read (class labels resolved, in id order), the hash of its train and dev
+    files' examples (the same in every format) and the rows each role got: what a report re-reads a user's task
+    from, and what says which data the answer is about."""
+    out = {}
+    for name, data in prepared.tasks.items():
+        splits = {role: getattr(data, role) for role in ("train", "selection", "decision", "dev")}
+        out[name] = {
+            "declaration": get_task(name).declaration(),
+            "examples_sha256": {"train": data.train.examples_sha256, "dev": data.dev.examples_sha256},
+            "rows": {role: len(split) for role, split in splits.items() if split is not None},
+        }
+    return out
 
 
 def sweep_params(definition, skipped_rows: int) -> dict[str, Any]:

@@ -35,7 +35,16 @@ from peftune.backbone import (
     load_tokenizer,
     native_pooling,
 )
-from peftune.data import TaskData, bucketed_batches, check_files, load_tasks, multitask_schedule, restore_order
+from peftune.data import (
+    TaskData,
+    bucketed_batches,
+    check_files,
+    check_role_sizes,
+    load_tasks,
+    multitask_schedule,
+    restore_order,
+    task_files,
+)
 from peftune.errors import UserError
 from peftune.methods.base import DROPOUT
 from peftune.model import POOLINGS, MultitaskModel
@@ -232,6 +241,8 @@ def prepare(
     """
     specs = check_files(data_dir, parse_tasks(tasks), invalid_rows)  # a bad row is refused before transformers loads
     backbone, model_dir = load_pretrained(model)
+    check_role_sizes(task_files(data_dir, specs, invalid_rows), invalid_rows, selection_examples, decision_examples,
+                     max_dev_examples)  # fmt: skip
     tokenizer = load_tokenizer(model_dir)
     data = load_tasks(
         data_dir,

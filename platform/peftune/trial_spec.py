@@ -73,9 +73,7 @@ class DataSettings:
 
     def prepare(self, tasks, data_dir: str | Path | None = None):
         """The tokenized data and the backbone these settings read (``data_dir``: read from there instead)."""
-        where = data_dir if data_dir is not None else self.data_dir
-        if where is None:
-            raise UserError("the trial's data directory is not recorded; pass --data-dir")
+        where = data_dir if data_dir is not None else self.data_dir  # None: each task reads beside its task file
         settings = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "data_dir"}
         return prepare(where, list(tasks), **settings)
 

@@ -25,6 +25,7 @@ from ray import tune
 from peftune import console, record
 from peftune.packing import PackSettings, packed_trial
 from peftune.shared_data import release_freed_memory, worker_prepared
+from peftune.tasks import TaskSpec, declare
 from peftune.train import TrainConfig, TrainingDiverged, run_trial, select_device
 from peftune.trial_spec import DataSettings, TrialSpec
 
@@ -48,6 +49,8 @@ class TrialSettings:
     threads: int | None = None  # torch's threads in a trial: its CPUs (a trial re-runs exactly on as many)
     reporting: bool = False  # a report run (``record.REPORT_REASON``): dev only, no decision split, no predictions
     packing: PackSettings | None = None  # how search trials of packable methods pack (peftune.packing); None: never
+    # the tasks read from a user's task files (labels resolved): a worker process knows only the shipped ones
+    task_specs: tuple[TaskSpec, ...] = ()
 
     def for_trial(self, config: dict) -> TrialSettings:
         """These settings with the trial's own seed and phase where its config carries them (a confirmation)."""
@@ -64,6 +67,8 @@ class TrialSettings:
         return config["method"], dict(config.get(config["method"]) or {})
 
     def train_config(self, method: str, sampled: dict[str, Any]) -> TrainConfig:
+        for spec in self.task_specs:
+            declare(spec)
         options = dict(sampled)
         common = {key: options.pop(key) for key in record.HYPERPARAMETERS}
         return TrainConfig(
