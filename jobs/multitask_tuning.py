@@ -15,20 +15,14 @@ On a Ray cluster, from the repository root (token authentication on, dashboard a
     python jobs/multitask_tuning.py --data-dir /data --budget gpu --model bert-base-uncased
 
 Running it again resumes the sweep; it ends by printing the MLflow parent run id, the MLflow UI
-address and where the report goes. All logic lives in the library (``peftune.cli.job_main``, ``peftune.sweep``).
+address and where the report goes. It is ``jobs/tuning.py`` on its own definition (``--definition`` and
+``--tasks`` replace it); all logic lives in the library (``peftune.sweep``).
 Its run times on measured machines: docs/benchmarks.md.
 """
 
 import sys
-from pathlib import Path
 
-# the source tree this job came with goes first on the path (`ray job submit --working-dir .` adds only its root,
-# and peftune lives under platform/): the driver runs the submitted code, and ships it to every trial
-ROOT = Path(__file__).resolve().parents[1]
-if (ROOT / "platform" / "peftune").is_dir():
-    sys.path[:0] = [str(ROOT / "platform"), str(ROOT)]
-
-from peftune import cli  # noqa: E402
+from tuning import run  # jobs/tuning.py, beside this file (a script's folder is first on the path)
 
 if __name__ == "__main__":
-    sys.exit(cli.job_main("multitask_tuning", __doc__))
+    sys.exit(run("multitask_tuning", __doc__))
