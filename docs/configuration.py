@@ -229,7 +229,34 @@ def render() -> str:
         "",
     ]
     out += table(properties, [], {}, comments, "train")
+    out += task_file_section()
     return "\n".join(out) + "\n"
+
+
+def task_file_section() -> list[str]:
+    """A task file's keys (``peftune.tasks.TaskFile``, what ``peftune schema --task`` prints), and its ``split``."""
+    from pydantic import TypeAdapter
+
+    from peftune import tasks
+
+    full = TypeAdapter(tasks.TaskFile).json_schema()
+    defs = full.get("$defs", {})
+    out = [
+        "",
+        "## Task files",
+        "",
+        "A task is a YAML file (`search_spaces/tasks/` holds the shipped ones; yours can be anywhere): a sweep's "
+        "`tasks:` and `peftune train --task` take its path. Files are looked for beside it, else in `--data-dir`. "
+        "Each kind's default metric: "
+        + ", ".join(f"{kind} `{metric}`" for kind, metric in tasks.DEFAULT_METRIC.items())
+        + ". Example: [docs/guide.md](guide.md#your-own-task).",
+        "",
+    ]
+    out += table(full["properties"], full.get("required", []), defs, field_comments(tasks.TaskFile), "task file")
+    split = defs["SplitSettings"]
+    out += ["", "## `split` (of a task file)", "", split["description"].replace("``", "`"), ""]
+    out += table(split["properties"], split.get("required", []), defs, field_comments(tasks.SplitSettings), "split")
+    return out
 
 
 def main(argv: list[str]) -> int:

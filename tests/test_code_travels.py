@@ -224,7 +224,8 @@ def copy_sources(destination: Path) -> Path:
     (destination / "defs" / "methods").mkdir(parents=True)
     (destination / "defs" / "methods" / "frozen.yaml").write_text(FROZEN)
     (destination / "defs" / "travels.yaml").write_text(SWEEP)
-    job = (REPO / "jobs" / "sst_tuning.py").read_text().replace('job_main("sst_tuning"', 'job_main("defs/travels.yaml"')
+    job = (REPO / "jobs" / "sst_tuning.py").read_text().replace('run("sst_tuning"', 'run("defs/travels.yaml"')
+    assert "defs/travels.yaml" in job
     (destination / "jobs" / "travels.py").write_text(job)  # the shipped job file, on a tiny definition
     return destination
 

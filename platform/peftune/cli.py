@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from pydantic import TypeAdapter
 
-from peftune import methods, record, services, spaces
+from peftune import methods, record, services, spaces, tasks
 from peftune.backbone import BertConfig, BertModel, read_config, resolve_model_dir
 from peftune.benchmarks import throughput
 from peftune.cli_common import EXIT_OK, Parser, add_model_args, check_device, check_output_dir, path_arg, run_command
@@ -259,13 +259,16 @@ def add_services_parsers(sub) -> None:
 
 def add_schema_parser(sub) -> None:
     p = sub.add_parser("schema", help="print the JSON Schema of a sweep definition (for an editor's YAML checks)")
+    p.add_argument("--task", action="store_true", help="a task file's schema instead (docs/guide.md, 'Your own task')")
     p.add_argument("--output", type=Path, help="write it to this file instead of standard output")
     p.set_defaults(func=cmd_schema)
 
 
 def cmd_schema(args) -> int:
-    """The sweep definition's JSON Schema, e.g. for the YAML language server: ``# yaml-language-server: $schema=``."""
-    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **TypeAdapter(spaces.SweepFile).json_schema()}
+    """The sweep definition's (or a task file's) JSON Schema, e.g. for the YAML language server:
+    ``# yaml-language-server: $schema=``."""
+    model = tasks.TaskFile if args.task else spaces.SweepFile
+    schema = {"$schema": "https://json-schema.org/draft/2020-12/schema", **TypeAdapter(model).json_schema()}
     text = json.dumps(schema, indent=2) + "\n"
     if args.output is None:
         sys.stdout.write(text)

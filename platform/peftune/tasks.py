@@ -69,6 +69,7 @@ class SplitSettings(Section):
     """How one labelled ``file`` is split into train, dev and (optionally) test rows, per class for classes."""
 
     dev: _Fraction = 0.1  # the share of the file's rows that is the dev split
+    # the share that is the test split (read only by `peftune evaluate`); 0: none
     test: Annotated[Float, validation.rule(lambda v: 0 <= v < 1, "expected a fraction from 0 to 1, got {}")] = 0.0
     seed: validation.count(0) = 0  # the split's own seed: the same file gives the same splits in every sweep
 
@@ -81,22 +82,28 @@ class SplitSettings(Section):
 class TaskFile(Section):
     """A task file as written (``peftune schema --task`` prints its JSON Schema)."""
 
+    # the task's name in the record (`<name>_<metric>`), the report and a sweep's `tasks:`; unique among the tasks
     name: _Name
+    # multiclass: one output per class, cross-entropy; binary: one logit, BCE; regression: one output, MSE
     kind: one_of(KINDS)
-    text: _Texts  # a column, or a list of two columns: a sentence pair
-    label: _Column
-    train: _Column | None = None  # paths relative to the task file's folder, else to --data-dir
-    dev: _Column | None = None
-    test: _Column | None = None  # read only by `peftune evaluate`
-    file: _Column | None = None  # instead of train/dev/test: one file, split by `split`
-    split: SplitSettings | None = None
-    format: one_of(FORMATS) | None = None  # None: from each file's extension
-    metric: one_of(METRICS) | None = None  # None: accuracy for classes, pearson for regression
-    id: _Column | None = None  # a column naming each example (None: the row's line)
-    labels: Annotated[list[_Label], Field(min_length=2)] | None = None  # the classes in id order (None: from train)
-    range: Annotated[list[Float], Field(min_length=2, max_length=2)] | None = None  # regression: [low, high]
+    # the text column, or a list of two for a sentence pair (encoded together: [CLS] a [SEP] b [SEP])
+    text: _Texts
+    label: _Column  # the label column: a class (a whole number or a text) or, for regression, a number
+    # the labelled files, relative to the task file's folder (else to --data-dir); train and dev, or `file`
+    train: _Column | None = None
+    dev: _Column | None = None  # the dev file: reported on, never selected on (the search carves its own splits)
+    test: _Column | None = None  # an optional labelled test file, read only by `peftune evaluate`
+    file: _Column | None = None  # instead of train/dev/test: one labelled file, split by `split`
+    split: SplitSettings | None = None  # how `file` is split (below: `split`); null: its defaults
+    format: one_of(FORMATS) | None = None  # csv, tsv, jsonl or parquet; null: from each file's extension
+    metric: one_of(METRICS) | None = None  # the reported metric (f1: macro-averaged); null: the kind's default
+    id: _Column | None = None  # a column naming each example (checked for one example per id); null: none
+    # the class labels in id order (a binary task's: negative, positive); null: the train file's, sorted
+    labels: Annotated[list[_Label], Field(min_length=2)] | None = None
+    # regression: [low, high], every value checked against it; the head's output starts at its middle
+    range: Annotated[list[Float], Field(min_length=2, max_length=2)] | None = None
     display_name: StrictStr = ""  # how the report's tables and plots name it ("": its name)
-    description: StrictStr = ""
+    description: StrictStr = ""  # free text, shown with the task
 
     def __post_init__(self):
         texts = [self.text] if isinstance(self.text, str) else self.text
