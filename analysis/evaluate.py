@@ -34,7 +34,7 @@ from analysis.runs import SweepRuns, read_sweep_record
 from peftune import legacy, trial_spec
 from peftune.backbone import load_tokenizer, resolve_model_dir
 from peftune.checkpoint import CheckpointError, load_checkpoint, load_trainable
-from peftune.data import DataError, TaskData, encode_split, read_task_file
+from peftune.data import DataError, TaskData, encode_split, read_task_file, task_path
 from peftune.errors import UserError
 from peftune.record import (
     COMPLETED,
@@ -226,25 +226,26 @@ def check_data(prepared, recorded: dict[str, str] | None, test_hashes: dict[str,
 
 
 def check_test_dir(test_dir, tasks: Sequence[str], invalid_rows: str) -> None:
-    """``test_dir`` holds every task's test file, each valid (read and checked; a job does this before its sweep)."""
+    """Every task's test file is there and valid (read and checked; a job does this before its sweep)."""
+    for task, path in test_files(test_dir, tasks).items():
+        read_task_file(path, get_task(task), invalid_rows=invalid_rows, role="test")
+
+
+def test_files(test_dir, tasks: Sequence[str]) -> dict[str, Path]:
+    """Task name -> its test file: a task file's own `test` (or its one split file) beside it, else ``test_dir``'s."""
     test_dir = Path(test_dir)
-    if not test_dir.is_dir():
+    files = {task: task_path(test_dir, get_task(task), "test") for task in tasks}
+    if not test_dir.is_dir() and any(path.parent == test_dir for path in files.values()):
         raise DataError(test_dir, "test directory not found", expected="a directory holding the labelled test files")
-    for task in tasks:
-        spec = get_task(task)
-        read_task_file(test_dir / spec.test_file, spec, invalid_rows=invalid_rows)
+    return files
 
 
 def load_test_splits(test_dir, tasks: Sequence[str], tokenizer, max_length: int, invalid_rows: str) -> dict:
-    """Task name -> EncodedSplit of ``TaskSpec.test_file`` in ``test_dir`` (all rows, validated like any data file)."""
-    test_dir = Path(test_dir)
-    if not test_dir.is_dir():
-        raise DataError(test_dir, "test directory not found", expected="a directory holding the labelled test files")
-    splits = {}
-    for task in tasks:
-        spec = get_task(task)
-        splits[task] = encode_split(test_dir / spec.test_file, spec, tokenizer, max_length, invalid_rows=invalid_rows)
-    return splits
+    """Task name -> EncodedSplit of its test file (:func:`test_files`; all rows, validated like any data file)."""
+    return {
+        task: encode_split(path, get_task(task), tokenizer, max_length, invalid_rows=invalid_rows, role="test")
+        for task, path in test_files(test_dir, tasks).items()
+    }
 
 
 # ----------------------------------------------------------------------------- the evaluation
@@ -353,8 +354,9 @@ def _evaluation_data(sweep: SweepRuns, client, data_dir, test_dir, invalid_rows:
     tokenizer = load_tokenizer(resolve_model_dir(model))
     # the one place the test split is read: every configuration is chosen before, on dev
     tests = {} if test_dir is None else load_test_splits(test_dir, sweep.tasks, tokenizer, max_length, invalid_rows)
-    # named by the file read (a split's own `source` is the first file of that content the tokenize cache saw)
-    test_hashes = {get_task(task).test_file: split.sha256 for task, split in tests.items()}
+    # named by the file read (a split's own `source` is the first file of that content the tokenize cache saw); a
+    # one-file task's test rows are its seeded split's own, apart from train and dev by construction
+    test_hashes = {Path(s.source).name: s.sha256 for task, s in tests.items() if get_task(task).file is None}
     check_data(prepared, json.loads(recorded) if recorded else None, test_hashes, data_dir)
     test_tasks = {t: TaskData(train=prepared.tasks[t].train, dev=tests[t]) for t in tests}
     return _EvaluationData(client, prepared, test_tasks, definition.get("train") or {}, device, select_device(device),

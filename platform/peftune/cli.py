@@ -155,7 +155,10 @@ def add_evaluate_parser(sub) -> None:
     )
     add_report_args(p)
     p.add_argument(
-        "--data-dir", type=path_arg, required=True, help="the directory the sweep trained on (its files are checked)"
+        "--data-dir",
+        type=path_arg,
+        help="the directory the sweep trained on (its files are checked); not needed when every task is a task file "
+        "whose files lie beside it",
     )
     p.add_argument(
         "--test-dir",
