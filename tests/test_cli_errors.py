@@ -73,8 +73,8 @@ CASES = {
     "sweep without data-dir": ["sweep", "smoke"],
     "sweep bad choice": ["sweep", "smoke", "--data-dir", "{data}", "--invalid-rows", "maybe"],
     "report without sweep": ["report"],
-    "methods roberta": ["methods", "--model", "{roberta}"],
-    "train roberta": ["train", "--model", "{roberta}"],
+    "methods xlnet": ["methods", "--model", "{xlnet}"],
+    "train xlnet": ["train", "--model", "{xlnet}"],
     "data-dir empty": ["train", "--data-dir", ""],
     "sweep data-dir empty": ["sweep", "smoke", "--data-dir", ""],
     "sweep storage-path empty": ["sweep", "smoke", "--data-dir", "{data}", "--storage-path", ""],
@@ -96,8 +96,8 @@ NAMES_FILE = {
     "empty config.json": "config.json: no vocab_size, hidden_size, num_hidden_layers",
     "methods empty config.json": "config.json: no vocab_size, hidden_size, num_hidden_layers",
     "corrupt safetensors": "model.safetensors",
-    "methods roberta": "config.json: model_type 'roberta', expected 'bert'",
-    "train roberta": "config.json: model_type 'roberta', expected 'bert'",
+    "methods xlnet": "config.json: model_type 'xlnet' is not supported; peftune loads bert, roberta, distilbert",
+    "train xlnet": "config.json: model_type 'xlnet' is not supported; peftune loads bert, roberta, distilbert",
     "lr -inf": "argument --lr: expected a finite number, got '-inf'",
     "lr negative exponent": "TrainConfig.lr: out of range",
     "alpha -inf": "argument --alpha: expected a finite number, got '-inf'",
@@ -133,12 +133,12 @@ def places(tmp_path, tiny_data_dir):
     empty_config = tmp_path / "empty_config"  # a complete model folder whose config.json says nothing
     shutil.copytree(bad_weights, empty_config)
     (empty_config / "config.json").write_text("{}")
-    roberta = tmp_path / "roberta"  # a complete model folder, but not a BERT's
-    shutil.copytree(bad_weights, roberta)
-    config = json.loads((roberta / "config.json").read_text())
-    (roberta / "config.json").write_text(json.dumps({**config, "model_type": "roberta"}))
+    xlnet = tmp_path / "xlnet"  # a complete model folder, but of no family the backbone loads
+    shutil.copytree(bad_weights, xlnet)
+    config = json.loads((xlnet / "config.json").read_text())
+    (xlnet / "config.json").write_text(json.dumps({**config, "model_type": "xlnet"}))
     return {
-        "roberta": str(roberta),
+        "xlnet": str(xlnet),
         "empty_config": str(empty_config),
         "tmp": str(tmp_path),
         "file": str(file),
@@ -216,7 +216,7 @@ REFUSED_LIGHT = {
     "sweep definition": ["-m", "peftune.cli", "sweep", "{bad_yaml}", "--data-dir", "{data}"],
     "job flag": ["{repo}/jobs/sst_tuning.py", "--data-dir", "{data}", "--num-samples", "x"],
     "job data row": ["{repo}/jobs/sst_tuning.py", "--data-dir", "{bad_data}", "--smoke-test"],
-    "methods roberta": ["-m", "peftune.cli", "methods", "--model", "{roberta}"],
+    "methods xlnet": ["-m", "peftune.cli", "methods", "--model", "{xlnet}"],
     "second driver": [
         "-m",
         "peftune.cli",

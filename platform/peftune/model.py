@@ -55,7 +55,7 @@ class MultitaskModel(nn.Module):
         self.pretrained_parameter_names = frozenset(name for name, _ in backbone.named_parameters())
         self.backbone.requires_grad_(False)  # methods unfreeze what they train
         spec.apply(self.backbone, self.method_config, self.context)
-        if pooling == "mean":
+        if pooling == "mean" and self.backbone.pooler is not None:
             self.backbone.pooler.requires_grad_(False)  # unused: the heads read mean-pooled tokens
 
         hidden = backbone.config.hidden_size
@@ -69,7 +69,10 @@ class MultitaskModel(nn.Module):
                 nn.init.constant_(self.heads[task.name][1].bias, task.head_center)
 
     def forward(self, task: str, input_ids, attention_mask, token_type_ids) -> torch.Tensor:
-        """(B, T) token tensors of one task -> (B, num_outputs) head outputs."""
+        """(B, T) token tensors of one task -> (B, num_outputs) head outputs.
+
+        ``pooling="cls"``: the heads read the backbone's pooled output, the pooler's output of [CLS], or [CLS]'s
+        hidden state itself for a backbone without a pooler (see ``BertModel``)."""
         self.context.task = task
         hidden, mask, pooled = self.backbone(input_ids, attention_mask, token_type_ids)
         # pooling and the head run in fp32 even under bf16 autocast: bf16 keeps ~3 significant digits,

@@ -213,24 +213,26 @@ class Pack:
         Mirrors ``BertModel.forward`` and ``MultitaskModel.forward`` op for op (the same ops in the same order
         on each member's rows), on K * B rows: member k's rows are k*B .. (k+1)*B - 1 throughout."""
         members = self.active
-        K, T = len(members), input_ids.shape[1]
+        K = len(members)
         embeddings = self.frozen.embeddings
-        positions = torch.arange(T, device=input_ids.device)
-        x = embeddings.word_embeddings(input_ids) + embeddings.token_type_embeddings(token_type_ids)
-        x = x + embeddings.position_embeddings(positions)  # (B, T, H): the same for every member
+        x = embeddings.embed(input_ids, token_type_ids)  # (B, T, E): the same for every member
         norms = [m.model.backbone.embeddings.LayerNorm for m in members]
         if _frozen(norms):
-            x = norms[0](x).repeat(K, 1, 1)  # (K*B, T, H): every member's copy
+            x = norms[0](x).repeat(K, 1, 1)  # (K*B, T, E): every member's copy
         else:  # each member's own LayerNorm (BitFit's bias, adapters' trained LayerNorms) on the same rows
             x = torch.cat([F.layer_norm(x, n.normalized_shape, n.weight, n.bias, n.eps) for n in norms])
         x = self._dropout(x, [embeddings.dropout.p] * K)
+        if self.frozen.embeddings_project is not None:  # ELECTRA's E -> H, each member's (BitFit trains its bias)
+            x = self._linear([m.model.backbone.embeddings_project for m in members], x)  # (K*B, T, H)
         # (K*B, 1, 1, T): as BertModel.forward, a finite large negative where attending is not allowed
         bias = (1.0 - attention_mask[:, None, None, :].float()) * torch.finfo(torch.float32).min
         bias = bias.repeat(K, 1, 1, 1)
         for i, layer in enumerate(self.frozen.encoder.layer):
             x = self._layer(task, layer, [m.model.backbone.encoder.layer[i] for m in members], x, bias)
         model = members[0].model
-        if model.pooling == "cls":  # the [CLS] pooler (under mean pooling the solo run computes it unused: skipped)
+        if model.pooling == "cls" and self.frozen.pooler is None:  # no pooler: [CLS]'s hidden state (BertModel)
+            pooled = x[:, 0]
+        elif model.pooling == "cls":  # the [CLS] pooler (under mean pooling the solo run computes it unused: skipped)
             pooled = torch.tanh(self._linear([m.model.backbone.pooler.dense for m in members], x[:, 0]))
         with torch.autocast(x.device.type, enabled=False):  # pooling and heads in fp32, as MultitaskModel
             hidden = x.float()

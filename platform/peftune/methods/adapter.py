@@ -158,8 +158,9 @@ def apply_adapter(backbone: BertModel, config: AdapterConfig, context: TaskConte
 
 
 def layernorm_parameter_count(bert_config: BertConfig) -> int:
-    """The backbone's LayerNorms: the embeddings' one and two per layer, a gain and a bias of size d each."""
-    return (2 * bert_config.num_hidden_layers + 1) * 2 * bert_config.hidden_size
+    """The backbone's LayerNorms: two per layer, a gain and a bias of size d each, and the embeddings' one, of the
+    embeddings' width (d but for an ELECTRA with narrower embeddings)."""
+    return 2 * bert_config.num_hidden_layers * 2 * bert_config.hidden_size + 2 * bert_config.embedding_width
 
 
 def adapter_parameter_count(config: AdapterConfig, bert_config: BertConfig, num_tasks: int) -> dict[str, int]:

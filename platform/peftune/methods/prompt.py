@@ -100,8 +100,7 @@ def initial_prompt(config: PromptConfig, backbone: BertModel) -> torch.Tensor:
     """A fresh (P, H) prompt, initialised as ``config.init`` says (global torch RNG)."""
     bert = backbone.config
     P, H = config.prompt_length, bert.hidden_size
-    embeddings = backbone.embeddings
-    weight = embeddings.word_embeddings.weight
+    weight = backbone.embeddings.word_embeddings.weight
     if config.init == "random":
         return torch.empty(P, H, dtype=weight.dtype, device=weight.device).uniform_(
             -RANDOM_INIT_RANGE, RANDOM_INIT_RANGE
@@ -109,8 +108,7 @@ def initial_prompt(config: PromptConfig, backbone: BertModel) -> torch.Tensor:
     # uniform over the vocabulary without the padding id: draw from V - 1 ids, skip past the pad
     ids = torch.randint(0, bert.vocab_size - 1, (P,), device=weight.device)
     ids = ids + (ids >= bert.pad_token_id).long()
-    tokens = weight[ids] + embeddings.token_type_embeddings.weight[0]  # (P, H)
-    return embeddings.LayerNorm(tokens).clone()  # (P, H), as the embedding layer outputs a token
+    return backbone.token_vectors(ids).clone()  # (P, H), as the embedding layer outputs a token
 
 
 def apply_prompt(backbone: BertModel, config: PromptConfig, context: TaskContext) -> None:

@@ -1,6 +1,6 @@
 """Top-k layers: the classic baseline of Houlsby et al.'s accuracy/parameters figure.
 
-The top ``k`` Transformer layers and the pooler train; embeddings and lower
+The top ``k`` Transformer layers and the pooler (where the backbone has one) train; embeddings and lower
 layers stay frozen, so no gradient flows below layer L - k.
 """
 
@@ -38,7 +38,8 @@ def apply_top_k(backbone, config: TopKConfig, context) -> None:
     layers = backbone.encoder.layer
     for layer in layers[len(layers) - config.k :]:
         unfreeze(layer)
-    unfreeze(backbone.pooler)
+    if backbone.pooler is not None:
+        unfreeze(backbone.pooler)
 
 
 register_method(
