@@ -21,7 +21,7 @@ import torch
 from safetensors.torch import save_file
 
 from peftune import methods
-from peftune.backbone import BertModel, fingerprint, load_pretrained, read_json, read_safetensors
+from peftune.backbone import BertConfig, BertModel, fingerprint, load_pretrained, read_json, read_safetensors
 from peftune.errors import UserError
 from peftune.model import MultitaskModel
 from peftune.tasks import get_task
@@ -196,9 +196,21 @@ def peft_key(name: str) -> str:
     return key.removesuffix(".weight") if key.endswith(".lora_magnitude_vector.weight") else key
 
 
+def check_peft_export(config: BertConfig) -> None:
+    """Refuse to export for a DistilBERT: peft's format names the modules of the family's transformers model, and
+    DistilBERT's (``q_lin``, ``ffn.lin1``, ...) are not the BERT names this backbone trains them under."""
+    if config.model_type == "distilbert":
+        raise CheckpointError(
+            "peft's format names transformers' modules and a DistilBERT's are not BERT's: its adapters stay in "
+            "peftune's checkpoint (export to peft works for bert, roberta and electra backbones)"
+        )
+
+
 def export_peft(model: MultitaskModel, directory: str | Path, base_model_name_or_path: str | None = None) -> Path:
     """Write a lora, dora, ia3 or vera model's adapter in peft's format (adapter_config.json and
-    adapter_model.safetensors), loadable with ``PeftModel.from_pretrained`` on ``transformers.BertModel``."""
+    adapter_model.safetensors), loadable with ``PeftModel.from_pretrained`` on the family's transformers model
+    (``transformers.BertModel``, ``RobertaModel``, ``ElectraModel``: the same module names)."""
+    check_peft_export(model.backbone.config)
     form = methods.get_method(model.method).peft_export
     if form is None:
         raise CheckpointError(

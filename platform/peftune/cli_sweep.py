@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from peftune import lease, methods, record, spaces
-from peftune.backbone import DEFAULT_MODEL, read_config, resolve_model_dir
+from peftune.backbone import DEFAULT_MODEL, check_max_length, read_config, resolve_model_dir
 from peftune.cli_common import (
     EXIT_FAILURES,
     EXIT_INTERRUPTED,
@@ -188,6 +188,7 @@ def check_spaces_against_model(definition: spaces.SweepDefinition) -> None:
     before Ray: a top_k ``k`` above the backbone's layers or a rank above its width is refused here, naming the
     space's file and key, not by a trial after the cluster started."""
     bert = read_config(resolve_model_dir(definition.model))
+    check_max_length(bert, definition.budget.max_length)
     for space in definition.spaces.values():
         for key, param in space.options.items():
             for value in spaces.proposed_values(param):

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from peftune import checkpoint, methods, record, train, trial_spec, validation
-from peftune.backbone import check_tokenizer_files, read_config, resolve_model_dir
+from peftune.backbone import check_max_length, check_tokenizer_files, read_config, resolve_model_dir
 from peftune.cli_common import Parser, add_model_args, check_device, check_output_dir, finite_float, path_arg
 from peftune.errors import UserError
 from peftune.legacy import FLAG_ONLY
@@ -302,16 +302,20 @@ def check_train_args(args, spec: trial_spec.TrialSpec, output: Path) -> None:
         names = f"{', '.join(exports[:-1])} or {exports[-1]}"
         raise UserError(f"--export-peft needs --method {names} (got --method {config.method})")
     check_device(config.device)
-    check_model(config, spec.data.model)
+    check_model(config, spec.data.model, spec.data.max_length, args.export_peft)
 
 
-def check_model(config, model: str) -> None:
-    """The model before the data: its tokenizer files, and the method's sizes against its shape (config.json
-    alone), so a LoRA rank of 10**12 is refused here, not by the allocator after the data is read."""
+def check_model(config, model: str, max_length: int | None = None, export_peft: bool = False) -> None:
+    """The model before the data: its tokenizer files, ``max_length`` and the method's sizes against its shape
+    (config.json alone), so a LoRA rank of 10**12 is refused here, not by the allocator after the data is read."""
 
     model_dir = resolve_model_dir(model)
     bert = read_config(model_dir)
     check_tokenizer_files(model_dir)  # whether its vocabulary fits the model: load_tokenizer, once the weights are read
+    if max_length is not None:
+        check_max_length(bert, max_length)
+    if export_peft:
+        checkpoint.check_peft_export(bert)
     try:
         methods.make_method_config(config.method, config.method_options_with_dropout()).check_backbone(bert)
     except UserError as error:

@@ -31,6 +31,7 @@ from peftune.backbone import (
     BertConfig,
     BertModel,
     cast_frozen,
+    check_max_length,
     load_pretrained,
     load_tokenizer,
     native_pooling,
@@ -240,9 +241,10 @@ def prepare(
     the train file (see :func:`peftune.data.load_tasks`).
     """
     specs = check_files(data_dir, parse_tasks(tasks), invalid_rows)  # a bad row is refused before transformers loads
-    backbone, model_dir = load_pretrained(model)
     check_role_sizes(task_files(data_dir, specs, invalid_rows), invalid_rows, selection_examples, decision_examples,
                      max_dev_examples)  # fmt: skip
+    backbone, model_dir = load_pretrained(model)
+    check_max_length(backbone.config, max_length)
     tokenizer = load_tokenizer(model_dir)
     data = load_tasks(
         data_dir,
