@@ -8,19 +8,11 @@ and FFN linears, ``attention.output.adapter`` and ``output.adapter`` (before the
 Identity hooks add no parameters and no state-dict keys, so a bare backbone has exactly the state dict of
 ``transformers.BertModel``. The hooks one by one: docs/design.md, "The backbone".
 
-BERT, RoBERTa, DistilBERT and ELECTRA checkpoints load into this one backbone (``BertConfig.model_type`` says
-which); their differences are handled here, each where it acts:
-
-- RoBERTa numbers positions from ``pad_token_id + 1`` (padding tokens take ``pad_token_id``) and has one token
-  type, so every token is type 0 whatever the tokenizer says (``BertEmbeddings``);
-- DistilBERT has no token types (its tokenizer's are ignored), no dropout on the attention output, and other
-  key names, renamed to BERT's at load (``DISTILBERT_MODULES``), so every method finds the linears it targets;
-- ELECTRA's embeddings may be narrower than its encoder: ``embeddings_project`` maps them to ``hidden_size``
-  after the embedding LayerNorm and dropout, before the prompt hook (``BertModel``);
-- DistilBERT, ELECTRA and a RoBERTa saved without one have no pooler: the pooled output is then the [CLS]
-  position's hidden state (``BertModel``), and no pooler is made up, so the state dict is the checkpoint's.
-
-Any other architecture is refused in one line (``read_config``).
+BERT, RoBERTa, DistilBERT and ELECTRA checkpoints load into this one backbone (``BertConfig.model_type``), their
+differences handled where they act: RoBERTa's position offset and single token type, DistilBERT's missing token
+types and its key names (renamed to BERT's at load), ELECTRA's embedding projection, and the missing pooler of
+DistilBERT, ELECTRA and some RoBERTas (the pooled output is then [CLS]'s hidden state). Any other architecture is
+refused in one line. The families one by one: docs/design.md, "The backbone".
 """
 
 from __future__ import annotations
