@@ -82,7 +82,8 @@ def add_model_args(parser: argparse.ArgumentParser) -> None:
         "--model",
         type=path_arg,
         default=DEFAULT_MODEL,
-        help=f"HF BERT: a local directory, a hub name, or {DEFAULT_MODEL!r} (packaged, offline; the default)",
+        help=f"an HF BERT, RoBERTa, DistilBERT or ELECTRA: a local directory, a hub name, or {DEFAULT_MODEL!r} "
+        "(packaged, offline; the default)",
     )
 
 

@@ -79,7 +79,8 @@ def _add_what_runs(parser, definition_default: str | None) -> None:
     parser.add_argument(
         "--model",
         type=path_arg,
-        help=f"backbone: a local HF BERT directory, a hub name or {DEFAULT_MODEL!r} (default: the definition's)",
+        help=f"backbone: a local HF BERT, RoBERTa, DistilBERT or ELECTRA directory, a hub name or {DEFAULT_MODEL!r} "
+        "(default: the definition's)",
     )
     parser.add_argument("--name", help="sweep name (default: the definition's); a new name starts a new sweep")
     parser.add_argument(
