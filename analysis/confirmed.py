@@ -213,6 +213,7 @@ def recommendations(
         row |= {"trainable_pct": math.nan, "best": None, "best_mean": math.nan, "decision": "none fits"}
         row |= {"diff": math.nan, "ci_low": math.nan, "ci_high": math.nan, "level": math.nan, "p_best": math.nan}
         row |= {"regret": math.nan, "regret_high": math.nan, "needs": "", "look": 0, "dev_source": ""}
+        row |= {"p_within": math.nan, "plan": ""}  # P(pick - best of the others >= -margin); the first look's plan
         row["open"] = False  # a claim made while a cheaper configuration's question is still open
         # where an earlier look made the pick's claim: that look and its interval (the row's is the last look's)
         row |= {"shown_look": 0, "shown_diff": math.nan, "shown_low": math.nan, "shown_high": math.nan}
@@ -242,9 +243,10 @@ def recommendations(
                 row |= {"shown_look": shown.look, "shown_diff": shown.diff, "shown_low": shown.low}
                 row |= {"shown_high": shown.high, "shown_level": shown.level}
             row |= {"p_best": a.p_best.get(a.pick, math.nan), "regret": a.regret, "regret_high": a.regret_high}
-            needs = a.needs
+            needs, plan_line = a.needs, a.plan
             for key, label in _labels(configs).items():  # keys to names, two frozen ones told apart
-                needs = needs.replace(str(key), label)
+                needs, plan_line = needs.replace(str(key), label), plan_line.replace(str(key), label)
+            row |= {"p_within": a.p_within, "plan": plan_line}
             row |= {"needs": needs + _cost_of(a, int(pick["seeds"]), seconds_per_run), "look": a.look}
         rows.append(row)
     return pd.DataFrame(rows)
@@ -467,9 +469,11 @@ def recommendation_display(table: pd.DataFrame) -> pd.DataFrame:
                 "Seeds (dev score's)": f"{r.seeds} ({r.dev_source})" if r.seeds else "",
                 "Best under the budget": "the pick" if same else f"{_text(r.best)}, {r.best_mean:.3f}",
                 "Pick - best of the others [simultaneous interval]": _pick_interval(r, level),
+                "P(pick - best ≥ -δ)": "" if pd.isna(getattr(r, "p_within", math.nan)) else f"{r.p_within:.2f}",
                 "P(best)": "" if pd.isna(r.p_best) else f"{r.p_best:.2f}",
                 "Expected regret (95% bound)": "" if pd.isna(r.regret) else f"{r.regret:.3f} ({r.regret_high:.3f})",
                 "What would decide it": _text(r.needs),
+                "Plan (first look)": _text(getattr(r, "plan", "")),
             }
         )
     return pd.DataFrame(rows)

@@ -244,22 +244,24 @@ def answer_notes(report: Report) -> dict[str, str]:
             "selected on (no std, no decision)."
         )
     words = "; ".join(f"**{word}**: {meaning}" for word, meaning in decisions.WORDS.items())
-    looks = (f"{plan.looks} look(s): at {1 - plan.alpha_at(1):.2%}, the last at {1 - plan.alpha_at(plan.looks):.2%}"
-             if plan else "")  # fmt: skip
+    looks = f"up to {plan.looks} look(s), {plan.seeds} to {plan.max_seeds} seeds" if plan else "planned looks"
     return {
         "source": source,
         "noise": (
             f"Decisions are made on the decision split (train rows no trial trained on; dev chooses nothing): per "
-            f"budget, each configuration under it against the best of the others (Hsu's multiple comparisons with "
-            f"the best), from per-example and per-seed variance components, the seeds added in planned looks "
-            f"({looks}; the false-'better' rate over all looks is at most 5% per budget: simulated at this "
-            f"sweep's own sizes below, and on reference worlds by `peftune decide --simulate`), and a futility stop; "
-            f"{words} (margin {margin}). The pick is the "
-            f"cheapest configuration shown not worse than the "
-            f"best of the others under the budget by more than the margin; else the best. `decisions.csv` has "
-            f"every pair's own simultaneous interval with the level used (it picks nothing); `seeds.csv` the seeds "
-            f"each configuration got and why it stopped. "
-            f"Definitions: platform/peftune/decisions.py."
+            f"budget, each configuration under it against the best of the others, from an example part of the "
+            f"error (shared by the configurations) and each configuration's own run variance (moderated toward "
+            f"the others'), the seeds added in {looks} to the two configurations of the comparison that binds "
+            f"each open question, each claim at 5% over all looks (Lan-DeMets spending); a configuration shown "
+            f"worse by more than the margin gets no more seeds, and a question the seeds left cannot answer stops "
+            f"(futile) with what would decide it. {words} (margin {margin}). The pick is the cheapest configuration "
+            f"shown not worse than the best of the others under the budget by more than the margin; else the best "
+            f"estimate, said as cannot tell. Each word has its interval and P(pick - best ≥ -δ) beside it; the plan "
+            f"says, from the first look, the seeds each contender needs for 80% power were it equal to the best. "
+            f"`decisions.csv` has every pair's own simultaneous interval with the level used (it picks nothing); "
+            f"`seeds.csv` the seeds each configuration got and why it stopped. The claim rates are simulated at "
+            f"this sweep's own sizes below, and by `peftune decide --simulate`. Definitions: "
+            f"platform/peftune/decisions.py, docs/decisions.md."
         ),
         "own_rates": (
             f"The decision procedure replayed on {confirmed.OWN_SIMULATIONS} simulated records per row, drawn "

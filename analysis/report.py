@@ -24,7 +24,6 @@ import pandas as pd
 
 from analysis import confirmed, pareto, plots, slots, views
 from analysis.runs import SweepRuns, load_predictions, read_sweep_record
-from peftune import legacy
 from peftune.decisions import Plan
 from peftune.record import BEST_EPOCH, DECISION, STORED_PARAMS_PCT, metric_task
 from peftune.tasks import get_task
@@ -160,9 +159,9 @@ def decide(sweep: SweepRuns, configs: pd.DataFrame) -> confirmed.Decided:
 
 
 def plan_of(params: dict) -> Plan:
-    """The decision plan a sweep ran with, from its parent run's params (the defaults for an older record)."""
-    seeds, max_seeds, margin = legacy.plan_params(params)
-    return Plan(seeds=seeds, max_seeds=max_seeds, margin=margin)
+    """The decision plan a sweep ran with, from its parent run's params (the defaults for an older record):
+    ``Plan.from_params``, the sweep's own builder."""
+    return Plan.from_params(params)
 
 
 # ----------------------------------------------------------------------------- the published reference

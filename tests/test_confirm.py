@@ -340,7 +340,8 @@ def test_the_report_replays_the_seeds_the_confirmation_used(local_ray, workdir, 
     outcome = built.decisions.outcome
     trained = {key: len(seeds) for key, seeds in seeds_by_config(uri, result.parent_run_id).items()}
     assert outcome.seeds_used == trained
-    assert set(outcome.stop_reason.values()) <= {"decided", "futile", "max_seeds", "in no budget"}
+    assert set(outcome.stop_reason.values()) <= {"decided", "futile", "max_seeds", "in no budget",
+                                                 "shown worse by more than the margin"}  # fmt: skip
     # the procedure's own rates, simulated from this record's measured components at its budgets' sizes
     assert max(trained.values()) >= 2 and len(built.own_rates), built.own_world
     assert built.own_world.startswith("sst ") and " examples (effect sd " in built.own_world
@@ -557,8 +558,10 @@ def test_the_start_line_prints_the_margin_and_the_smallest_reachable_one():
     definition = spaces.load_sweep(spaces.resolve_sweep_path("sst_tuning"), budget="cpu")
     prepared = SimpleNamespace(tasks={"sst": SimpleNamespace(decision=[0] * 2000)})
     line = confirm.reachable_margin_line(definition, prepared)
-    assert "margin δ = 0.02" in line and "up to 11 configurations a budget" in line  # 3 budgets x 3 + 2 anchors
+    assert "margin δ = 0.02" in line and "3 to 6 seeds" in line
     assert "NOT reachable within max_seeds" in line and "the smallest reachable margin is about 0.0" in line
+    # the assumed components it says are the ones it computes with
+    assert f"assuming {decisions.DISAGREEMENT:.0%} disagreement" in line and "24% disagreement" in line
 
 
 def test_a_confirmation_runs_record_names_the_rows_it_trained_on(tmp_path):

@@ -164,7 +164,7 @@ def add_evaluate_parser(sub) -> None:
         "--test-dir",
         type=path_arg,
         help="directory holding the labelled test files (ids-sst-test.csv, quora-test.csv, sts-test.csv: dev's "
-        "format); without it, dev only",
+        "format; a task file's own `test` is read beside it); without it, dev only",
     )
     p.add_argument(
         "--answer",
@@ -292,51 +292,149 @@ def add_decide_parser(sub) -> None:
     p.add_argument("--budget", help="the definition's budget preset (default: its own)")
     p.add_argument("--budgets", type=float, nargs="+", default=[0.1, 1.0, 10.0], help="trainable %% budgets")
     p.add_argument("--output", help="a directory: decisions.csv, recommendation.csv, seeds.csv")
-    p.add_argument("--simulate", type=int, help="instead: N simulations of the procedure's error rates and power")
+    p.add_argument(
+        "--simulate",
+        type=int,
+        help="instead: N simulations of each scenario's claim rates at each budget's size (with --predictions and "
+        "--configurations: that record's components, sizes and seed sds; else the README job's components)",
+    )
+    p.add_argument("--sizes", type=int, nargs="+", help="with --simulate: the family sizes K (default: the budgets')")
+    p.add_argument(
+        "--scenarios", nargs="+", help="with --simulate: which of boundary, half, two, equal, power (default: all)"
+    )
+    p.add_argument("--simulation-seed", type=int, default=0, help="with --simulate: the random seed (default 0)")
     p.set_defaults(func=cmd_decide)
 
 
+def read_table(path, what: str, columns):
+    """A CSV (or Parquet, by extension) with at least ``columns``; UserError naming the file otherwise."""
+    import pandas as pd
+
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: {what} file not found" if not path.exists() else f"{path}: is not a file")
+    try:
+        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+    except Exception as error:  # noqa: BLE001 -- pandas' parsers raise many kinds: one line names the file
+        raise UserError(f"{path}: cannot be read as {what} ({str(error).splitlines()[0][:120]})") from None
+    missing = [c for c in columns if c not in frame.columns]
+    if missing:
+        raise UserError(f"{path}: {what} lacks the column(s) {missing}; expected {list(columns)}")
+    return frame
+
+
+def configurations_from_frame(frame, source) -> list:
+    """``--configurations`` of ``peftune decide``: one row per configuration (config, method, trainable_pct,
+    default); UserError naming the file and line otherwise."""
+    import math
+
+    import pandas as pd
+
+    from peftune.decisions import Configuration
+
+    out = []
+    for line, r in zip(range(2, len(frame) + 2), frame.itertuples(index=False), strict=True):
+        pct = pd.to_numeric(pd.Series([r.trainable_pct]), errors="coerce").iloc[0]
+        if not (isinstance(pct, float) and math.isfinite(pct) and pct >= 0):
+            raise UserError(f"{source}: line {line}: trainable_pct {r.trainable_pct!r}, expected a number >= 0")
+        default = str(r.default).strip().lower()
+        if default not in ("true", "false", "1", "0"):
+            raise UserError(f"{source}: line {line}: default {r.default!r}, expected true or false")
+        out.append(Configuration(str(r.config), str(r.method), float(pct), default in ("true", "1")))
+    names = [c.name for c in out]
+    if len(set(names)) != len(names):
+        raise UserError(f"{source}: configuration {sorted({n for n in names if names.count(n) > 1})[0]!r} is "
+                        "listed twice; expected one row per configuration")  # fmt: skip
+    return out
+
+
+def _decision_record(args, definition):
+    """(values, configurations) of ``--predictions`` and ``--configurations``."""
+    from peftune import decisions
+
+    kinds = {task: get_task(task).kind for task in definition.tasks}
+    frame = read_table(args.predictions, "predictions", decisions.PREDICTION_COLUMNS)
+    if "split" in frame:
+        frame = frame[frame["split"].astype(str) == decisions.DECISION]
+    table = read_table(args.configurations, "configurations", ("config", "method", "trainable_pct", "default"))
+    configurations = configurations_from_frame(table, args.configurations)
+    try:
+        values = decisions.values_from_frame(frame, kinds)
+    except ValueError as error:
+        raise UserError(f"{args.predictions}: {error}") from None
+    unknown = sorted(set(values) - {c.name for c in configurations})
+    if unknown:
+        raise UserError(f"{args.predictions}: configuration(s) {unknown[:3]} not in {args.configurations}")
+    return values, configurations
+
+
+def _budget_sizes(definition, budgets, configurations=None) -> list[int]:
+    """The family size K of each budget: the record's configurations under it, else as many as the definition's
+    confirmation can put under it (its contenders per budget and the anchors)."""
+    if configurations is not None:
+        return [sum(c.trainable_pct <= b for c in configurations) for b in budgets]
+    settings = definition.confirm
+    per_budget = settings.contenders * len(budgets) + 2 * settings.anchors if settings.contenders else 0
+    return [max(2, min(len(definition.methods) * max(settings.top_k, 1), per_budget or len(definition.methods)))]
+
+
 def cmd_decide(args) -> int:
-    """Replay a confirmation's decisions from a predictions file (see ``peftune.decisions``)."""
-    from peftune import confirm, decisions, simulate
+    """Replay a confirmation's decisions from a predictions file (see ``peftune.decisions``), or simulate the
+    procedure's claim rates (``peftune.simulate.scenario_rates``)."""
+    from peftune import confirm, decisions
 
     definition = spaces.load_sweep(spaces.resolve_sweep_path(args.definition), budget=args.budget)
-    plan = confirm.plan_of(definition.confirm)
-    if args.simulate:
-        if args.simulate < 1 or args.simulate > 100_000:
-            raise UserError(f"--simulate {args.simulate}: expected a number of simulations from 1 to 100000")
-        examples = definition.budget.decision_examples or 2000
-        for line in simulate.operating_characteristics(plan, examples, args.simulate):
-            print(line, flush=True)
-        return 0
+    plan = dataclasses.replace(confirm.plan_of(definition.confirm), budgets=tuple(args.budgets))
+    if args.simulate is not None:
+        return _simulate(args, definition, plan)
     if not (args.predictions and args.configurations and args.output):
         raise UserError("peftune decide: expected --predictions, --configurations and --output (or --simulate N)")
     output = Path(args.output)
     check_output_dir("--output", output)
-    kinds = {task: get_task(task).kind for task in definition.tasks}
-    try:
-        frame = decisions.read_table(args.predictions, "predictions", decisions.PREDICTION_COLUMNS)
-        if "split" in frame:
-            frame = frame[frame["split"].astype(str) == decisions.DECISION]
-        table = decisions.read_table(
-            args.configurations, "configurations", ("config", "method", "trainable_pct", "default")
-        )
-        configurations = decisions.configurations_from_frame(table, args.configurations)
-        values = decisions.values_from_frame(frame, kinds)
-    except ValueError as error:
-        raise UserError(str(error)) from None
-    unknown = sorted(set(values) - {c.name for c in configurations})
-    if unknown:
-        raise UserError(f"{args.predictions}: configuration(s) {unknown[:3]} not in {args.configurations}")
-    outcome = decisions.replay(values, configurations, dataclasses.replace(plan, budgets=tuple(args.budgets)))
+    values, configurations = _decision_record(args, definition)
+    outcome = decisions.replay(values, configurations, plan)
     output.mkdir(parents=True, exist_ok=True)
     decisions.pair_table(outcome).to_csv(output / "decisions.csv", index=False)
-    recommendation = decisions.recommendation_table(outcome)
-    recommendation.to_csv(output / "recommendation.csv", index=False)
+    decisions.recommendation_table(outcome).to_csv(output / "recommendation.csv", index=False)
     decisions.seeds_table(outcome).to_csv(output / "seeds.csv", index=False)
-    for r in recommendation.itertuples(index=False):
-        print(f"<= {r.budget:g}%: {r.decision}: pick {r.pick} (best {r.best}) {r.needs}".rstrip())
+    for a in outcome.answers:
+        print(f"<= {a.budget:g}%: {decisions.said(a)}: pick {a.pick} (best {a.best}) {a.needs}".rstrip())
+        if a.plan:
+            print(f"<= {a.budget:g}% plan (first look): {a.plan}")
     print(f"looks {outcome.looks}, stopped: {outcome.stopped or 'wants more seeds'}; files in {output}")
+    return 0
+
+
+def _simulate(args, definition, plan) -> int:
+    from peftune import simulate
+
+    if args.simulate < 1 or args.simulate > 100_000:
+        raise UserError(f"--simulate {args.simulate}: expected a number of simulations from 1 to 100000")
+    scenarios = args.scenarios or list(simulate.SCENARIOS)
+    unknown = sorted(set(scenarios) - set(simulate.SCENARIOS))
+    if unknown:
+        raise UserError(f"--scenarios {unknown[0]}: expected some of {', '.join(simulate.SCENARIOS)}")
+    if args.sizes and min(args.sizes) < 2:
+        raise UserError(f"--sizes {min(args.sizes)}: expected family sizes of 2 or more")
+    cheap, others = simulate.CHEAP_SD, None
+    if args.predictions or args.configurations:
+        if not (args.predictions and args.configurations):
+            raise UserError("peftune decide --simulate: expected both --predictions and --configurations, or neither")
+        values, configurations = _decision_record(args, definition)
+        world = simulate.Measured.from_values(values)
+        if world is None:
+            raise UserError(f"{args.predictions}: no configuration has 2 seeds: no seed variance to simulate from")
+        sds = simulate.seed_sds(values)
+        cheap = max(world.seed_sd, max(sds.values(), default=0.0))
+        sizes = args.sizes or _budget_sizes(definition, plan.budgets, configurations)
+    else:
+        examples = definition.budget.decision_examples or 2000
+        world = simulate.reference_world(definition.tasks, examples)
+        sizes = args.sizes or _budget_sizes(definition, plan.budgets)
+    lines = simulate.operating_characteristics(plan, world, sizes, args.simulate, cheap_sd=cheap, others_sd=others,
+                                               seed=args.simulation_seed, only=scenarios)  # fmt: skip
+    for line in lines:
+        print(line, flush=True)
     return 0
 
 

@@ -290,9 +290,11 @@ def candidates_of(runs: Sequence, settings) -> list[Candidate]:
 
 
 def plan_of(settings) -> decisions.Plan:
-    """The decision plan of a sweep's ``confirm`` settings."""
-    return decisions.Plan(seeds=settings.seeds, max_seeds=settings.max_seeds, margin=settings.margin,
-                          budgets=tuple(BUDGETS_PCT))  # fmt: skip
+    """The decision plan of a sweep's ``confirm`` settings: ``Plan.from_params`` of the parameters the sweep
+    records for them (the report reads the same ones back)."""
+    params = {"confirm_seeds": settings.seeds, "confirm_max_seeds": settings.max_seeds,
+              "decision_margin": settings.margin}  # fmt: skip
+    return decisions.Plan.from_params(params, BUDGETS_PCT)
 
 
 def configurations_of(candidates: Sequence[Candidate]) -> list[decisions.Configuration]:
@@ -352,6 +354,7 @@ class Confirmation:
     user_stopped: bool = False  # Ctrl-C (or Tune's SIGUSR1) came during the fit, though its trials may all be done
     reported: bool = False  # the report round (fresh seeds for each budget's pick) was handed out
     adding_since: float | None = None  # when the first round ended: confirm.max_seconds counts from there
+    planned: bool = False  # the plan per budget (the first look's seeds for 80% power) was said
 
     def run(self, first: Sequence[tuple[Candidate, int, str]]) -> ConfirmationResult:
         self.wanted = list(first)
@@ -414,9 +417,19 @@ class Confirmation:
             decided_at - read_at,
         )
         labels = {candidate.config_key: candidate.label for candidate in self.candidates}
+
+        def named(text: str) -> str:
+            for key, label in labels.items():
+                text = text.replace(key, label)
+            return text
+
+        if not self.planned:  # before the first added seed: what each contender needs, and whether max_seeds does
+            self.planned = True
+            for budget, line in outcome.plans.items():
+                log.info("confirmation: plan, budget <= %g%%: %s", budget, named(line))
         for answer in outcome.answers:
             log.info("confirmation: look %d, budget <= %g%%: %s (pick %s)", outcome.looks, answer.budget,
-                     answer.decision, labels.get(answer.pick, answer.pick))  # fmt: skip
+                     decisions.said(answer), labels.get(answer.pick, answer.pick))  # fmt: skip
         self.count_earlier_seeds(outcome)
         why = {a.budget: a for a in outcome.answers if not a.decided}
         grow = [
@@ -564,23 +577,23 @@ def log_dev_sizes(record, prepared, seed: int) -> None:
 
 def reachable_margin_line(definition, prepared) -> str | None:
     """What the sweep says at start: the margin, and the smallest margin its sizes reach within ``max_seeds``
-    (``decisions.reachable_margin``: 80% power for a cheaper configuration truly equal to the best, in a budget of
-    as many configurations as the confirmation can put under it; assumed components, the report measures them)."""
+    (``decisions.reachable_margin``: 80% power for a cheaper configuration truly equal to the best, from
+    assumed components; the plan after the first seeds measures them)."""
     settings = definition.confirm
     sizes = [len(data.decision) for data in prepared.tasks.values() if data.decision is not None]
     if settings.seeds == 0 or not sizes:
         return None
     examples = min(sizes) * len(sizes)  # the score averages the tasks: about as many examples in all
-    per_budget = settings.contenders * len(BUDGETS_PCT) + 2 * settings.anchors if settings.contenders else 0
-    k = max(2, min(len(definition.methods) * max(settings.top_k, 1), per_budget or len(definition.methods)))
-    smallest = decisions.reachable_margin(examples, k, plan_of(settings))
+    plan = plan_of(settings)
+    smallest = decisions.reachable_margin(examples, plan)
     word = "reachable" if settings.margin >= smallest else (
         "NOT reachable within max_seeds: a budget whose contenders are that close will be said to be open")  # fmt: skip
     return (
         f"decisions: margin δ = {settings.margin} (the loss accepted for fewer parameters) on {min(sizes)} decision "
-        f"examples per task, up to {k} configurations a budget, {settings.seeds} to {settings.max_seeds} seeds: "
-        f"{word} (the smallest reachable margin is about {smallest:.3f}, assuming 24% disagreement and a seed sd "
-        "of 0.02; the report measures it on the sweep's own record)"
+        f"examples per task, {settings.seeds} to {settings.max_seeds} seeds: {word} (the smallest reachable margin "
+        f"is about {smallest:.3f}, assuming {decisions.DISAGREEMENT:.0%} disagreement between two configurations, "
+        f"{decisions.INTERACTION_SHARE:.0%} of it configuration x example, and a seed sd of {decisions.SEED_SD}; "
+        "after the first seeds each budget's plan measures them)"
     )
 
 

@@ -1,17 +1,23 @@
 """The decision procedure: which configuration to recommend under each parameter budget, and how sure.
 
 One procedure serves the confirmation (which configurations get another seed), the report and ``peftune
-decide``. It reads each configuration's per-example predictions on the decision split, one row per seed,
-fits an example part and a seed part of each estimate's error, and compares every configuration of a budget
-with the best of the others (Hsu's comparisons with the best, Bonferroni over them, each comparison's seed
-variance from its fiducial law, by quadrature). The pick is the cheapest configuration shown not worse than
-the best of the others by more than the margin; a cheaper configuration neither shown within the margin nor
-shown worse by more than it keeps its budget open, and gets seeds in the planned looks while the seeds left
-could answer it. docs/decisions.md says what each word means and how each part is computed.
+decide``. It reads each configuration's per-example predictions on the decision split, one row per seed, and
+splits each estimate's error into an example part (which decision rows were drawn, shared by the
+configurations) and a run part (a seed's shift and the run's per-example noise). Each configuration keeps its
+own run variance, moderated toward the others' (Smyth 2004), with no pretest. Per budget, every configuration
+is compared with the best of the others: "not worse" by more than the margin (every comparison's lower bound
+above -margin: an intersection-union test), "worse" by more than it (the unconstrained upper bound below
+-margin) or "better" (above 0 against every other). The seeds come in looks; each comparison spends its alpha
+over its own information (Lan and DeMets, O'Brien-Fleming shape for the claims a pick rests on). Seeds go to
+the two configurations of the comparison that binds each open question; one shown worse gets no more. The
+pick is the cheapest configuration shown not worse; a budget ends when every question at least as cheap as the
+pick is answered or futile at the plan. docs/decisions.md says what each word means and how each part is
+computed.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import math
@@ -21,24 +27,35 @@ from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
-from scipy import optimize, special
+from scipy import optimize, special, stats
 
+from peftune import legacy
 from peftune.record import BUDGETS_PCT
 
-ALPHA = 0.05
-# the configurations' seed variances are pooled unless Bartlett's test rejects their equality at this level
-POOLING_ALPHA = 0.05
-FINAL_SHARE = 0.5  # of alpha, spent at the last look (``Plan.alpha_at``)
-QUADRATURE = 48  # nodes per seed pool of the expectation over its fiducial law (``_inflation_nodes``)
-BETTER, NOT_WORSE, CANNOT_TELL, EQUIVALENT = "better", "not worse", "cannot tell", "equivalent"
+ALPHA = 0.05  # one-sided, per claim, over all looks ("better": two-sided, so alpha / 2 a side)
+POWER = 0.8  # the plan's target: the seeds at which a contender truly equal to the best is shown not worse
+DECIDE = 0.8  # "what would decide it": the seeds at which the question is answered this often at its estimate
+# the spending shapes (``spent``): the claims a pick rests on ("not worse", "better") keep their alpha for the
+# last look, where a close question is decided; "worse" spends early, so a configuration clearly worse stops
+# at the first looks (its error can cost a cheaper pick, never make the pick worse than the margin)
+SHAPES = {"not worse": "obrien-fleming", "better": "obrien-fleming", "worse": "pocock"}
+BETTER, NOT_WORSE, CANNOT_TELL, EQUIVALENT, WORSE = "better", "not worse", "cannot tell", "equivalent", "worse"
 WORDS = {
-    BETTER: "the interval of the difference lies above 0",
-    EQUIVALENT: "the interval lies inside [-margin, +margin]: either is not worse than the other",
-    CANNOT_TELL: "otherwise: the data cannot tell",
+    NOT_WORSE: "every lower bound of the configuration minus another lies above -margin",
+    WORSE: "an upper bound of the configuration minus another lies below -margin (it gets no more seeds)",
+    BETTER: "the pick's lower bound against every other lies above 0",
+    EQUIVALENT: "a pair's interval lies inside [-margin, +margin] (the pair table)",
+    CANNOT_TELL: "otherwise: the data cannot tell (the answer says what would)",
 }
 KINDS = ("multiclass", "binary", "regression")
 PREDICTION_COLUMNS = ("config", "seed", "task", "example_id", "prediction", "label")
 DECISION, DEV = "decision", "dev"
+# assumed components of the sweep's start line (before any confirmation seed: the plan at look 1 measures them)
+DISAGREEMENT = 0.24  # the share of decision examples two configurations' runs disagree on
+INTERACTION_SHARE = 1 / 3  # the part of that disagreement that is configuration x example (the rest: run noise)
+SEED_SD = 0.02  # a seed's shift of a score
+# the prior df of the run variances' moderation (``moderation``): None estimates it (Smyth's moments)
+PRIOR_DF: float | None = 4.0
 
 
 # ----------------------------------------------------------------------------- per-example values
@@ -126,79 +143,79 @@ def values_from_frame(frame: pd.DataFrame, kinds: Mapping[str, str]) -> dict[str
 
 @dataclass(frozen=True)
 class Fit:
-    """The estimates of K configurations (``names``), their covariance's parts, and the seed pools."""
+    """The estimates of K configurations (``names``) and their error's parts."""
 
     names: tuple[str, ...]
     means: np.ndarray  # (K,) seed-mean scores
     seeds: np.ndarray  # (K,) seeds used
-    example_cov: np.ndarray  # (K, K) the example part of the estimates' covariance (with the per-run noise)
-    seed_var: np.ndarray  # (K,) seed variance component (per seed) of each configuration's pool
-    seed_df: np.ndarray  # (K,) degrees of freedom of that pool (0: no seed variance estimable)
-    pool: np.ndarray  # (K,) index of each configuration's pool (configurations sharing a pool share a draw)
-    seed_var_raw: np.ndarray  # (K,) the pool's variance of seed scores, example-level noise left in (>= seed_var)
-    seed_noise: np.ndarray  # (K,) the example-level noise in one seed's score (seed_var_raw - seed_var, untruncated)
+    example_cov: np.ndarray  # (K, K) covariance of the example part (configuration x example; run noise taken off)
+    run_var: np.ndarray  # (K,) variance of one run's score around the configuration's (seed and noise), moderated
+    run_df: np.ndarray  # (K,) its degrees of freedom (own seeds - 1 + the prior's; 0: not estimable)
+    prior_var: float = math.nan  # the prior the run variances are moderated toward (``moderation``)
+    prior_df: float = 0.0
+    own_var: np.ndarray | None = None  # (K,) each configuration's own run variance, unmoderated (default run_var)
+    own_df: np.ndarray | None = None
+
+    def unmoderated(self) -> Fit:
+        """The same fit with each configuration's own run variance and df (the pair table's: it picks nothing,
+        and a configuration whose seeds vary more than the others' is not pulled toward them there)."""
+        if self.own_var is None or self.own_df is None:
+            return self
+        return dataclasses.replace(self, run_var=self.own_var, run_df=self.own_df, prior_df=0.0)
 
     def cov(self, seeds: np.ndarray | None = None) -> np.ndarray:
-        """(K, K) covariance of the estimates, at ``seeds`` seeds per configuration (default: those used)."""
-        s = self.seeds if seeds is None else seeds
-        # the example part is kept as measured: its per-run noise would shrink with more seeds (conservative)
-        return self.example_cov + np.diag(self.seed_var / s)
+        """(K, K) covariance of the estimates at ``seeds`` seeds per configuration (default: those used)."""
+        s = self.seeds if seeds is None else np.asarray(seeds, dtype=float)
+        return self.example_cov + np.diag(self.run_var / s)
+
+    def pair_var(self, i: int, j: int, seeds: np.ndarray | None = None) -> float:
+        s = self.seeds if seeds is None else np.asarray(seeds, dtype=float)
+        c = self.example_cov
+        example = max(c[i, i] + c[j, j] - 2 * c[i, j], 0.0)
+        return max(example + self.run_var[i] / s[i] + self.run_var[j] / s[j], 1e-18)
 
     def pair_se(self, i: int, j: int, seeds: np.ndarray | None = None) -> float:
-        c = self.cov(seeds)
-        return math.sqrt(max(c[i, i] + c[j, j] - 2 * c[i, j], 1e-18))
+        return math.sqrt(self.pair_var(i, j, seeds))
+
+    def pair_df(self, i: int, j: int, seeds: np.ndarray | None = None) -> float:
+        """Welch-Satterthwaite degrees of freedom of the difference: the example part is known (thousands of
+        rows), each run part has its configuration's moderated df."""
+        s = self.seeds if seeds is None else np.asarray(seeds, dtype=float)
+        parts = [(self.run_var[m] / s[m], self.run_df[m]) for m in (i, j)]
+        if any(df <= 0 for _, df in parts):
+            return 0.0
+        denominator = sum(a * a / df for a, df in parts)
+        return math.inf if denominator <= 0 else self.pair_var(i, j, s) ** 2 / denominator
 
     def index(self, name: str) -> int:
         return self.names.index(name)
 
 
 def fit(values: Mapping[str, Values], names: Sequence[str], pooled: Sequence[str] | None = None) -> Fit:
-    """The variance-component fit of configurations ``names`` (see the module docstring); ``pooled``: the
-    configurations whose seeds may estimate a shared seed variance (default ``names``; the replay passes every
-    configuration it knows, so a configuration's seed variance, and so its interval, does not change with the
-    budget it is compared under). They share one pool unless Bartlett's test rejects equal variances of their
-    seed scores at ``POOLING_ALPHA`` (``pooling_rejected``); then each configuration has its own."""
+    """The fit of configurations ``names``: seed means, the example part's covariance and each configuration's
+    run variance, moderated toward a prior estimated from the configurations ``pooled`` (default ``names``;
+    the replay passes every configuration it knows, so a configuration's variance does not change with the
+    budget it is compared under)."""
     pooled = list(names) + [n for n in (pooled or ()) if n not in names]
     tasks = sorted(next(iter(values.values())).values)
     k = len(names)
     means = np.array([values[n].scores.mean() for n in names])
     seeds = np.array([len(values[n].seeds) for n in names], dtype=float)
+    noise, raw, df = run_sums(values, pooled, tasks)
     example_cov = np.zeros((k, k))
     for task in tasks:
         cols = np.stack([values[n].values[task].mean(axis=0) for n in names])  # (K, n_t) seed-averaged values
         example_cov += np.cov(cols).reshape(k, k) / cols.shape[1] / len(tasks) ** 2
-    resid, ss, df = seed_sums(values, pooled, tasks)
-    raw = ss + df * resid  # sums of squares of the seed scores themselves
-    m = len(pooled)
-    all_df = df.sum()
-    own = df > 0
-    if all_df and not pooling_rejected(raw[own] / df[own], df[own]):  # one pool: one draw for all
-        seed_var = np.full(m, max(ss.sum(), 0.0) / all_df)
-        seed_df, seed_raw = np.full(m, all_df), np.full(m, raw.sum() / all_df)
-        pool = np.zeros(m, dtype=int)
-        noise = np.full(m, (df * resid).sum() / all_df)
-    else:  # each configuration its own pool (one seed: none, and nothing it takes part in is decided)
-        safe = np.maximum(df, 1.0)
-        seed_var, seed_df, seed_raw = np.maximum(ss, 0.0) / safe, df.copy(), raw / safe
-        pool, noise = np.arange(m), resid.copy()
-    kept = slice(0, k)  # ``names`` come first in ``pooled``
-    return Fit(tuple(names), means, seeds, example_cov, seed_var[kept], seed_df[kept], pool[kept], seed_raw[kept],
-               noise[kept])  # fmt: skip
-
-
-def pooling_rejected(variances: np.ndarray, df: np.ndarray, alpha: float = POOLING_ALPHA) -> bool:
-    """Bartlett's test of equal variances (``variances`` with ``df`` degrees of freedom each): True when it rejects
-    at ``alpha``. A variance of exactly 0 beside positive ones rejects (seeds that never move a score)."""
-    if len(variances) < 2:
-        return False
-    v = np.asarray(variances, dtype=float)
-    if (v <= 0).any():
-        return bool((v > 0).any())
-    n = df.sum()
-    pooled = float((df * v).sum() / n)
-    statistic = n * math.log(pooled) - float((df * np.log(v)).sum())
-    statistic /= 1 + (float((1 / df).sum()) - 1 / n) / (3 * (len(v) - 1))
-    return bool(special.chdtrc(len(v) - 1, statistic) < alpha)
+    # the run noise in the seed-averaged values is counted in the run part: taken off the example part (and the
+    # part kept a covariance: a sampling dip below zero is clipped)
+    example_cov -= np.diag(noise[:k] / seeds)
+    eigen, vectors = np.linalg.eigh((example_cov + example_cov.T) / 2)
+    example_cov = (vectors * np.maximum(eigen, 0.0)) @ vectors.T
+    prior_var, prior_df = moderation(raw[df > 0], df[df > 0], PRIOR_DF)
+    run_var = np.where(df > 0, (prior_df * prior_var + df * raw) / np.maximum(prior_df + df, 1e-12), prior_var)
+    run_df = df + prior_df
+    return Fit(tuple(names), means, seeds, example_cov, run_var[:k], run_df[:k], prior_var, prior_df, raw[:k],
+               df[:k])  # fmt: skip
 
 
 def residual_mean_square(v: np.ndarray) -> float:
@@ -209,121 +226,139 @@ def residual_mean_square(v: np.ndarray) -> float:
     return float((r * r).sum() / ((s - 1) * (n - 1)))
 
 
-def seed_sums(values: Mapping[str, Values], names: Sequence[str], tasks: Sequence[str]):
+def run_sums(values: Mapping[str, Values], names: Sequence[str], tasks: Sequence[str]):
     """Per configuration: the example-level noise in one seed's score (the two-way layout's residual mean square
-    over n), and the sum of squares of its seed scores around their mean less that noise, with its df."""
+    over n), the variance of its seed scores (that noise and the seeds' shifts) and its df (seeds - 1)."""
     k = len(names)
-    resid, ss, df = np.zeros(k), np.zeros(k), np.zeros(k)
+    noise, raw, df = np.zeros(k), np.zeros(k), np.zeros(k)
     for c, n in enumerate(names):
+        scores = values[n].scores
+        if len(scores) < 2:
+            continue
         for task in tasks:
             v = values[n].values[task]  # (S, n_t)
-            if v.shape[0] > 1:
-                resid[c] += residual_mean_square(v) / v.shape[1] / len(tasks) ** 2
-        scores = values[n].scores
-        if len(scores) > 1:
-            ss[c] = float(((scores - scores.mean()) ** 2).sum()) - (len(scores) - 1) * resid[c]
-            df[c] = len(scores) - 1
-    return resid, ss, df
+            noise[c] += residual_mean_square(v) / v.shape[1] / len(tasks) ** 2
+        raw[c], df[c] = float(scores.var(ddof=1)), len(scores) - 1
+    return noise, raw, df
 
 
-# ----------------------------------------------------------------------------- simultaneous intervals
+def seed_sums(values: Mapping[str, Values], names: Sequence[str], tasks: Sequence[str]):
+    """Per configuration: the example noise in one seed's score, the sum of squares of its seed scores less that
+    noise (the seeds' own part), and its df."""
+    noise, raw, df = run_sums(values, names, tasks)
+    return noise, df * (raw - noise), df
 
 
-@functools.lru_cache(maxsize=512)
-def _inflation_nodes(df: float) -> tuple[np.ndarray, np.ndarray]:
-    """Nodes and weights of E[g(df / X)] for X ~ chi-square(df): generalized Gauss-Laguerre in X / 2, whose
-    weight x^(df/2 - 1) e^-x is the chi-square's own density (exact for the smooth integrands used here to
-    about 1e-5 of the tail; a deterministic expectation, so the same data always give the same interval)."""
-    y, w = special.roots_genlaguerre(QUADRATURE, df / 2 - 1)
-    return df / (2 * y), w / w.sum()
+def moderation(variances: np.ndarray, df: np.ndarray, prior_df: float | None = None) -> tuple[float, float]:
+    """(prior variance, prior df) of the run variances ``variances`` (``df`` each), Smyth's (2004) moments of
+    their logarithms: each configuration's variance is then ``(d0 s0^2 + d s^2) / (d0 + d)`` with ``d0 + d``
+    df. The spread of the logarithms beyond what their own df explain sets d0 (a configuration whose seeds
+    vary much more than the others' keeps most of its own); d0 is at most the df the prior is made of (the
+    prior is no surer than its data), and 0 with fewer than 3 configurations to tell a spread from."""
+    v, d = np.asarray(variances, dtype=float), np.asarray(df, dtype=float)
+    if len(v) == 0:
+        return math.nan, 0.0
+    if prior_df is not None:  # fixed: the prior is the pooled variance, with at most the df it is made of
+        return float((v * d).sum() / d.sum()), min(prior_df, float(d.sum())) if len(v) > 1 else 0.0
+    if len(v) < 3:
+        return float((v * d).sum() / d.sum()), 0.0
+    z = np.log(np.maximum(v, 1e-30)) - special.digamma(d / 2) + np.log(d / 2)
+    mean = float(z.mean())
+    spread = float(((z - mean) ** 2).sum() / (len(z) - 1) - special.polygamma(1, d / 2).mean())
+    cap = float(d.sum())
+    d0 = cap if spread <= 0 else min(2 * _trigamma_inverse(spread), cap)
+    return float(math.exp(mean + special.digamma(d0 / 2) - math.log(d0 / 2))), d0
 
 
-def _error_law(f: Fit, i: int, j: int) -> tuple[np.ndarray, np.ndarray]:
-    """(sd, weight) nodes of the law of the error of ``estimate_i - estimate_j``: normal given the seed
-    variances, their example part as measured and each pool's seed variance drawn from its fiducial law
-    ``raw * df / chi-square(df) - example noise`` (raw: the pool's variance of seed scores, example noise left
-    in; so an estimate that fell to 0 by chance does not narrow the law). With the seed part alone this is
-    Student's t with the pool's df, exactly; with the example part beside it, the mixture in between. (A
-    plug-in seed variance from 1 to 5 df covered 85% for a nominal 95% at 2 seeds.)"""
-    c = f.example_cov
-    var = np.array([max(c[i, i] + c[j, j] - 2 * c[i, j], 0.0)])  # the example part (thousands of df: known)
-    weight = np.ones(1)
-    for p in sorted({int(f.pool[m]) for m in (i, j) if f.seed_df[m] > 0}):  # one chi-square per pool
-        members = [m for m in (i, j) if f.pool[m] == p and f.seed_df[m] > 0]
-        inflation, w = _inflation_nodes(float(f.seed_df[members[0]]))
-        part = sum(np.maximum(f.seed_var_raw[m] * inflation - f.seed_noise[m], 0.0) / f.seeds[m] for m in members)
-        var = (var[:, None] + part[None, :]).ravel()  # a product grid over the pools of the pair
-        weight = (weight[:, None] * w[None, :]).ravel()
-    return np.sqrt(np.maximum(var, 1e-30)), weight
+def _trigamma_inverse(y: float) -> float:
+    """x with trigamma(x) = y (Newton's method on 1 / trigamma, as Smyth's limma does)."""
+    if y > 1e7:
+        return 1 / math.sqrt(y)
+    if y < 1e-6:
+        return 1 / y
+    x = 0.5 + 1 / y
+    for _ in range(50):
+        tri = float(special.polygamma(1, x))
+        step = tri * (1 - tri / y) / float(special.polygamma(2, x))
+        x += step
+        if -step / x < 1e-8:
+            break
+    return x
 
 
-def _tails(f: Fit, pairs: Sequence[tuple[int, int]]):
-    """q -> (P,) P(error_ij / se_ij > q) per pair (one-sided; the law is symmetric): se the intervals' own."""
-    laws = [_error_law(f, i, j) for i, j in pairs]
-    se = np.array([f.pair_se(i, j) for i, j in pairs])
-    sizes = [len(sd) for sd, _ in laws]
-    sd = np.concatenate([s for s, _ in laws])  # (N,) every pair's nodes, flat
-    w = np.concatenate([x for _, x in laws])
-    owner = np.repeat(np.arange(len(pairs)), sizes)
-    ratio = se[owner] / sd
-
-    def tails(q: float) -> np.ndarray:
-        return np.bincount(owner, weights=w * special.ndtr(-q * ratio), minlength=len(pairs))
-
-    return tails
+# ----------------------------------------------------------------------------- alpha spent over the looks
 
 
-def critical_value(f: Fit, alpha: float, family: str) -> float:
-    """The critical value ``q`` of a family's simultaneous intervals ``diff +- q * se`` at level 1 - alpha, by
-    Bonferroni over the family's comparisons with each comparison's exact law (``_error_law``):
-
-    - ``"pairs"``: every pair, two-sided: sum over pairs of P(|t_ij| > q) = alpha.
-    - ``"best"``: multiple comparisons with the best (Hsu): one-sided comparisons of every other configuration
-      with the true best, whichever it is: max over i of sum over j != i of P(t_ji > q) = alpha. Intervals of
-      ``score_i - max_(j != i) score_j`` built with this q hold for every i at once (``Intervals.vs_best``).
-
-    No random numbers: the same fit gives the same q."""
-    k = len(f.names)
-    if k < 2:
-        return math.nan
-    pairs = all_pairs(k)
-    tails = _tails(f, pairs)
-    owner_a, owner_b = np.array(pairs).T
-    if family == "pairs":
-
-        def error(q: float) -> float:
-            return 2 * float(tails(q).sum()) - alpha
-    else:
-
-        def error(q: float) -> float:
-            t = tails(q)
-            per = np.bincount(owner_a, weights=t, minlength=k) + np.bincount(owner_b, weights=t, minlength=k)
-            return float(per.max()) - alpha
-
-    if error(0.0) <= 0:
+def spent(t: float, alpha: float, shape: str) -> float:
+    """Lan and DeMets' spending function: the alpha spent by information fraction ``t`` (0 to 1)."""
+    t = min(max(t, 0.0), 1.0)
+    if t <= 0:
         return 0.0
-    high = 8.0
-    while error(high) > 0 and high < 1e6:
-        high *= 4
-    return float(optimize.brentq(error, 0.0, high, xtol=1e-6))
+    if shape == "pocock":
+        return alpha * math.log(1 + (math.e - 1) * t)
+    return float(2 * special.ndtr(-special.ndtri(1 - alpha / 2) / math.sqrt(t)))  # O'Brien-Fleming
 
 
-def estimate_errors(f: Fit, rng: np.random.Generator, draws: int) -> np.ndarray:
-    """(draws, K) draws of the estimates' errors under the same law as the intervals' (``_error_law``, jointly
-    for all K): for P(best) and the regret, which need the joint law."""
-    k = len(f.names)
-    ex = f.example_cov + 1e-15 * np.eye(k)
-    z = rng.multivariate_normal(np.zeros(k), ex, size=draws, method="eigh")  # (draws, K) example part
-    inflation = np.ones((draws, k))
-    for p in np.unique(f.pool):
-        mine = f.pool == p
-        df = f.seed_df[mine][0]
-        if df > 0:
-            inflation[:, mine] = (df / rng.chisquare(df, size=draws))[:, None]
-    component = np.maximum(f.seed_var_raw[None, :] * inflation - f.seed_noise[None, :], 0.0)  # (draws, K)
-    component = np.where(f.seed_df[None, :] > 0, component, 0.0)
-    z += rng.standard_normal((draws, k)) * np.sqrt(component / f.seeds)  # the seed part, independent per config
-    return z
+def boundary(looks: tuple[tuple[float, float], ...], alpha: float, shape: str) -> float:
+    """The one-sided z boundary at the last of ``looks`` ((information fraction, spending time) each, both
+    increasing to at most 1) so that the chance of crossing at that look and not before is the alpha spent
+    there (``spent`` at its spending time): the group-sequential recursion of the statistic's Brownian motion
+    in information time (Armitage, McPherson and Rowe), on a grid. A look with no new information spends
+    nothing: it has the same data and so the same boundary."""
+    points: list[tuple[float, float]] = []
+    for t, u in looks:
+        t, u = min(max(t, 1e-6), 1.0), min(max(u, 1e-6), 1.0)
+        if not points or t > points[-1][0] + 1e-9:
+            points.append((t, max(u, points[-1][1]) if points else u))
+    return _paths(tuple(points), alpha, shape)[0]
+
+
+@functools.lru_cache(maxsize=200_000)
+def _paths(points: tuple[tuple[float, float], ...], alpha: float, shape: str):
+    """(boundary at the last point, the surviving paths' values and weights there): one step of the recursion
+    from the points before it (cached: a comparison's next look costs one step)."""
+    t, u = points[-1]
+    if len(points) == 1:
+        previous, spent_before, x, weight = 0.0, 0.0, None, None
+    else:
+        _, x, weight = _paths(points[:-1], alpha, shape)
+        previous, spent_before = points[-2][0], spent(points[-2][1], alpha, shape)
+    target = spent(u, alpha, shape) - spent_before
+    step = math.sqrt(t - previous)
+
+    def crossing(c: float) -> float:
+        if x is None:
+            return float(special.ndtr(-c / step))
+        return float((weight * special.ndtr((x - c) / step)).sum())
+
+    high = 12.0 * math.sqrt(t)
+    if target <= 1e-12:
+        c = math.inf
+    elif crossing(high) > target:
+        c = high
+    else:
+        c = float(optimize.brentq(lambda v: crossing(v) - target, -high, high, xtol=1e-6))
+    grid = np.linspace(-7 * math.sqrt(t), min(c, 7 * math.sqrt(t)), 161)  # the paths that did not cross
+    if x is None:
+        density = np.exp(-grid * grid / (2 * t)) / math.sqrt(2 * math.pi * t)
+    else:
+        kernel = np.exp(-((grid[:, None] - x[None, :]) ** 2) / (2 * step * step))
+        density = kernel @ weight / (math.sqrt(2 * math.pi) * step)
+    return c / math.sqrt(t), grid, density * (grid[1] - grid[0])
+
+
+def critical(looks: Sequence[tuple[float, float]], alpha: float, shape: str, df: float) -> float:
+    """The critical value of a comparison at its last look: the z boundary (``boundary``) as a t quantile with
+    the comparison's df (its run variances are estimated)."""
+    if df <= 0:
+        return math.inf
+    z = boundary(tuple(looks), alpha, shape)
+    if not math.isfinite(z):
+        return math.inf
+    return float(z if df > 1e6 else stats.t.ppf(special.ndtr(z), df))
+
+
+# ----------------------------------------------------------------------------- the comparisons
 
 
 def all_pairs(k: int) -> list[tuple[int, int]]:
@@ -332,35 +367,32 @@ def all_pairs(k: int) -> list[tuple[int, int]]:
 
 @dataclass(frozen=True)
 class Intervals:
-    """A family's simultaneous intervals at ``level``: of every pair (``q``, two-sided) and of each
-    configuration against the best of the others (``q_best``, Hsu's comparisons with the best)."""
+    """Every pair's simultaneous two-sided interval at ``level`` (Bonferroni over the pairs, each with its own
+    df): the pair table's, which picks nothing."""
 
     fit: Fit
-    q: float
-    q_best: float
     level: float
 
-    def diff(self, i: int, j: int) -> tuple[float, float, float]:
-        """(estimate, low, high) of score(i) - score(j), from the all-pairs family."""
-        d = float(self.fit.means[i] - self.fit.means[j])
-        h = self.q * self.fit.pair_se(i, j)
-        return d, d - h, d + h
-
-    def vs_best(self, i: int) -> tuple[float, float, float]:
-        """(estimate, low, high) of score(i) - max over j != i of score(j): Hsu's constrained interval. The low
-        end above -margin says i is not worse than the best by more than margin; above 0, that i is the best."""
+    @functools.cached_property
+    def _q(self) -> np.ndarray:
         f = self.fit
-        others = [j for j in range(len(f.names)) if j != i]
-        h = np.array([self.q_best * f.pair_se(i, j) for j in others])
-        d = f.means[i] - f.means[others]
-        return float(d.min()), float((d - h).min()), float(max((d + h).min(), 0.0))
+        k = len(f.names)
+        pairs = max(len(all_pairs(k)), 1)
+        df = np.array([[f.pair_df(i, j) if i != j else 0.0 for j in range(k)] for i in range(k)])
+        q = stats.t.ppf(1 - (1 - self.level) / (2 * pairs), np.where(df > 0, np.minimum(df, 1e9), 1.0))
+        return np.where(df > 0, q, np.inf)
+
+    def diff(self, i: int, j: int) -> tuple[float, float, float]:
+        """(estimate, low, high) of score(i) - score(j)."""
+        d = float(self.fit.means[i] - self.fit.means[j])
+        h = float(self._q[i, j]) * self.fit.pair_se(i, j)
+        return d, d - h, d + h
 
 
 def intervals(f: Fit, alpha: float) -> Intervals:
-    decidable = bool((f.seed_df > 0).any()) or bool((f.seeds > 1).any())
-    if not decidable or len(f.names) < 2:
-        return Intervals(f, math.inf, math.inf, 1 - alpha)
-    return Intervals(f, critical_value(f, alpha, "pairs"), critical_value(f, alpha, "best"), 1 - alpha)
+    """The pair table's intervals at 1 - ``alpha``: each pair on its configurations' own run variances
+    (``Fit.unmoderated``)."""
+    return Intervals(f.unmoderated(), 1 - alpha)
 
 
 def pair_word(low: float, high: float, margin: float) -> str:
@@ -370,6 +402,74 @@ def pair_word(low: float, high: float, margin: float) -> str:
     if -margin <= low and high <= margin:
         return EQUIVALENT
     return CANNOT_TELL
+
+
+class VsBest(NamedTuple):
+    """A configuration against the best of the others at one look: the estimate (its score minus the best other
+    estimate), the lower bound of the "not worse" test, the upper bound of the "worse" test, whether it is
+    better than every other, and the configurations that bind each bound."""
+
+    diff: float
+    low: float
+    high: float
+    better: bool
+    binds_low: int
+    binds_high: int
+
+
+def fractions(f: Fit, i: int, j: int, history: Sequence[Mapping[str, int]], max_seeds: int
+              ) -> tuple[tuple[float, float], ...]:  # fmt: skip
+    """The comparison of i and j at each look so far: its information fraction (its variance with both at
+    ``max_seeds`` over its variance then, from this fit's components: what correlates the looks' statistics)
+    and its spending time (the seeds it has of the most it can have). The time is the seeds', not the
+    information's: the example part does not shrink with seeds, so the first look already holds much of the
+    information, and spending by it would leave the last look, where a close question is decided, little.
+    The fractions are rounded to 1/40 (the boundaries move little within that; rounded, they are reused)."""
+    a, b = f.names[i], f.names[j]
+    c = f.example_cov
+    example = max(c[i, i] + c[j, j] - 2 * c[i, j], 0.0)
+    top_i, top_j = max(max_seeds, f.seeds[i]), max(max_seeds, f.seeds[j])
+    final = max(example + f.run_var[i] / top_i + f.run_var[j] / top_j, 1e-18)
+    out = []
+    for counts in history:
+        s_i, s_j = max(counts.get(a, f.seeds[i]), 1), max(counts.get(b, f.seeds[j]), 1)
+        var = max(example + f.run_var[i] / s_i + f.run_var[j] / s_j, 1e-18)
+        out.append((round(min(final / var, 1.0) * 40) / 40, round(min((s_i + s_j) / (top_i + top_j), 1.0), 4)))
+    return tuple(out)
+
+
+def versus_best_all(f: Fit, history: Sequence[Mapping[str, int]], plan: Plan) -> list[VsBest]:
+    """Every configuration of the fit against every other, at this look's alpha spent (``boundary``, each
+    comparison its own looks; a t quantile with the comparison's df): per configuration, its estimate against
+    the best of the others, the "not worse" lower bound and the "worse" upper bound (the smallest over the
+    others of each comparison's bound), whether it is better than every other, and the comparisons that bind."""
+    k = len(f.names)
+    d = f.means[:, None] - f.means[None, :]
+    se, df = np.ones((k, k)), np.zeros((k, k))
+    z = {word: np.full((k, k), np.inf) for word in (NOT_WORSE, WORSE, BETTER)}
+    levels = {NOT_WORSE: plan.alpha, WORSE: plan.alpha, BETTER: plan.alpha / 2}
+    for i, j in all_pairs(k):
+        se[i, j] = se[j, i] = f.pair_se(i, j)
+        df[i, j] = df[j, i] = f.pair_df(i, j)
+        looks = fractions(f, i, j, history, plan.max_seeds)
+        for word, table in z.items():
+            table[i, j] = table[j, i] = boundary(looks, levels[word], SHAPES[word])
+    usable = (df > 0) & ~np.eye(k, dtype=bool)
+    q = {}
+    for word, table in z.items():
+        p = special.ndtr(np.where(np.isfinite(table), table, 40.0))
+        t = stats.t.ppf(p, np.where(usable, np.minimum(df, 1e9), 1.0))
+        q[word] = np.where(usable & np.isfinite(table), t, np.inf)
+    out = []
+    for i in range(k):
+        others = [j for j in range(k) if j != i]
+        lows = [d[i, j] - q[NOT_WORSE][i, j] * se[i, j] for j in others]
+        highs = [d[i, j] + q[WORSE][i, j] * se[i, j] for j in others]
+        betters = [d[i, j] - q[BETTER][i, j] * se[i, j] for j in others]
+        low, high = int(np.argmin(lows)), int(np.argmin(highs))
+        out.append(VsBest(float(min(d[i, j] for j in others)), float(lows[low]), float(highs[high]),
+                          bool(min(betters) > 0), others[low], others[high]))  # fmt: skip
+    return out
 
 
 # ----------------------------------------------------------------------------- one budget's answer
@@ -384,21 +484,24 @@ class Answer:
     best: str | None = None
     pick: str | None = None
     decision: str = CANNOT_TELL  # better | not worse | cannot tell | only one fits | none fits
-    diff: float = math.nan  # pick - best (a "better" best: best - the strongest cheaper one)
-    ci_low: float = math.nan
-    ci_high: float = math.nan
+    diff: float = math.nan  # pick - the best of the others
+    ci_low: float = math.nan  # the "not worse" test's lower bound of it
+    ci_high: float = math.nan  # the "worse" test's upper bound
     level: float = math.nan
     look: int = 0
     p_best: dict[str, float] = field(default_factory=dict)
+    p_within: float = math.nan  # P(pick - the best of the others >= -margin), from the intervals' law
     regret: float = math.nan  # the pick's expected shortfall from the best, and its 95% upper bound
     regret_high: float = math.nan
     needs: str = ""  # what would decide it
     seeds_needed: int = 0  # where more seeds would: about how many per configuration (0: not seeds, or unknown)
-    grow: list[str] = field(default_factory=list)  # configurations a further seed could decide it with
+    grow: list[str] = field(default_factory=list)  # configurations the next look gives a seed
     # the claims about its configurations, this look's with the earlier looks' (a claim, once made, stands)
     claims: dict[str, Claim] = field(default_factory=dict)
     why: str = ""
     pairs: list[dict] = field(default_factory=list)  # every pair of its family at its look (``pair_rows``)
+    plan: str = ""  # the seeds each contender needs (the first look's ``seed_plan``)
+    margin: float = math.nan
 
     @property
     def decided(self) -> bool:
@@ -416,7 +519,7 @@ class Answer:
 
 
 class Claim(NamedTuple):
-    """What a look showed about one configuration against the best of the others, with the interval that showed it."""
+    """What a look showed about one configuration against the best of the others, with the bounds that showed it."""
 
     word: str  # "not worse" (within the margin of the best of the others) or "worse" (by more than the margin)
     look: int
@@ -426,21 +529,20 @@ class Claim(NamedTuple):
     level: float
 
 
-def answer(budget: float, iv: Intervals, costs: Mapping[str, float], margin: float, max_seeds: int,
-           q_last: float, posterior: bool = True, claims: Mapping[str, Claim] | None = None,
-           look: int = 0) -> Answer:  # fmt: skip
-    """The answer for the configurations of ``iv`` (all under the budget) at this look (module docstring);
-    ``posterior``: also P(best) and the regret, which decide nothing (a simulation leaves them out).
+def answer(budget: float, f: Fit, costs: Mapping[str, float], plan: Plan,
+           history: Sequence[Mapping[str, int]] | None = None, posterior: bool = True,
+           claims: Mapping[str, Claim] | None = None, look: int = 0) -> Answer:  # fmt: skip
+    """The answer for the configurations of ``f`` (all under the budget) at this look (module docstring).
 
-    Each configuration cheaper than the best has a question: is it worse than the best of the others by more
-    than ``margin``? It is answered "not worse" (its interval's low end at or above -margin), "worse" (its high
-    end below -margin), or not at all. The pick is the cheapest configuration shown not worse (the best itself
-    when none is). The budget is decided when every configuration cheaper than the pick is answered "worse";
-    while one is open and seeds could still answer it (``_open_questions``), it and the best get the next seed;
-    else the budget stays "cannot tell", said with what would tell."""
-    f = iv.fit
+    Each configuration at least as cheap as the pick has a question: is it worse than the best of the others by
+    more than the margin? "not worse" (every comparison's lower bound at or above -margin), "worse" (the upper
+    bound below -margin), or open. The pick is the cheapest configuration shown not worse (the best estimate
+    when none is). An open question whose answer the seeds left can still reach gives its configuration and the
+    rival that binds it a seed each (``_open_questions``); else it is futile at the plan, and the answer says
+    what would decide it. ``history``: each look's seeds per configuration (default: this look's alone)."""
     names = list(f.names)
-    out = Answer(budget, names, level=iv.level, look=look)
+    margin = plan.margin
+    out = Answer(budget, names, level=1 - plan.alpha, look=look, margin=margin)
     if not names:
         out.decision = "none fits"
         return out
@@ -450,35 +552,36 @@ def answer(budget: float, iv: Intervals, costs: Mapping[str, float], margin: flo
     if len(names) == 1:
         out.pick, out.decision = names[best], "only one fits"
         return out
+    history = list(history or [dict(zip(names, f.seeds.astype(int), strict=True))])
     by_cost = sorted(range(len(names)), key=lambda i: (costs[names[i]], -f.means[i], names[i]))
-    vs_best = {i: iv.vs_best(i) for i in by_cost}  # (estimate, low, high) against the best of the others
-    low_of = {i: v[1] for i, v in vs_best.items()}
-    out.claims = dict(claims or {})  # an earlier look's claim stands (Bonferroni over the looks covers it)
+    every = versus_best_all(f, history, plan)
+    vs = {i: every[i] for i in by_cost}
+    out.claims = dict(claims or {})  # an earlier look's claim stands (the spending covers every look)
     for i in by_cost:
-        if names[i] not in out.claims and (low_of[i] >= -margin or vs_best[i][2] < -margin):
-            word = NOT_WORSE if low_of[i] >= -margin else "worse"
-            out.claims[names[i]] = Claim(word, look, *vs_best[i], iv.level)
-    not_worse = [i for i in by_cost if names[i] in out.claims and out.claims[names[i]].word == NOT_WORSE]
+        if names[i] not in out.claims and (vs[i].low >= -margin or vs[i].high < -margin):
+            word = NOT_WORSE if vs[i].low >= -margin else WORSE
+            out.claims[names[i]] = Claim(word, look, vs[i].diff, vs[i].low, vs[i].high, 1 - plan.alpha)
+    not_worse = [i for i in by_cost if out.claims.get(names[i], Claim("", 0, 0, 0, 0, 0)).word == NOT_WORSE]
     chosen = not_worse[0] if not_worse else None
-    # the questions still open: configurations at least as cheap as the pick (as the best, without one) neither
-    # shown not worse nor shown worse by more than the margin
+    # the questions: configurations cheaper than the pick (without one: as cheap as the best estimate)
     before = by_cost[: by_cost.index(chosen)] if chosen is not None else by_cost[: by_cost.index(best) + 1]
     open_ = [j for j in before if names[j] not in out.claims]
     pick = chosen if chosen is not None else best
     out.pick = names[pick]
-    out.diff, out.ci_low, out.ci_high = vs_best[pick]
+    out.diff, out.ci_low, out.ci_high = vs[pick].diff, vs[pick].low, vs[pick].high
     if posterior:
-        out.p_best, out.regret, out.regret_high = _posterior(f, pick)
-    if chosen is not None:  # a claim: the pick is within the margin of the best of the others
-        out.decision = BETTER if chosen == best and low_of[best] > 0 else NOT_WORSE
+        out.p_best, out.p_within, out.regret, out.regret_high = _posterior(f, pick, margin)
+    if chosen is not None:
+        out.decision = BETTER if chosen == best and vs[best].better else NOT_WORSE
         out.why = (
             f"the cheapest configuration shown not worse than the best of the others by more than {margin:g}"
-            + (" (at an earlier look: the interval printed is this look's)" if low_of[chosen] < -margin else "")
+            + (" (at an earlier look: the interval printed is this look's)" if vs[chosen].low < -margin else "")
             + ("; every cheaper one is shown worse by more than that" if before and not open_ else "")
         )
         if not open_:
             return out
-    out.grow, needs, out.seeds_needed = _open_questions(iv, open_ or [pick], costs, margin, max_seeds, q_last)
+    worse = {n for n, c in out.claims.items() if c.word == WORSE}
+    out.grow, needs, out.seeds_needed = _open_questions(f, vs, open_ or [pick], costs, plan, worse)
     if chosen is None:
         out.decision, out.needs = CANNOT_TELL, needs
         out.why = (f"open: no configuration shown within {margin:g} of the best of the others, and "
@@ -489,43 +592,71 @@ def answer(budget: float, iv: Intervals, costs: Mapping[str, float], margin: flo
     return out
 
 
-def _open_questions(iv: Intervals, open_: Sequence[int], costs, margin: float, max_seeds: int,
-                    q_last: float) -> tuple[list[str], str, int]:  # fmt: skip
-    """(configurations worth a seed, what would decide the question). Each open configuration j is compared with
-    the best of the others (its rival r). It gets seeds, with r, while the seeds left (up to ``max_seeds`` on
-    both sides) could answer it: with the last look's ``q_last`` and the standard error at ``max_seeds``
-    (``se``), "not worse" or "worse by more than the margin" must be reachable for a difference one ``se``
-    beyond its estimate. Otherwise its question is futile at this plan, and what would tell is said (with the
-    seeds per configuration that would, where seeds would)."""
-    f = iv.fit
-    at_max = np.maximum(f.seeds, max_seeds).astype(float)
+def _final_q(plan: Plan, word: str) -> float:
+    """About the critical value of a comparison's last look (known variance, looks near the end)."""
+    alpha = plan.alpha / 2 if word == BETTER else plan.alpha
+    return float(special.ndtri(1 - alpha))
+
+
+def seeds_to_decide(f: Fit, i: int, r: int, gap: float, margin: float, q: float, power: float,
+                    cap: int = 1000) -> int | None:  # fmt: skip
+    """The fewest seeds (each of i and r) at which a difference truly ``gap`` is answered, one way or the other,
+    with probability ``power`` (None: no number of seeds does, at these decision rows)."""
+    distance = abs(gap + margin)
+    z = float(special.ndtri(power))
+    for s in range(2, cap + 1):
+        seeds = f.seeds.copy()
+        seeds[[i, r]] = s
+        if distance >= (q + z) * f.pair_se(i, r, seeds):
+            return s
+    return None
+
+
+def _open_questions(f: Fit, vs: Mapping[int, VsBest], open_: Sequence[int], costs, plan: Plan,
+                    worse: set[str]) -> tuple[list[str], str, int]:  # fmt: skip
+    """(configurations the next look gives a seed, what would decide, seeds that would). Each open question j is
+    bound by one comparison (j against its rival r, ``_rival``); it gets seeds, j and r one each, while the
+    seeds left could answer it: with both at ``max_seeds`` and the last look's critical value, "not worse" or
+    "worse" must be reachable for a difference one standard error beyond its estimate. Otherwise it is futile
+    at this plan, and what would decide it is said: the seeds at which it is answered ``DECIDE`` of the time
+    at its estimate, or the decision rows where no number of seeds would."""
     grow: set[str] = set()
+    q = _final_q(plan, NOT_WORSE)
+    margin, max_seeds = plan.margin, plan.max_seeds
     for j in open_:
-        r = max((i for i in range(len(f.names)) if i != j), key=lambda i: f.means[i])
-        gap, se = float(f.means[j] - f.means[r]), f.pair_se(r, j, at_max)
-        h = q_last * se
-        reachable = gap + se - h >= -margin or gap - se + h < -margin
+        r = vs[j].binds_low if vs[j].diff >= -margin else vs[j].binds_high
+        at_max = f.seeds.copy()
+        at_max[[j, r]] = np.maximum(at_max[[j, r]], max_seeds)
+        gap, se = float(f.means[j] - f.means[r]), f.pair_se(j, r, at_max)
+        reachable = gap + se - q * se >= -margin or gap - se + q * se < -margin
         if reachable and (f.seeds[j] < max_seeds or f.seeds[r] < max_seeds):
-            grow |= {f.names[j], f.names[r]}
+            grow |= {f.names[m] for m in (j, r) if f.seeds[m] < max_seeds and f.names[m] not in worse}
     if grow:
         return sorted(grow), f"more seeds may decide it (up to {max_seeds})", 0
     j = min(open_, key=lambda o: (costs[f.names[o]], f.names[o]))
-    r = max((i for i in range(len(f.names)) if i != j), key=lambda i: f.means[i])
+    r = vs[j].binds_low if vs[j].diff >= -margin else vs[j].binds_high
     gap = float(f.means[j] - f.means[r])
-    se_max = f.pair_se(r, j, at_max)
-    ex_se = f.pair_se(r, j, np.full(len(f.names), 1e12))  # the example term alone: infinite seeds
-    route = abs(gap + margin)  # the interval's half-width must shrink below the estimate's distance to -margin
-    if route <= 1e-12:
+    if abs(gap + margin) <= 1e-12:
         return [], f"cannot tell: {f.names[j]} is estimated on the margin {-margin:+.3f} itself", 0
-    if q_last * ex_se >= route:
-        factor = (q_last * ex_se / route) ** 2  # the example term shrinks as 1 / sqrt(decision examples)
-        return [], (f"cannot tell at margin {margin:g} with {max_seeds} seeds: the decision examples' noise alone "
-                    f"(se {ex_se:.4f}) keeps {f.names[j]} open; about {factor:.1f}x the decision examples would "
-                    "tell at these estimates"), 0  # fmt: skip
-    seed_part = route**2 / q_last**2 - ex_se**2
-    seeds = math.ceil(max(se_max**2 - ex_se**2, 1e-12) * max_seeds / max(seed_part, 1e-12))
-    return [], (f"cannot tell at margin {margin:g} with {max_seeds} seeds: about {seeds} seeds per configuration "
-                f"would tell at these estimates"), seeds  # fmt: skip
+    seeds = seeds_to_decide(f, j, r, gap, margin, q, DECIDE)
+    if seeds is not None:
+        return [], (f"cannot tell at margin {margin:g} with {max_seeds} seeds: about {seeds} seeds each for "
+                    f"{f.names[j]} and {f.names[r]} would decide it {DECIDE:.0%} of the time at these "
+                    "estimates"), seeds  # fmt: skip
+    rows = _rows_to_decide(f, j, r, gap, margin, q, DECIDE, max_seeds)
+    return [], (f"cannot tell at margin {margin:g} with {max_seeds} seeds: the decision examples' noise alone "
+                f"keeps {f.names[j]} open; about {rows:.1f}x the decision examples (and {max_seeds} seeds) would "
+                f"decide it {DECIDE:.0%} of the time at these estimates"), 0  # fmt: skip
+
+
+def _rows_to_decide(f: Fit, j: int, r: int, gap: float, margin: float, q: float, power: float,
+                    max_seeds: int) -> float:  # fmt: skip
+    """How many times the decision rows (both parts of the error shrink with them; seeds at ``max_seeds``)
+    would answer the question with probability ``power`` at its estimate."""
+    seeds = f.seeds.copy()
+    seeds[[j, r]] = max_seeds
+    need = (abs(gap + margin) / (q + float(special.ndtri(power)))) ** 2
+    return max(f.pair_var(j, r, seeds) / need, 1.0)
 
 
 def _stream(*parts) -> np.random.Generator:
@@ -534,15 +665,27 @@ def _stream(*parts) -> np.random.Generator:
     return np.random.default_rng(int.from_bytes(hashlib.sha256(text).digest()[:8], "little"))
 
 
-def _posterior(f: Fit, pick: int, draws: int = 4000) -> tuple[dict[str, float], float, float]:
-    """P(best) of each configuration and the pick's expected regret (and its 95% bound): the true scores drawn
-    around the estimates from the same law as the intervals' (``estimate_errors``; flat prior)."""
+def estimate_errors(f: Fit, rng: np.random.Generator, draws: int) -> np.ndarray:
+    """(draws, K) draws of the estimates' errors: the example part normal with its covariance, each run part
+    normal with its variance drawn from its fiducial law (``run_var * df / chi-square(df)``)."""
+    k = len(f.names)
+    z = rng.multivariate_normal(np.zeros(k), f.example_cov + 1e-15 * np.eye(k), size=draws, method="eigh")
+    df = np.where(f.run_df > 0, f.run_df, 1.0)
+    inflation = np.where(f.run_df[None, :] > 0, df[None, :] / rng.chisquare(df, size=(draws, k)), 1.0)
+    return z + rng.standard_normal((draws, k)) * np.sqrt(f.run_var[None, :] * inflation / f.seeds[None, :])
+
+
+def _posterior(f: Fit, pick: int, margin: float, draws: int = 4000) -> tuple[dict[str, float], float, float, float]:
+    """P(best) of each configuration, P(pick - the best of the others >= -margin), and the pick's expected regret
+    (and its 95% bound): the true scores drawn around the estimates (``estimate_errors``; flat prior)."""
     rng = _stream("posterior", f.names, f.means.tobytes())
     mu = f.means[None, :] - estimate_errors(f, rng, draws)
     winner = mu.argmax(axis=1)
     p_best = {n: float(np.mean(winner == i)) for i, n in enumerate(f.names)}
+    others = np.delete(mu, pick, axis=1).max(axis=1)
+    within = float(np.mean(mu[:, pick] - others >= -margin))
     regret = mu.max(axis=1) - mu[:, pick]
-    return p_best, float(regret.mean()), float(np.quantile(regret, 0.95))
+    return p_best, within, float(regret.mean()), float(np.quantile(regret, 0.95))
 
 
 # ----------------------------------------------------------------------------- the sequential plan
@@ -550,7 +693,8 @@ def _posterior(f: Fit, pick: int, draws: int = 4000) -> tuple[dict[str, float], 
 
 @dataclass(frozen=True)
 class Plan:
-    """What the confirmation does: ``seeds`` first seeds, up to ``max_seeds``; ``alpha`` over all looks."""
+    """What the confirmation does: ``seeds`` first seeds, up to ``max_seeds`` a configuration; ``alpha`` per claim
+    over all looks; claims at ``margin``."""
 
     seeds: int
     max_seeds: int
@@ -560,17 +704,16 @@ class Plan:
 
     @property
     def looks(self) -> int:
+        """The most looks: one per seed from ``seeds`` to ``max_seeds``."""
         return self.max_seeds - self.seeds + 1
 
-    def alpha_at(self, look: int) -> float:
-        """The alpha spent at look ``look`` (1-based): half of it at the last look, the other half shared by the
-        earlier ones (Bonferroni over the looks: they sum to alpha). The last look, at ``max_seeds``, is where a
-        close question is decided: an even split (alpha / L each) cost it most of its power."""
-        if self.looks == 1:
-            return self.alpha
-        if look >= self.looks:
-            return self.alpha * FINAL_SHARE
-        return self.alpha * (1 - FINAL_SHARE) / (self.looks - 1)
+    @classmethod
+    def from_params(cls, params: Mapping, budgets: Sequence[float] = BUDGETS_PCT) -> Plan:
+        """The plan of a sweep's parameters as its parent run records them (``confirm_seeds``,
+        ``confirm_max_seeds``, ``decision_margin``; an older record's defaults where one is missing): what the
+        sweep runs and the report replays."""
+        seeds, max_seeds, margin = legacy.plan_params(params)
+        return cls(seeds=seeds, max_seeds=max_seeds, margin=margin, budgets=tuple(budgets))
 
 
 @dataclass(frozen=True)
@@ -581,6 +724,33 @@ class Configuration:
     method: str
     trainable_pct: float
     default: bool = False
+
+
+def seed_plan(f: Fit, costs: Mapping[str, float], plan: Plan) -> tuple[str, dict[str, int | None]]:
+    """The seeds each configuration of a budget (``f``) needs for ``POWER`` of being shown not worse than the best
+    of the others were it truly equal to it (against the best estimate, the best against the second), from the
+    fit's components: (a line that says it, config -> seeds; None where no number of seeds would)."""
+    order = sorted(range(len(f.names)), key=lambda i: (-f.means[i], costs[f.names[i]], f.names[i]))
+    q = _final_q(plan, NOT_WORSE)
+    need: dict[str, int | None] = {}
+    parts = []
+    for i in sorted(range(len(f.names)), key=lambda i: (costs[f.names[i]], f.names[i])):
+        r = order[1] if i == order[0] else order[0]
+        seeds = seeds_to_decide(f, i, r, 0.0, plan.margin, q, POWER)
+        need[f.names[i]] = seeds
+        if seeds is None:
+            rows = _rows_to_decide(f, i, r, 0.0, plan.margin, q, POWER, plan.max_seeds)
+            parts.append(f"{f.names[i]} none within reach (about {rows:.1f}x the decision rows would, at "
+                         f"{plan.max_seeds} seeds)")  # fmt: skip
+        elif seeds > plan.max_seeds:
+            parts.append(f"{f.names[i]} {seeds} (beyond max_seeds {plan.max_seeds})")
+        else:
+            parts.append(f"{f.names[i]} {seeds}")
+    short = [n for n, s in need.items() if s is None or s > plan.max_seeds]
+    head = f"seeds for {POWER:.0%} power at margin {plan.margin:g} were a contender equal to the best: "
+    tail = (f"; max_seeds {plan.max_seeds} cannot reach it for {len(short)} of {len(need)}" if short else
+            f"; max_seeds {plan.max_seeds} reaches it for all")  # fmt: skip
+    return head + ", ".join(parts) + tail, need
 
 
 @dataclass
@@ -597,76 +767,94 @@ class Outcome:
     final: dict[str, Values] = field(default_factory=dict)  # the data of the last look, per configuration
     plan: Plan | None = None
     all_pairs: list[dict] = field(default_factory=list)  # the family of every configuration, last look
+    plans: dict[float, str] = field(default_factory=dict)  # per budget, the first look's ``seed_plan``
 
 
 def replay(values: Mapping[str, Values], configurations: Sequence[Configuration], plan: Plan,
            summaries: bool = True) -> Outcome:  # fmt: skip
     """Replay the confirmation on the predictions there are: look 1 with every configuration's first
-    ``plan.seeds`` seeds; at each look, decide every budget; the configurations worth a seed in an open budget
-    get their next seed (the next in their numbered order) if the data hold it, and the next look follows; it
-    ends when every budget is decided or futile, at ``max_seeds``, or where the data hold no wanted seed (the
-    confirmation trains those: ``next_seeds``). Deterministic: the same data give the same outcome.
-    ``summaries``: also what decides nothing (P(best), regret, the all-configurations pair table); a
-    simulation of the decisions' error rates leaves them out."""
+    ``plan.seeds`` seeds (and each budget's ``seed_plan`` from them); at each look, decide every budget; the
+    configurations an open question wants get their next seed (the next in their numbered order) if the data
+    hold it, and the next look follows; it ends when every budget is decided or futile, at ``max_seeds``, or
+    where the data hold no wanted seed (the confirmation trains those: ``next_seeds``). Deterministic: the same
+    data give the same outcome. ``summaries``: also what decides nothing (P(best), regret, the plans, the
+    all-configurations pair table); a simulation of the decisions' error rates leaves them out."""
     known = [c for c in configurations if c.name in values and len(values[c.name].seeds)]
     count = {c.name: min(plan.seeds, len(values[c.name].seeds)) for c in known}
     settled: dict[float, Answer] = {}
     claims: dict[float, dict[str, Claim]] = {}  # per budget, the claims made so far
     reasons: dict[str, str] = {c.name: "" for c in known}
-    look, answers, wanted = 0, [], {}
+    history: list[dict[str, int]] = []
+    plans: dict[float, str] = {}
+    look, answers = 0, []
     while True:
         look += 1
+        history.append(dict(count))
         data = {n: values[n].first(count[n]) for n in count}
-        answers = _look(data, known, plan, look, settled, summaries, claims)
+        answers = _look(data, known, plan, look, settled, summaries, claims, history)
+        if look == 1 and summaries:
+            plans = _plans(data, known, plan)
         for a in answers:
+            a.plan = plans.get(a.budget, "")
             claims[a.budget] = dict(a.claims)
             if a.decided and a.budget not in settled:
                 settled[a.budget] = a
         grow = sorted({n for a in answers if not a.decided for n in a.grow if count[n] < plan.max_seeds})
-        if look >= plan.looks or not grow:
-            stopped = "decided" if all(a.decided or a.decision in ("only one fits", "none fits") for a in answers) \
-                else ("max_seeds" if look >= plan.looks else "futile")  # fmt: skip
+        if not grow:
+            undecided = [a for a in answers if not a.decided and a.decision not in ("only one fits", "none fits")]
+            at_max = any(count[n] >= plan.max_seeds for a in undecided for n in a.members)
+            stopped = "decided" if not undecided else ("max_seeds" if at_max else "futile")
             for n in count:
-                reasons[n] = reasons[n] or _reason(n, answers, stopped)
+                reasons[n] = reasons[n] or _reason(n, answers, stopped, claims)
             everything = _all_family(data, known, plan, look) if summaries else []
-            return Outcome(answers, dict(count), reasons, {}, look, stopped, data, plan, everything)
+            return Outcome(answers, dict(count), reasons, {}, look, stopped, data, plan, everything, plans)
         wanted = {n: values[n].seeds[count[n]] if count[n] < len(values[n].seeds) else None for n in grow}
         missing = {n: _next_seed(values[n].seeds) for n, s in wanted.items() if s is None}
         if missing:  # the data stop here: the confirmation trains these next (a record: it stopped adding)
             for n in count:
                 why = "open: its next seed was not trained (max_seconds, or the sweep was interrupted)"
-                reasons[n] = reasons[n] or (why if n in missing else _reason(n, answers, "open"))
-            return Outcome(answers, dict(count), reasons, missing, look, "", data, plan)
+                reasons[n] = reasons[n] or (why if n in missing else _reason(n, answers, "open", claims))
+            return Outcome(answers, dict(count), reasons, missing, look, "", data, plan, plans=plans)
         for n in grow:
             count[n] += 1
 
 
+def _plans(data: Mapping[str, Values], known: Sequence[Configuration], plan: Plan) -> dict[float, str]:
+    costs = {c.name: c.trainable_pct for c in known}
+    out = {}
+    for budget in plan.budgets:
+        members = [c.name for c in known if c.trainable_pct <= budget]
+        if len(members) >= 2 and all(len(data[n].seeds) >= 2 for n in members):
+            out[budget] = seed_plan(fit(data, members, pooled=list(data)), costs, plan)[0]
+    return out
+
+
 def _all_family(data: Mapping[str, Values], known: Sequence[Configuration], plan: Plan, look: int) -> list[dict]:
     names = [c.name for c in known]
-    if len(names) < 2:
+    if len(names) < 2 or any(len(data[n].seeds) < 2 for n in names):
         return []
-    f = fit(data, names)
-    return pair_rows(intervals(f, plan.alpha_at(look)), plan.margin, "all")
+    return pair_rows(intervals(fit(data, names), plan.alpha / look), plan.margin, "all")
 
 
 def _next_seed(seeds: Sequence[int]) -> int:
     return max(seeds) + 1
 
 
-def _reason(name: str, answers: Sequence[Answer], stopped: str) -> str:
+def _reason(name: str, answers: Sequence[Answer], stopped: str, claims: Mapping[float, Mapping[str, Claim]]) -> str:
     mine = [a for a in answers if name in a.members]
     if not mine:
         return "in no budget"
+    if any(c.get(name) is not None and c[name].word == WORSE for c in claims.values()):
+        return "shown worse by more than the margin"
     if all(a.decided for a in mine):
         return "decided"
     return stopped
 
 
 def _look(data: Mapping[str, Values], known: Sequence[Configuration], plan: Plan, look: int,
-          settled: Mapping[float, Answer], summaries: bool = True,
-          claims: Mapping[float, Mapping[str, Claim]] | None = None) -> list[Answer]:  # fmt: skip
+          settled: Mapping[float, Answer], summaries: bool, claims: Mapping[float, Mapping[str, Claim]],
+          history: Sequence[Mapping[str, int]]) -> list[Answer]:  # fmt: skip
     costs = {c.name: c.trainable_pct for c in known}
-    q_cache: dict[tuple[str, ...], float] = {}
     out = []
     for budget in plan.budgets:
         if budget in settled:  # a claim, once made, stands
@@ -678,45 +866,38 @@ def _look(data: Mapping[str, Values], known: Sequence[Configuration], plan: Plan
             a.decision = "only one fits" if members else "none fits"
             out.append(a)
             continue
+        few = [n for n in members if len(data[n].seeds) < 2]
         f = fit(data, members, pooled=list(data))
-        iv = intervals(f, plan.alpha_at(look))
-        key = tuple(members)
-        if key not in q_cache:  # the last look's q at max_seeds: what more seeds could reach
-            q_cache[key] = _q_at_max(f, plan)
-        a = answer(budget, iv, costs, plan.margin, plan.max_seeds, q_cache[key], posterior=summaries,
-                   claims=(claims or {}).get(budget), look=look)  # fmt: skip
-        a.pairs = pair_rows(iv, plan.margin, budget)
-        if not np.isfinite(iv.q):
+        if few:  # no run variance of its own: nothing it takes part in is decided
+            a = Answer(budget, members, best=f.names[int(np.argmax(f.means))], look=look, margin=plan.margin)
+            a.pick = a.best
             a.needs = "no seed variance can be estimated below 2 seeds: confirm with 2 or more"
-            a.grow = [n for n in members if len(data[n].seeds) < 2]
+            a.grow = few
+            out.append(a)
+            continue
+        a = answer(budget, f, costs, plan, history, posterior=summaries, claims=claims.get(budget), look=look)
+        # Bonferroni over the pairs and the looks so far: the seeds each got depend on the data (a configuration
+        # shown worse stops while its estimate is low), and the union over every look holds whatever they did
+        a.pairs = pair_rows(intervals(f, plan.alpha / look), plan.margin, budget)
         out.append(a)
     return out
-
-
-def _q_at_max(f: Fit, plan: Plan) -> float:
-    """The critical value a look at ``max_seeds`` seeds everywhere would use (the futility rule's yardstick)."""
-    full = np.maximum(f.seeds, plan.max_seeds).astype(float)
-    df = np.maximum(f.seed_df, (plan.max_seeds - 1) * np.bincount(f.pool)[f.pool])
-    g = Fit(f.names, f.means, full, f.example_cov, f.seed_var, df.astype(float), f.pool, f.seed_var_raw, f.seed_noise)
-    return critical_value(g, plan.alpha_at(plan.looks), "best")
 
 
 # ----------------------------------------------------------------------------- what the sweep can reach
 
 
-def reachable_margin(examples: int, configurations: int, plan: Plan, *, disagreement: float = 0.25,
-                     seed_sd: float = 0.02, power: float = 0.8) -> float:  # fmt: skip
-    """The smallest margin (delta) at which a configuration truly equal to the best is shown not worse with
-    ``power`` at ``max_seeds``, for ``configurations`` in one budget on ``examples`` decision examples; assumed
-    components (defaults from this project's cpu jobs): two configurations disagree on ``disagreement`` of the
-    examples, a seed moves a score by ``seed_sd``. An approximation for planning; the report measures."""
-    from scipy import stats
-
-    k = max(configurations, 2)
-    se = math.sqrt(disagreement / examples + 2 * seed_sd**2 / plan.max_seeds)
-    # comparisons with the best: k - 1 one-sided ones at the last look's alpha, by Bonferroni (as ``critical_value``)
-    q = stats.norm.ppf(1 - plan.alpha_at(plan.looks) / (k - 1))
-    return float((q + stats.norm.ppf(power)) * se)
+def reachable_margin(examples: int, plan: Plan, *, disagreement: float = DISAGREEMENT,
+                     interaction_share: float = INTERACTION_SHARE, seed_sd: float = SEED_SD,
+                     power: float = POWER) -> float:  # fmt: skip
+    """The smallest margin at which a configuration truly equal to the best is shown not worse with ``power`` at
+    ``max_seeds``, on ``examples`` decision examples, from assumed components: two configurations' runs disagree
+    on ``disagreement`` of the examples, ``interaction_share`` of it configuration x example (the rest run
+    noise, which seeds average), a seed moves a score by ``seed_sd``. The "not worse" claim is an
+    intersection-union test: the family's size does not enter. An approximation for the start line; the first
+    look's plan measures the components."""
+    s = plan.max_seeds
+    var = disagreement * (interaction_share + (1 - interaction_share) / s) / examples + 2 * seed_sd**2 / s
+    return float((special.ndtri(1 - plan.alpha) + special.ndtri(power)) * math.sqrt(var))
 
 
 # ----------------------------------------------------------------------------- tables
@@ -746,7 +927,8 @@ def pair_table(outcome: Outcome) -> pd.DataFrame:
 
 
 RECOMMENDATION_COLUMNS = ["budget", "pick", "best", "decision", "diff_mean", "ci_low", "ci_high", "p_best",
-                          "regret", "regret_high", "level", "look", "needs"]  # fmt: skip
+                          "p_within", "margin", "regret", "regret_high", "level", "look", "needs",
+                          "plan"]  # fmt: skip
 
 
 def recommendation_table(outcome: Outcome) -> pd.DataFrame:
@@ -754,8 +936,9 @@ def recommendation_table(outcome: Outcome) -> pd.DataFrame:
     for a in outcome.answers:
         rows.append({"budget": a.budget, "pick": a.pick, "best": a.best, "decision": a.decision, "diff_mean": a.diff,
                      "ci_low": a.ci_low, "ci_high": a.ci_high, "p_best": a.p_best.get(a.pick, math.nan)
-                     if a.pick else math.nan, "regret": a.regret, "regret_high": a.regret_high, "level": a.level,
-                     "look": a.look, "needs": a.needs})  # fmt: skip
+                     if a.pick else math.nan, "p_within": a.p_within, "margin": a.margin, "regret": a.regret,
+                     "regret_high": a.regret_high, "level": a.level, "look": a.look, "needs": a.needs,
+                     "plan": a.plan})  # fmt: skip
     return pd.DataFrame(rows, columns=RECOMMENDATION_COLUMNS)
 
 
@@ -768,38 +951,10 @@ def seeds_table(outcome: Outcome | None) -> pd.DataFrame:
     )
 
 
-# ----------------------------------------------------------------------------- `peftune decide`
-
-
-def read_table(path, what: str, columns: Sequence[str]) -> pd.DataFrame:
-    """A CSV (or Parquet, by extension) with at least ``columns``; ValueError naming the file otherwise."""
-    from pathlib import Path
-
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{path}: {what} file not found" if not path.exists() else f"{path}: is not a file")
-    try:
-        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
-    except Exception as error:  # noqa: BLE001 -- pandas' parsers raise many kinds: one line names the file
-        raise ValueError(f"{path}: cannot be read as {what} ({str(error).splitlines()[0][:120]})") from None
-    missing = [c for c in columns if c not in frame.columns]
-    if missing:
-        raise ValueError(f"{path}: {what} lacks the column(s) {missing}; expected {list(columns)}")
-    return frame
-
-
-def configurations_from_frame(frame: pd.DataFrame, source) -> list[Configuration]:
-    """``C`` of ``peftune decide``: one row per configuration (config, method, trainable_pct, default)."""
-    out = []
-    for line, r in zip(range(2, len(frame) + 2), frame.itertuples(index=False), strict=True):
-        pct = pd.to_numeric(pd.Series([r.trainable_pct]), errors="coerce").iloc[0]
-        if not (isinstance(pct, float) and math.isfinite(pct) and pct >= 0):
-            raise ValueError(f"{source}: line {line}: trainable_pct {r.trainable_pct!r}, expected a number >= 0")
-        default = str(r.default).strip().lower()
-        if default not in ("true", "false", "1", "0"):
-            raise ValueError(f"{source}: line {line}: default {r.default!r}, expected true or false")
-        out.append(Configuration(str(r.config), str(r.method), float(pct), default in ("true", "1")))
-    names = [c.name for c in out]
-    if len(set(names)) != len(names):
-        raise ValueError(f"{source}: a configuration is listed twice")
-    return out
+def said(a: Answer) -> str:
+    """An answer's word with its margin, interval and P(within the margin): how every place prints it."""
+    if a.decision not in (BETTER, NOT_WORSE, CANNOT_TELL) or not math.isfinite(a.diff):
+        return a.decision
+    within = f", P(pick - best >= -{a.margin:g}) {a.p_within:.2f}" if math.isfinite(a.p_within) else ""
+    return (f"{a.decision} (δ = {a.margin:g}): {a.diff:+.3f} [{a.ci_low:+.3f}, {a.ci_high:+.3f}] against the best "
+            f"of the others{within}")  # fmt: skip

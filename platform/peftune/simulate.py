@@ -5,14 +5,16 @@ seed s with probability ``logistic(ease_i + effect_c,i + shift_c,s + noise_c,s,i
 pairs the configurations; ``effect`` a configuration's own take; ``shift`` a seed's; ``noise`` the run's). Each
 simulation draws a world's data and calls :func:`peftune.decisions.replay` (the confirmation's loop: its looks,
 added seeds, futility stops and answer) with every seed up to ``max_seeds`` present. Rates come with Wilson
-95% intervals. The reference worlds (``W1``, ``W2``) serve the tests and ``peftune decide --simulate``; a
-:class:`Measured` world takes its components from a sweep's own record (the report's own rates).
+95% intervals. Every rate counts claims only: "not worse" or "better" said, never a pick left at "cannot tell".
+The logistic reference worlds (``W1``, ``W2``) serve the tests; ``peftune decide --simulate`` runs
+:func:`scenario_rates` on a :class:`Measured` world (the README job's components, ``README_JOB``, or a record's
+own), which also gives the report its own rates.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -198,38 +200,31 @@ class Measured:
 def own_characteristics(values: Mapping[str, Values], plan: Plan, sizes: Sequence[int], sims: int,
                         seed: int = 0) -> tuple[Measured | None, list[Rate]]:  # fmt: skip
     """The procedure's rates at a sweep's own sizes, simulated from its own measured components
-    (:class:`Measured`), through the real loop with its looks: per budget family size K in ``sizes``, any false
-    "better" among K equal configurations (every seed sd the pooled one, then one at the largest measured);
-    the cheapest of K, with the largest measured seed sd, truly 2, 1 (the boundary), 0.5 and 0 margins below
-    the others: how often it is picked; and a true gap of the margin called better (K = 2)."""
+    (:class:`Measured`) and its configurations' own seed sds (the cheapest with the largest measured, the
+    others the pooled one), through the real loop with its looks: :func:`scenario_rates` at each budget's
+    family size K in ``sizes``."""
     world = Measured.from_values(values)
     if world is None:
         return None, []
-    one = Plan(plan.seeds, plan.max_seeds, plan.margin, plan.alpha, (100.0,))
     largest = max(world.seed_sd, max(seed_sds(values).values(), default=0.0))
     rates = []
     for k in sorted({k for k in sizes if k >= 2}):
-        for cheap in dict.fromkeys((world.seed_sd, largest)):
-            rates.append(family_rates(world, k, one, sims, gap=0.0, cheap_sd=cheap, others_sd=world.seed_sd,
-                                      seed=seed)[1])  # fmt: skip
-        for factor in (2.0, 1.0, 0.5, 0.0):
-            rates.append(family_rates(world, k, one, sims, gap=factor * plan.margin, cheap_sd=largest,
-                                      others_sd=world.seed_sd, seed=seed)[0])  # fmt: skip
-    rates.append(better_rate(world, plan.margin, one, 0, sims, seed))
+        rates += scenario_rates(world, plan, k, sims, cheap_sd=largest, others_sd=world.seed_sd, seed=seed)
     return world, rates
 
 
-def reachable_margin(world: Measured, k: int, plan: Plan, power: float = 0.8) -> float:
-    """The smallest margin at which a configuration truly equal to the best of a family of ``k`` is shown not
-    worse with ``power`` at ``plan.max_seeds`` seeds, from a world's measured components (a normal
-    approximation of the last look's Bonferroni interval: the simulated rates are the measure)."""
+def reachable_margin(world: Measured, k: int, plan: Plan, power: float = decisions.POWER) -> float:
+    """The smallest margin at which a configuration truly equal to the best is shown not worse with ``power`` at
+    ``plan.max_seeds`` seeds, from a world's measured components (a normal approximation of the last look's
+    one-sided test; the "not worse" claim is an intersection-union test, so ``k`` does not enter; the
+    simulated rates are the measure)."""
     from scipy import stats
 
+    del k
     s = plan.max_seeds
     example = sum((2 * e * e + 2 * z * z / s) / n for _, n, e, z in world.tasks) / len(world.tasks) ** 2
     se = math.sqrt(example + 2 * world.seed_sd**2 / s)
-    q = stats.norm.ppf(1 - plan.alpha_at(plan.looks) / (max(k, 2) - 1))
-    return float((q + stats.norm.ppf(power)) * se)
+    return float((stats.norm.ppf(1 - plan.alpha) + stats.norm.ppf(power)) * se)
 
 
 def seed_sds(values: Mapping[str, Values]) -> dict[str, float]:
@@ -267,34 +262,108 @@ class Rate:
         return f"{self.what}: {self.rate:.3f} [{low:.3f}, {high:.3f}] ({self.hits}/{self.n})"
 
 
+def _said_better(a: decisions.Answer, truth: Mapping[str, float]) -> bool:
+    """A false "better": the answer's, or a pair table row's, where the truth is not strictly above."""
+    if a.decision == decisions.BETTER and any(truth[a.pick] <= truth[n] for n in a.members if n != a.pick):
+        return True
+    return any(r["decision"] == decisions.BETTER and truth[r["a"]] <= truth[r["b"]] for r in a.pairs)
+
+
 def null_error(world: World, k: int, plan: Plan, examples: int, sims: int, seed: int = 0) -> Rate:
-    """K equally good configurations: the share of simulations with any false "better" (a pair or the answer),
-    or a pick worse than the best by more than the margin (none can be: all are equal)."""
+    """K equally good configurations: the share of simulations with any "better" said (the answer's or a pair
+    table row's): every one is false, all being equal."""
     rng = np.random.default_rng([seed, k, examples])
+    truth = {f"c{i}": 0.0 for i in range(k)}
     hits = 0
     for _ in range(sims):
-        a = world.outcome([0.0] * k, plan, examples, rng).answers[0]
-        hits += a.decision == decisions.BETTER or any(r["decision"] == decisions.BETTER for r in a.pairs)
+        hits += _said_better(world.outcome([0.0] * k, plan, examples, rng).answers[0], truth)
     return Rate(f"{world.name} K={k} false 'better' (global null)", hits, sims)
+
+
+@dataclass
+class Family:
+    """A family's simulations: per configuration how often it was claimed "not worse" (or "better", as the
+    pick), claimed "worse", and its mean seeds; how often a false "better" was said."""
+
+    names: list[str]
+    sims: int
+    not_worse: np.ndarray
+    worse: np.ndarray
+    seeds: np.ndarray
+    false_better: int
+
+    def claimed(self, i: int, what: str) -> Rate:
+        return Rate(what, int(self.not_worse[i]), self.sims)
+
+
+def family(world: Measured, shifts: Sequence[float], sds: Sequence[float], plan: Plan, sims: int,
+           seed: int = 0) -> Family:  # fmt: skip
+    """``sims`` confirmations of one budget's family (configurations ``c0 ..`` in cost order, true score offsets
+    ``shifts``, seed sds ``sds``) through the real loop with its looks, counted by claims (:class:`Family`)."""
+    k = len(shifts)
+    key = [seed, k, *(int(round(x * 1e5)) for x in shifts), *(int(round(x * 1e5)) for x in sds), 31]
+    rng = np.random.default_rng([abs(v) for v in key] + [sum(x < 0 for x in shifts)])
+    names = [f"c{i}" for i in range(k)]
+    truth = dict(zip(names, shifts, strict=True))
+    one = Plan(plan.seeds, plan.max_seeds, plan.margin, plan.alpha, (100.0,))
+    nw, worse, seeds, better = np.zeros(k), np.zeros(k), np.zeros(k), 0
+    for _ in range(sims):
+        outcome = world.outcome(shifts, one, 0, rng, seed_sds=sds)
+        a = outcome.answers[0]
+        for i, n in enumerate(names):
+            claim = a.claims.get(n)
+            nw[i] += (claim is not None and claim.word == decisions.NOT_WORSE) or (
+                a.pick == n and a.decision == decisions.BETTER)  # fmt: skip
+            worse[i] += claim is not None and claim.word == decisions.WORSE
+            seeds[i] += outcome.seeds_used[n]
+        better += _said_better(a, truth)
+    return Family(names, sims, nw, worse, seeds / sims, better)
+
+
+SCENARIOS = ("boundary", "half", "two", "equal", "power")
+
+
+def scenario_rates(world: Measured, plan: Plan, k: int, sims: int, *, cheap_sd: float, others_sd: float,
+                   seed: int = 0, only: Sequence[str] = SCENARIOS) -> list[Rate]:  # fmt: skip
+    """One budget of K configurations, the cheapest (seed sd ``cheap_sd``; the others ``others_sd``), through
+    the real loop: truly exactly the margin below the others ("boundary": claimed not worse is an error),
+    half the margin ("half": a claim is right), twice ("two": an error; and how often it is shown worse), equal
+    ("equal": claimed is power; any "better" is false); and "power": K - 2 cheapest twice the margin below, then
+    one equal to the best: it claimed, and the K - 2 shown worse with their mean seeds. ``only``: which."""
+    m = plan.margin
+    where = f"{world.name} K={k}, seed sd {cheap_sd:.3f} (cheapest) / {others_sd:.3f}"
+    sds = [cheap_sd] + [others_sd] * (k - 1)
+    rates = []
+    for name, gap in (("boundary", m), ("half", 0.5 * m), ("two", 2 * m), ("equal", 0.0)):
+        if name not in only:
+            continue
+        f = family(world, [-gap] + [0.0] * (k - 1), sds, plan, sims, seed)
+        kind = "an error" if gap >= m else "right"
+        rates.append(f.claimed(0, f"{where}: the cheapest {gap / m:g}δ below, claimed not worse ({kind})"))
+        if name == "two":
+            rates.append(Rate(f"{where}: the cheapest 2δ below, shown worse (mean seeds {f.seeds[0]:.1f})",
+                              int(f.worse[0]), sims))  # fmt: skip
+        if name == "equal":
+            rates.append(Rate(f"{where}: all equal, any 'better' said (false)", f.false_better, sims))
+    if "power" in only and k >= 3:
+        shifts = [-2 * m] * (k - 2) + [0.0, 0.0]
+        f = family(world, shifts, [others_sd] * k, plan, sims, seed)
+        rates.append(f.claimed(k - 2, f"{world.name} K={k}, seed sd {others_sd:.3f}: one equal to the best after "
+                                      f"{k - 2} cheaper 2δ below, claimed not worse (power)"))  # fmt: skip
+        shown = int(f.worse[: k - 2].sum())
+        rates.append(Rate(f"{world.name} K={k}, those {k - 2} cheaper: shown worse (mean seeds "
+                          f"{f.seeds[: k - 2].mean():.1f} each)", shown, sims * (k - 2)))  # fmt: skip
+    return rates
 
 
 def family_rates(world: Measured, k: int, plan: Plan, sims: int, *, gap: float, cheap_sd: float,
                  others_sd: float, seed: int = 0) -> tuple[Rate, Rate, float]:  # fmt: skip
-    """A budget's family of K configurations through the real loop, its looks included: the cheapest (``c0``,
-    its seed sd ``cheap_sd``) truly ``gap`` below the others (all equal, seed sd ``others_sd``). Returns the
-    share of simulations that pick c0, the share with any "better" claimed (a false one where ``gap`` is 0), and
-    the mean seeds c0 got."""
-    rng = np.random.default_rng([seed, k, int(abs(gap) * 1e5), int(cheap_sd * 1e4), int(others_sd * 1e4), 29])
-    shifts, sds = [-gap] + [0.0] * (k - 1), [cheap_sd] + [others_sd] * (k - 1)
-    picked = better = seeds = 0
-    for _ in range(sims):
-        outcome = world.outcome(shifts, plan, 0, rng, seed_sds=sds)
-        a = outcome.answers[0]
-        picked += a.pick == "c0"
-        better += a.decision == decisions.BETTER or any(r["decision"] == decisions.BETTER for r in a.pairs)
-        seeds += outcome.seeds_used["c0"]
+    """A budget's family of K configurations through the real loop: the cheapest (``c0``, its seed sd
+    ``cheap_sd``) truly ``gap`` below the others (all equal, seed sd ``others_sd``). Returns the share of
+    simulations that claim c0 not worse, the share with a false "better" said, and the mean seeds c0 got."""
+    f = family(world, [-gap] + [0.0] * (k - 1), [cheap_sd] + [others_sd] * (k - 1), plan, sims, seed)
     where = f"{world.name} K={k}, cheapest {gap:.3f} below (seed sd {cheap_sd:.3f} against {others_sd:.3f})"
-    return Rate(f"{where}: picked", picked, sims), Rate(f"{where}: any 'better'", better, sims), seeds / sims
+    return f.claimed(0, f"{where}: claimed"), Rate(f"{where}: false 'better'", f.false_better, sims), f.seeds[0]
 
 
 def coverage(world: World, seeds: int, examples: int, sims: int, seed: int = 0) -> Rate:
@@ -309,16 +378,18 @@ def coverage(world: World, seeds: int, examples: int, sims: int, seed: int = 0) 
     return Rate(f"{world.name} {seeds} seeds: 95% interval covers the truth", hits, sims)
 
 
-def pick_rate(world: World, below: float, plan: Plan, examples: int, sims: int, seed: int = 0) -> Rate:
+def claim_rate(world: World, below: float, plan: Plan, examples: int, sims: int, seed: int = 0) -> Rate:
     """The cheaper of two configurations, ``below`` under the dearer one in truth (0: equal; 2 * margin: worse):
-    the share of simulations whose answer picks the cheaper one."""
+    the share of simulations that claim it not worse (a pick left at "cannot tell" is no claim)."""
     rng = np.random.default_rng([seed, int(abs(below) * 1e4), examples, 11])
     shift = world.shift_for(below)
     hits = 0
     for _ in range(sims):
         a = world.outcome([0.0, shift], plan, examples, rng).answers[0]
-        hits += a.pick == "c0"
-    return Rate(f"{world.name} cheaper {below:.3f} below the best: picked", hits, sims)
+        claim = a.claims.get("c0")
+        hits += (claim is not None and claim.word == decisions.NOT_WORSE) or (
+            a.pick == "c0" and a.decision == decisions.BETTER)  # fmt: skip
+    return Rate(f"{world.name} cheaper {below:.3f} below the best: claimed not worse", hits, sims)
 
 
 def better_rate(world: World, gap: float, plan: Plan, examples: int, sims: int, seed: int = 0) -> Rate:
@@ -377,20 +448,26 @@ def expected_accuracy(world: World, n: int = 400_000) -> float:
     return float(np.mean(1 / (1 + np.exp(-logit))))
 
 
-def operating_characteristics(plan: Plan, examples: int, sims: int) -> list[str]:
-    """Lines of the procedure's measured error rates and power at ``examples`` decision examples per task
-    (``peftune.simulate``: the real loop on worlds with a known truth), each with its Monte-Carlo interval."""
-    lines = [f"plan: seeds {plan.seeds} to {plan.max_seeds}, margin {plan.margin}, {plan.looks} look(s) at "
-             f"alpha {plan.alpha_at(1):.4f} (the last {plan.alpha_at(plan.looks):.4f}); {examples} decision "
-             f"examples; {sims} simulations each"]  # fmt: skip
-    one = Plan(plan.seeds, plan.max_seeds, plan.margin, plan.alpha, (100.0,))
-    for world in (W1, W2):
-        for k in (6, 12):
-            lines.append(str(null_error(world, k, one, examples, sims)))
-        lines.append(str(pick_rate(world, 0.0, one, examples, sims)))
-        lines.append(str(pick_rate(world, 2 * plan.margin, one, examples, sims)))
-        lines.append(str(better_rate(world, 0.03, one, examples, sims)))
-        bias = pick_bias(world, 6, one, examples, sims)
-        lines += [f"{world.name} K=6 pick's dev score minus its truth, {how.replace('_', ' ')}: {m:+.4f} (se {se:.4f})"
-                  for how, (m, se) in bias.items()]  # fmt: skip
-    return lines
+README_JOB = Measured("the README job", (("sst", 2000, 0.178, 0.265),), seed_sd=0.012)
+CHEAP_SD = 0.03  # the cheapest configuration's seed sd where no record says one (a noisier method: the hard case)
+
+
+def reference_world(tasks: Sequence[str], examples: int) -> Measured:
+    """The README job's per-example components on ``examples`` decision rows for each of ``tasks``."""
+    ((_, _, effect, noise),) = README_JOB.tasks
+    return Measured(README_JOB.name, tuple((t, examples, effect, noise) for t in tasks), README_JOB.seed_sd)
+
+
+def operating_characteristics(plan: Plan, world: Measured, sizes: Sequence[int], sims: int, *,
+                              cheap_sd: float = CHEAP_SD, others_sd: float | None = None, seed: int = 0,
+                              only: Sequence[str] = SCENARIOS) -> Iterator[str]:  # fmt: skip
+    """Lines of the procedure's claim rates (:func:`scenario_rates`) at each budget's family size in ``sizes``,
+    each with its Monte-Carlo 95% interval, one scenario at a time: what ``peftune decide --simulate`` prints."""
+    others = world.seed_sd if others_sd is None else others_sd
+    yield (f"plan: seeds {plan.seeds} to {plan.max_seeds}, margin δ = {plan.margin}, alpha {plan.alpha} per claim "
+           f"over the looks; {world.name}: {world.describe()}; {sims} simulations each")  # fmt: skip
+    for k in sorted({k for k in sizes if k >= 2}):
+        for name in (n for n in SCENARIOS if n in only):
+            for rate in scenario_rates(world, plan, k, sims, cheap_sd=cheap_sd, others_sd=others, seed=seed,
+                                       only=(name,)):  # fmt: skip
+                yield str(rate)
