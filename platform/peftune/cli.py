@@ -299,6 +299,7 @@ def add_decide_parser(sub) -> None:
         "--configurations: that record's components, sizes and seed sds; else the README job's components)",
     )
     p.add_argument("--sizes", type=int, nargs="+", help="with --simulate: the family sizes K (default: the budgets')")
+    p.add_argument("--max-seeds", type=int, help="with --simulate: the plan's max_seeds (default: the definition's)")
     p.add_argument(
         "--scenarios", nargs="+", help="with --simulate: which of boundary, half, two, equal, power (default: all)"
     )
@@ -416,6 +417,10 @@ def _simulate(args, definition, plan) -> int:
         raise UserError(f"--scenarios {unknown[0]}: expected some of {', '.join(simulate.SCENARIOS)}")
     if args.sizes and min(args.sizes) < 2:
         raise UserError(f"--sizes {min(args.sizes)}: expected family sizes of 2 or more")
+    if args.max_seeds is not None:
+        if not plan.seeds <= args.max_seeds <= 100:
+            raise UserError(f"--max-seeds {args.max_seeds}: expected a number from confirm.seeds ({plan.seeds}) to 100")
+        plan = dataclasses.replace(plan, max_seeds=args.max_seeds)
     cheap, others = simulate.CHEAP_SD, None
     if args.predictions or args.configurations:
         if not (args.predictions and args.configurations):

@@ -39,6 +39,8 @@ DECIDE = 0.8  # "what would decide it": the seeds at which the question is answe
 # last look, where a close question is decided; "worse" spends early, so a configuration clearly worse stops
 # at the first looks (its error can cost a cheaper pick, never make the pick worse than the margin)
 SHAPES = {"not worse": "obrien-fleming", "better": "obrien-fleming", "worse": "pocock"}
+# the time each claim's spending runs on (``fractions``): the seeds' share of the most, or the information's
+CLOCKS = {"not worse": "seeds", "better": "seeds", "worse": "information"}
 BETTER, NOT_WORSE, CANNOT_TELL, EQUIVALENT, WORSE = "better", "not worse", "cannot tell", "equivalent", "worse"
 WORDS = {
     NOT_WORSE: "every lower bound of the configuration minus another lies above -margin",
@@ -453,7 +455,8 @@ def versus_best_all(f: Fit, history: Sequence[Mapping[str, int]], plan: Plan) ->
         df[i, j] = df[j, i] = f.pair_df(i, j)
         looks = fractions(f, i, j, history, plan.max_seeds)
         for word, table in z.items():
-            table[i, j] = table[j, i] = boundary(looks, levels[word], SHAPES[word])
+            timed = looks if CLOCKS[word] == "seeds" else tuple((t, t) for t, _ in looks)
+            table[i, j] = table[j, i] = boundary(timed, levels[word], SHAPES[word])
     usable = (df > 0) & ~np.eye(k, dtype=bool)
     q = {}
     for word, table in z.items():
