@@ -172,6 +172,19 @@ def test_few_simulations_claim_a_cheaper_configuration_that_is_truly_equal():
     assert worse.hits <= 2, str(worse)
 
 
+def test_few_simulations_hold_the_claim_rates_at_the_margin_and_within_it():
+    """The README job's components, K = 8, 3 to 10 seeds at a margin of 0.02 (small and fast; the acceptance
+    sizes are tests/test_decision_rates.py): one exactly the margin below, its seeds varying more, is rarely
+    claimed; one equal to the best behind six twice the margin below is claimed, and the six are shown worse
+    before max_seeds."""
+    plan = d.Plan(seeds=3, max_seeds=10, margin=0.02, budgets=(100.0,))
+    (boundary,) = sm.scenario_rates(sm.README_JOB, plan, 8, 30, cheap_sd=0.03, others_sd=0.012, only=("boundary",))
+    assert boundary.hits <= 4, str(boundary)
+    claimed, shown = sm.scenario_rates(sm.README_JOB, plan, 8, 30, cheap_sd=0.012, others_sd=0.012, only=("power",))
+    assert claimed.rate >= 0.5 and shown.rate >= 0.5, f"{claimed}; {shown}"
+    assert float(shown.what.split("mean seeds ")[1].split()[0]) < 7, str(shown)
+
+
 def test_peftune_decide_replays_a_predictions_file_and_refuses_a_bad_one(tmp_path):
     rng = np.random.default_rng(2)
     outcome_rows, configs = [], []

@@ -301,6 +301,14 @@ def add_decide_parser(sub) -> None:
     p.add_argument("--sizes", type=int, nargs="+", help="with --simulate: the family sizes K (default: the budgets')")
     p.add_argument("--max-seeds", type=int, help="with --simulate: the plan's max_seeds (default: the definition's)")
     p.add_argument(
+        "--seed-sds",
+        type=float,
+        nargs=2,
+        metavar=("CHEAPEST", "OTHERS"),
+        help="with --simulate: the seed sd of a score of the cheapest configuration and of the others (default: the "
+        "record's largest and pooled, else 0.03 and the README job's)",
+    )
+    p.add_argument(
         "--scenarios", nargs="+", help="with --simulate: which of boundary, half, two, equal, power (default: all)"
     )
     p.add_argument("--simulation-seed", type=int, default=0, help="with --simulate: the random seed (default 0)")
@@ -436,6 +444,10 @@ def _simulate(args, definition, plan) -> int:
         examples = definition.budget.decision_examples or 2000
         world = simulate.reference_world(definition.tasks, examples)
         sizes = args.sizes or _budget_sizes(definition, plan.budgets)
+    if args.seed_sds is not None:
+        if min(args.seed_sds) < 0 or max(args.seed_sds) > 1:
+            raise UserError(f"--seed-sds {args.seed_sds}: expected two seed sds from 0 to 1 (score units)")
+        cheap, others = args.seed_sds
     lines = simulate.operating_characteristics(plan, world, sizes, args.simulate, cheap_sd=cheap, others_sd=others,
                                                seed=args.simulation_seed, only=scenarios)  # fmt: skip
     for line in lines:

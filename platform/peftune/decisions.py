@@ -333,20 +333,24 @@ def _paths(points: tuple[tuple[float, float], ...], alpha: float, shape: str):
             return float(special.ndtr(-c / step))
         return float((weight * special.ndtr((x - c) / step)).sum())
 
-    high = 12.0 * math.sqrt(t)
+    high = 8.0 * math.sqrt(t)
     if target <= 1e-12:
         c = math.inf
     elif crossing(high) > target:
         c = high
     else:
-        c = float(optimize.brentq(lambda v: crossing(v) - target, -high, high, xtol=1e-6))
-    grid = np.linspace(-7 * math.sqrt(t), min(c, 7 * math.sqrt(t)), 161)  # the paths that did not cross
+        low = 0.0 if crossing(0.0) > target else -high
+        c = float(optimize.brentq(lambda v: crossing(v) - target, low, high, xtol=1e-5))
+    # the paths that did not cross: the midpoints of cells up to the boundary (the density jumps there)
+    bottom, top = -7 * math.sqrt(t), min(c, 7 * math.sqrt(t))
+    width = (top - bottom) / 120
+    grid = bottom + width * (np.arange(120) + 0.5)
     if x is None:
         density = np.exp(-grid * grid / (2 * t)) / math.sqrt(2 * math.pi * t)
     else:
         kernel = np.exp(-((grid[:, None] - x[None, :]) ** 2) / (2 * step * step))
         density = kernel @ weight / (math.sqrt(2 * math.pi) * step)
-    return c / math.sqrt(t), grid, density * (grid[1] - grid[0])
+    return c / math.sqrt(t), grid, density * width
 
 
 def critical(looks: Sequence[tuple[float, float]], alpha: float, shape: str, df: float) -> float:
@@ -426,7 +430,7 @@ def fractions(f: Fit, i: int, j: int, history: Sequence[Mapping[str, int]], max_
     and its spending time (the seeds it has of the most it can have). The time is the seeds', not the
     information's: the example part does not shrink with seeds, so the first look already holds much of the
     information, and spending by it would leave the last look, where a close question is decided, little.
-    The fractions are rounded to 1/40 (the boundaries move little within that; rounded, they are reused)."""
+    The fractions are rounded to 1/25 (the boundaries move little within that; rounded, they are reused)."""
     a, b = f.names[i], f.names[j]
     c = f.example_cov
     example = max(c[i, i] + c[j, j] - 2 * c[i, j], 0.0)
@@ -436,7 +440,7 @@ def fractions(f: Fit, i: int, j: int, history: Sequence[Mapping[str, int]], max_
     for counts in history:
         s_i, s_j = max(counts.get(a, f.seeds[i]), 1), max(counts.get(b, f.seeds[j]), 1)
         var = max(example + f.run_var[i] / s_i + f.run_var[j] / s_j, 1e-18)
-        out.append((round(min(final / var, 1.0) * 40) / 40, round(min((s_i + s_j) / (top_i + top_j), 1.0), 4)))
+        out.append((round(min(final / var, 1.0) * 25) / 25, round(min((s_i + s_j) / (top_i + top_j), 1.0), 4)))
     return tuple(out)
 
 

@@ -13,6 +13,7 @@ own), which also gives the report its own rates.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -197,6 +198,10 @@ class Measured:
         return f"{tasks}; seed sd of a score {self.seed_sd:.4f}"
 
 
+README_JOB = Measured("the README job", (("sst", 2000, 0.178, 0.265),), seed_sd=0.012)
+CHEAP_SD = 0.03  # the cheapest configuration's seed sd where no record says one (a noisier method: the hard case)
+
+
 def own_characteristics(values: Mapping[str, Values], plan: Plan, sizes: Sequence[int], sims: int,
                         seed: int = 0) -> tuple[Measured | None, list[Rate]]:  # fmt: skip
     """The procedure's rates at a sweep's own sizes, simulated from its own measured components
@@ -356,6 +361,31 @@ def scenario_rates(world: Measured, plan: Plan, k: int, sims: int, *, cheap_sd: 
     return rates
 
 
+def rerun_rate(world: Measured, plan: Plan, sims: int, *, gap: float = 0.0, seed_sd: float = CHEAP_SD,
+               cap: int = 100, seed: int = 0) -> tuple[Rate, float]:  # fmt: skip
+    """Whether "what would decide it" keeps its word: two configurations, the cheaper ``gap`` below (seed sds
+    ``seed_sd``), through the real loop; where the answer leaves the cheaper one's question open and names N
+    seeds that would decide it, the same truth is drawn afresh with ``max_seeds`` N (at most ``cap``) and
+    replayed. Returns the share of those reruns that answer the question, and the mean N named."""
+    rng = np.random.default_rng([seed, int(abs(gap) * 1e5), int(seed_sd * 1e5), 41])
+    one = Plan(plan.seeds, plan.max_seeds, plan.margin, plan.alpha, (100.0,))
+    configurations = [Configuration("c0", "m0", 0.01), Configuration("c1", "m1", 0.02)]
+    decided = asked = named = 0
+    for _ in range(sims):
+        values = world.draw([-gap, 0.0], one.max_seeds, rng, [seed_sd, seed_sd])
+        a = decisions.replay(values, configurations, one, summaries=False).answers[0]
+        if "c0" in a.claims or not 0 < a.seeds_needed <= cap:
+            continue
+        asked, named = asked + 1, named + a.seeds_needed
+        more = dataclasses.replace(one, max_seeds=max(a.seeds_needed, one.seeds))
+        again = decisions.replay(world.draw([-gap, 0.0], more.max_seeds, rng, [seed_sd, seed_sd]), configurations,
+                                 more, summaries=False).answers[0]  # fmt: skip
+        decided += "c0" in again.claims
+    what = (f"{world.name}: the cheaper of two {gap / plan.margin:g}δ below (seed sd {seed_sd:.3f}), open at "
+            f"{plan.max_seeds} seeds: rerun with the seeds 'what would decide it' names, decided")  # fmt: skip
+    return Rate(what, decided, asked), named / asked if asked else math.nan
+
+
 def family_rates(world: Measured, k: int, plan: Plan, sims: int, *, gap: float, cheap_sd: float,
                  others_sd: float, seed: int = 0) -> tuple[Rate, Rate, float]:  # fmt: skip
     """A budget's family of K configurations through the real loop: the cheapest (``c0``, its seed sd
@@ -427,6 +457,25 @@ def oracle_power(world: World, gap: float, seeds: int, examples: int, sims: int,
     return Rate(f"{world.name} a true gap of {gap:.3f}, {seeds} seeds: best possible level-{alpha} test", hits, sims)
 
 
+def oracle_power_within(world: Measured, plan: Plan, seed_sd: float, sims: int, seed: int = 0) -> Rate:
+    """The power no level-``plan.alpha`` test of "not worse by more than the margin" can beat for two equal
+    configurations of ``world`` (seed sd ``seed_sd``): one look at ``max_seeds`` seeds each, one-sided, the
+    difference's true standard deviation known (measured over the simulations themselves). What the data
+    can tell at best at these sizes, without looks or estimated variances."""
+    from scipy import stats
+
+    rng = np.random.default_rng([seed, plan.max_seeds, int(seed_sd * 1e5), 37])
+    diffs = []
+    for _ in range(sims):
+        values = world.draw([0.0, 0.0], plan.max_seeds, rng, [seed_sd, seed_sd])
+        diffs.append(float(values["c0"].scores.mean() - values["c1"].scores.mean()))
+    diffs = np.array(diffs)
+    sd = float(np.sqrt(np.mean(diffs**2)))
+    hits = int(np.sum(diffs - stats.norm.ppf(1 - plan.alpha) * sd >= -plan.margin))
+    return Rate(f"{world.name}: the best possible level-{plan.alpha} test at {plan.max_seeds} seeds, two equal "
+                f"(seed sd {seed_sd:.3f}): shown not worse", hits, sims)  # fmt: skip
+
+
 def pick_bias(world: World, k: int, plan: Plan, examples: int, sims: int, seed: int = 0) -> dict[str, tuple]:
     """K equal configurations: the mean (and standard error) of the first budget's pick's dev score minus its
     truth, from the decision seeds (``decision_seeds``) and from fresh report seeds (``fresh_seeds``)."""
@@ -446,10 +495,6 @@ def expected_accuracy(world: World, n: int = 400_000) -> float:
     logit = (rng.normal(world.ease_mean, world.ease_sd, n) + rng.normal(0, world.effect_sd, n)
              + rng.normal(0, world.seed_sd, n) + rng.normal(0, world.noise_sd, n))  # fmt: skip
     return float(np.mean(1 / (1 + np.exp(-logit))))
-
-
-README_JOB = Measured("the README job", (("sst", 2000, 0.178, 0.265),), seed_sd=0.012)
-CHEAP_SD = 0.03  # the cheapest configuration's seed sd where no record says one (a noisier method: the hard case)
 
 
 def reference_world(tasks: Sequence[str], examples: int) -> Measured:
