@@ -266,8 +266,10 @@ def answer_notes(report: Report) -> dict[str, str]:
         "own_rates": (
             f"The decision procedure replayed on {confirmed.OWN_SIMULATIONS} simulated records per row, drawn "
             f"from this sweep's own measured variance components ({report.own_world}) with the truth known: "
-            "K equal configurations (one budget's size) for the false-'better' rate; two configurations for the "
-            "rest (`own_rates.csv`; `mc_low`, `mc_high`: the Monte-Carlo 95% interval)."
+            "at each budget's size K, the cheapest configuration (with the largest measured seed sd) truly the "
+            "margin, half of it, twice it below the others or equal to them, and one equal to the best behind "
+            "K - 2 twice the margin below; claims only, a pick left at 'cannot tell' counts for nothing "
+            "(`own_rates.csv`; `mc_low`, `mc_high`: the Monte-Carlo 95% interval)."
             if len(report.own_rates)
             else f"Not simulated: {report.own_world}."
         ),

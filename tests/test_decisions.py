@@ -217,6 +217,22 @@ def test_peftune_decide_replays_a_predictions_file_and_refuses_a_bad_one(tmp_pat
     assert "bad.csv: line 2: trainable_pct 'lots'" in bad.stderr
 
 
+def test_peftune_decide_simulates_the_scenarios_at_the_sizes_asked_and_refuses_bad_ones():
+    cmd = [sys.executable, "-m", "peftune.cli", "decide", "--definition", "sst_tuning", "--budget", "cpu",
+           "--simulate", "2", "--sizes", "3", "--scenarios", "boundary", "two",
+           "--seed-sds", "0.03", "0.012"]  # fmt: skip
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.strip().splitlines()
+    assert lines[0].startswith("plan: seeds 3 to 6, margin δ = 0.02") and "effect sd 0.178" in lines[0]
+    assert len(lines) == 4 and all("K=3, seed sd 0.030 (cheapest) / 0.012" in line for line in lines[1:])
+    assert "1δ below, claimed not worse (an error)" in lines[1] and lines[1].endswith("/2)")
+    assert "2δ below, shown worse (mean seeds" in lines[3]
+    bad = subprocess.run(cmd[:-3] + ["--seed-sds", "2", "0.01"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    assert "--seed-sds" in bad.stderr and "expected two seed sds" in bad.stderr
+
+
 def test_the_picks_dev_score_from_fresh_seeds_is_not_lifted_by_the_choice():
     bias = sm.pick_bias(sm.W1, 6, CPU, 2000, 60)
     mean, se = bias["fresh_seeds"]

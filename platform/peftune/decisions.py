@@ -353,17 +353,6 @@ def _paths(points: tuple[tuple[float, float], ...], alpha: float, shape: str):
     return c / math.sqrt(t), grid, density * width
 
 
-def critical(looks: Sequence[tuple[float, float]], alpha: float, shape: str, df: float) -> float:
-    """The critical value of a comparison at its last look: the z boundary (``boundary``) as a t quantile with
-    the comparison's df (its run variances are estimated)."""
-    if df <= 0:
-        return math.inf
-    z = boundary(tuple(looks), alpha, shape)
-    if not math.isfinite(z):
-        return math.inf
-    return float(z if df > 1e6 else stats.t.ppf(special.ndtr(z), df))
-
-
 # ----------------------------------------------------------------------------- the comparisons
 
 
