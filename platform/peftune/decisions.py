@@ -34,7 +34,9 @@ from peftune.record import BUDGETS_PCT
 
 ALPHA = 0.05  # one-sided, per claim, over all looks ("better": two-sided, so alpha / 2 a side)
 POWER = 0.8  # the plan's target: the seeds at which a contender truly equal to the best is shown not worse
-DECIDE = 0.8  # "what would decide it": the seeds at which the question is answered this often at its estimate
+# "what would decide it": the seeds at which the question is answered this often were the truth its estimate
+# (above the promise kept when run: an open question's estimate lies near the margin by its selection)
+DECIDE = 0.9
 # the spending shapes (``spent``): the claims a pick rests on ("not worse", "better") keep their alpha for the
 # last look, where a close question is decided; "worse" spends early, so a configuration clearly worse stops
 # at the first looks (its error can cost a cheaper pick, never make the pick worse than the margin)
@@ -595,17 +597,28 @@ def _final_q(plan: Plan, word: str) -> float:
 
 
 def seeds_to_decide(f: Fit, i: int, r: int, gap: float, margin: float, q: float, power: float,
-                    cap: int = 1000) -> int | None:  # fmt: skip
+                    cap: int = 1000, first: int | None = None) -> int | None:  # fmt: skip
     """The fewest seeds (each of i and r) at which a difference truly ``gap`` is answered, one way or the other,
-    with probability ``power`` (None: no number of seeds does, at these decision rows)."""
+    with probability ``power`` (None: no number of seeds does, at these decision rows): at the critical value
+    ``q``, then, with ``first`` (the plan's first seeds), at the last look's boundary of a plan that looks at
+    every seed from ``first`` to that number (its looks cost it power)."""
     distance = abs(gap + margin)
     z = float(special.ndtri(power))
-    for s in range(2, cap + 1):
-        seeds = f.seeds.copy()
-        seeds[[i, r]] = s
-        if distance >= (q + z) * f.pair_se(i, r, seeds):
-            return s
-    return None
+
+    def fewest(q: float) -> int | None:
+        for s in range(2, cap + 1):
+            seeds = f.seeds.copy()
+            seeds[[i, r]] = s
+            if distance >= (q + z) * f.pair_se(i, r, seeds):
+                return s
+        return None
+
+    seeds = fewest(q)
+    if seeds is None or first is None or seeds <= first:
+        return seeds
+    history = [{f.names[i]: n, f.names[r]: n} for n in range(first, seeds + 1)]
+    looks = fractions(dataclasses.replace(f, seeds=np.full(len(f.names), float(seeds))), i, r, history, seeds)
+    return fewest(max(q, boundary(looks, ALPHA, SHAPES[NOT_WORSE])))
 
 
 def _open_questions(f: Fit, vs: Mapping[int, VsBest], open_: Sequence[int], costs, plan: Plan,
@@ -634,7 +647,7 @@ def _open_questions(f: Fit, vs: Mapping[int, VsBest], open_: Sequence[int], cost
     gap = float(f.means[j] - f.means[r])
     if abs(gap + margin) <= 1e-12:
         return [], f"cannot tell: {f.names[j]} is estimated on the margin {-margin:+.3f} itself", 0
-    seeds = seeds_to_decide(f, j, r, gap, margin, q, DECIDE)
+    seeds = seeds_to_decide(f, j, r, gap, margin, q, DECIDE, first=plan.seeds)
     if seeds is not None:
         return [], (f"cannot tell at margin {margin:g} with {max_seeds} seeds: about {seeds} seeds each for "
                     f"{f.names[j]} and {f.names[r]} would decide it {DECIDE:.0%} of the time at these "
@@ -732,7 +745,7 @@ def seed_plan(f: Fit, costs: Mapping[str, float], plan: Plan) -> tuple[str, dict
     parts = []
     for i in sorted(range(len(f.names)), key=lambda i: (costs[f.names[i]], f.names[i])):
         r = order[1] if i == order[0] else order[0]
-        seeds = seeds_to_decide(f, i, r, 0.0, plan.margin, q, POWER)
+        seeds = seeds_to_decide(f, i, r, 0.0, plan.margin, q, POWER, first=plan.seeds)
         need[f.names[i]] = seeds
         if seeds is None:
             rows = _rows_to_decide(f, i, r, 0.0, plan.margin, q, POWER, plan.max_seeds)
