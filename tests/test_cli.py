@@ -120,7 +120,7 @@ def test_malformed_row_names_file_and_line(capsys, tiny_data_dir, tmp_path):
         capsys, "train", "--tasks", "sst", "--data-dir", str(tmp_path), "--output", str(tmp_path / "out")
     )
     assert code == 2
-    assert "ids-sst-train.csv, line 3" in err and "[0, 4]" in err
+    assert "ids-sst-train.csv, line 3" in err and "one of 0, 1, 2, 3, 4" in err
     assert not (tmp_path / "out").exists()  # nothing half-written
 
 

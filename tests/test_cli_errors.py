@@ -264,7 +264,9 @@ def test_a_refusal_comes_before_the_heavy_imports(name, places, tmp_path):
     bad_yaml.write_text("tasks: [sst]\nmethods: [lora]\nbudgets: {smoke: {epochs: many}}\n")
     argv = [arg.format(bad_data=bad_data, bad_yaml=bad_yaml, repo=REPO, **places) for arg in REFUSED_LIGHT[name]]
     path = f"{REPO / 'platform'}{os.pathsep}{REPO}"
-    env = {**os.environ, "PYTHONPATH": path, "HOME": str(tmp_path), "HEAVY": ",".join(HEAVY)}
+    # refusing a data row means reading the file: pyarrow, its reader, is the one heavy library that may load then
+    heavy = [module for module in HEAVY if not (module == "pyarrow" and name.endswith("data row"))]
+    env = {**os.environ, "PYTHONPATH": path, "HOME": str(tmp_path), "HEAVY": ",".join(heavy)}
     held = lease.Lease(tmp_path / "ray_results", "held")  # this process: a live driver of sweep "held"
     held.acquire()
     try:

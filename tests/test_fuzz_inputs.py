@@ -17,7 +17,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from peftune import data, spaces, train
+from peftune import data, spaces
 from peftune.data import DataError
 from peftune.spaces import SpaceError
 from peftune.tasks import get_task
@@ -79,7 +79,7 @@ def test_a_header_quoting_the_files_text_stays_one_bounded_line(tmp_path):
 
 def test_a_megabyte_field_names_the_line_and_the_limit(tmp_path):
     path = para_file(tmp_path, "0\ta\tx\ty\t1\n1\tb\t" + "x" * 1_100_000 + "\ty\t0\n")
-    with pytest.raises(DataError, match=r"line 3.*longer than 131,072 characters.*at most 20,000"):
+    with pytest.raises(DataError, match=r"line 3: text of 1,100,000 characters.*at most 20,000"):
         data.read_task_file(path, PARA)
 
 
@@ -189,7 +189,7 @@ def test_fuzz_yaml_loaders_raise_only_space_errors(tmp_path_factory, sweep_chang
         FUZZ_COUNTS["yaml: clean errors"] += 1
     else:  # what is accepted is finite and in range
         definition.fingerprint()
-        assert 0 <= definition.seed <= train.MAX_SEED and definition.resources.cpus_per_trial > 0
+        assert 0 <= definition.seed <= data.MAX_SEED and definition.resources.cpus_per_trial > 0
         FUZZ_COUNTS["yaml: accepted (valid)"] += 1
 
 

@@ -114,20 +114,20 @@ def read_rows(path: Path, data: bytes, spec: TaskSpec, invalid_rows: str) -> Row
     columns = (*spec.text_columns, spec.label_column, *([spec.id_column] if spec.id_column else []))
     if fmt == "parquet":
         frame = _parquet(path, data)
-        lines, bad, end = list(range(1, len(frame) + 1)), {}, len(frame) + 1
+        table, lines, bad, end = _columns_of(frame), list(range(1, len(frame) + 1)), {}, len(frame) + 1
     else:
         text = _decode(path, data)
         if not text.strip():
             raise DataError(path, "the file is empty", line=1, expected=_header_expected(spec, fmt))
         if fmt == "jsonl":
-            frame, bad = _jsonl(path, text), {}
+            table, bad = _columns_of(_jsonl(path, text)), {}
             lines = [i for i, line in enumerate(text.split("\n"), 1) if line.strip()]
         else:
-            frame, lines, bad = _delimited(path, text, SEPARATORS[fmt], spec)
+            table, lines, bad = _delimited(path, text, fmt, spec)
         end = text.count("\n") + (0 if text.endswith("\n") else 1) + 1
-    missing = [name for name in columns if name not in frame.columns]
+    missing = [name for name in columns if name not in table]
     if missing:
-        found = ", ".join(map(str, frame.columns))
+        found = ", ".join(map(str, table))
         raise DataError(
             path,
             f"missing column(s) {', '.join(missing)} for task {spec.name!r} (found: {found})",
@@ -138,14 +138,15 @@ def read_rows(path: Path, data: bytes, spec: TaskSpec, invalid_rows: str) -> Row
     reject = _rejecter(path, rows.skipped, invalid_rows)
     left_out = sorted(bad.items(), reverse=True)  # rows the parser left out, reported in line order with the rest
     seen_ids: dict = {}  # id -> (line, texts, label): an id names one example
-    text_values = [frame[name].tolist() for name in spec.text_columns]
-    ids = frame[spec.id_column].tolist() if spec.id_column else None
-    broken = _line_breaks(frame, fmt)
-    for i, raw in enumerate(frame[spec.label_column].tolist()):
+    text_values = [table[name] for name in spec.text_columns]
+    ids = table[spec.id_column] if spec.id_column else None
+    broken = _line_breaks(table, fmt)
+    for i, raw in enumerate(table[spec.label_column]):
         texts = broken.get(i) or _check_texts([values[i] for values in text_values], spec)
         value = _check_label(raw, spec) if not isinstance(texts, Problem) else texts
         while left_out and left_out[-1][0] < lines[i]:
-            reject(*left_out.pop())
+            line, problem = left_out.pop()
+            reject(line, *problem)
         if isinstance(value, Problem):
             reject(lines[i], *value)
             continue
@@ -159,8 +160,8 @@ def read_rows(path: Path, data: bytes, spec: TaskSpec, invalid_rows: str) -> Row
     if not rows.texts:
         raise DataError(
             path,
-            "no valid data rows" if len(frame) else "no data rows",
-            line=end if not len(frame) else None,
+            "no valid data rows" if lines else "no data rows",
+            line=end if not lines else None,
             expected="examples after the header row" if fmt != "jsonl" else "one JSON object a line",
         )
     return rows
@@ -197,13 +198,13 @@ def _header_expected(spec: TaskSpec, fmt: str) -> str:
     return f"a {'tab' if fmt == 'tsv' else 'comma'}-separated header row with columns {names}"
 
 
-def _delimited(path: Path, text: str, separator: str, spec: TaskSpec) -> tuple[pd.DataFrame, list[int], dict]:
-    """(every cell as text, each row's line, {line: Problem} of rows with another field count), read by pyarrow's
-    CSV reader (quoted fields may hold the separator; a doubled quote is a quote)."""
+def _delimited(path: Path, text: str, fmt: str, spec: TaskSpec) -> tuple[dict[str, list], list[int], dict]:
+    """(every column's cells as text, each row's line, {line: Problem} of rows with another field count), read by
+    pyarrow's CSV reader (quoted fields may hold the separator; a doubled quote is a quote)."""
     import pyarrow as pa  # here, not at import: a refusal of bad flags does not wait for it
     import pyarrow.csv as pa_csv
 
-    data = text.encode("utf-8")
+    data, separator = text.encode("utf-8"), SEPARATORS[fmt]
     parse = {"delimiter": separator, "newlines_in_values": True}
     try:
         header = pa_csv.read_csv(
@@ -211,8 +212,14 @@ def _delimited(path: Path, text: str, separator: str, spec: TaskSpec) -> tuple[p
             read_options=pa_csv.ReadOptions(autogenerate_column_names=True),
             parse_options=pa_csv.ParseOptions(**parse),
         ).to_pylist()[0]
-    except (pa.ArrowInvalid, IndexError) as error:
-        raise DataError(path, f"unreadable header ({error})", line=1, expected=_header_expected(spec, "csv")) from None
+    except (pa.ArrowInvalid, IndexError) as error:  # a quote left open in the header: no columns to name
+        needed = ", ".join((*spec.text_columns, spec.label_column))
+        raise DataError(
+            path,
+            f"missing column(s) {needed} for task {spec.name!r} (the header row cannot be read: {error})",
+            line=1,
+            expected=_header_expected(spec, fmt),
+        ) from None
     names = ["" if name is None else str(name).strip() for name in header.values()]
     nul = [name for name in names if "\x00" in name]
     if nul:  # "id\x00" is not "id": the column would silently go unchecked
@@ -223,7 +230,7 @@ def _delimited(path: Path, text: str, separator: str, spec: TaskSpec) -> tuple[p
             path,
             f"column(s) {', '.join(repeated)} appear twice in the header",
             line=1,
-            expected=_header_expected(spec, "csv") + ", each once",
+            expected=_header_expected(spec, fmt) + ", each once",
         )
     bad = {}  # row number (pyarrow's: the header is 1, blank lines not counted) -> (Problem, lines it spans)
 
@@ -253,22 +260,21 @@ def _delimited(path: Path, text: str, separator: str, spec: TaskSpec) -> tuple[p
             ),
         )
     except pa.ArrowInvalid as error:
-        raise DataError(path, f"unreadable ({error})", expected=_header_expected(spec, "csv")) from None
-    frame = table.to_pandas()
-    frame.columns = names
-    lines, problems = _record_lines(text, frame, bad)
-    return frame, lines, problems
+        raise DataError(path, f"unreadable ({error})", expected=_header_expected(spec, fmt)) from None
+    columns = {}
+    for name, column in zip(names, table.columns, strict=True):
+        columns.setdefault(name, column.to_pylist())  # an unnamed column twice: the first (no task reads it)
+    lines, problems = _record_lines(text, list(columns.values()), table.num_rows, bad)
+    return columns, lines, problems
 
 
-def _record_lines(text: str, frame: pd.DataFrame, bad: dict) -> tuple[list[int], dict]:
-    """(the line each of the frame's rows starts on, {line: Problem} of the rows left out): rows follow the lines
-    after the header past blank ones, each taking one line plus the line breaks its quoted fields hold."""
+def _record_lines(text: str, cells: list[list[str]], rows: int, bad: dict) -> tuple[list[int], dict]:
+    """(the line each row starts on, {line: Problem} of the rows left out): rows follow the lines after the
+    header past blank ones, each taking one line plus the line breaks its quoted fields hold."""
     blank = {i for i, line in enumerate(text.split("\n"), 1) if not line.strip("\r")}
-    breaks = np.zeros(len(frame), dtype=np.int64)
-    for name in range(frame.shape[1]):
-        breaks += frame.iloc[:, name].str.count("\n").to_numpy(dtype=np.int64)
+    breaks = [sum(column[i].count("\n") for column in cells) for i in range(rows)]
     lines, problems, line, number = [], {}, 2, 2  # the first row after the header: line 2, pyarrow's row 2
-    for extra in breaks.tolist():
+    for extra in breaks:
         while True:
             while line in blank:
                 line += 1
@@ -285,6 +291,11 @@ def _record_lines(text: str, frame: pd.DataFrame, bad: dict) -> tuple[list[int],
         problems[line] = problem
         line += spans
     return lines, problems
+
+
+def _columns_of(frame: pd.DataFrame) -> dict[str, list]:
+    """A pandas frame (JSON Lines, Parquet) as the delimited reader's columns: name -> cells."""
+    return {str(name): frame[name].tolist() for name in frame.columns}
 
 
 def _jsonl(path: Path, text: str) -> pd.DataFrame:
@@ -317,21 +328,21 @@ def _parquet(path: Path, data: bytes) -> pd.DataFrame:
         ) from None
 
 
-def _line_breaks(frame: pd.DataFrame, fmt: str) -> dict[int, tuple[str, str]]:
+def _line_breaks(columns: dict[str, list], fmt: str) -> dict[int, Problem]:
     """Rows whose field holds a line break: in a delimited file only a quote left open swallows one."""
     if fmt not in SEPARATORS:
         return {}
     out = {}
-    for name in frame.columns:
-        values = frame[name].astype(str)
-        for i in np.flatnonzero(values.str.contains("[\r\n]", regex=True).to_numpy()).tolist():
-            out.setdefault(
-                i,
-                Problem(
-                    f"column {name!r} holds a line break (is a double quote unbalanced?)",
-                    "one line per row; quotes in a field doubled and the field quoted",
-                ),
-            )
+    for name, values in columns.items():
+        for i, value in enumerate(values):
+            if "\n" in value or "\r" in value:
+                out.setdefault(
+                    i,
+                    Problem(
+                        f"column {name!r} holds a line break (is a double quote unbalanced?)",
+                        "one line per row; quotes in a field doubled and the field quoted",
+                    ),
+                )
     return out
 
 
@@ -348,10 +359,10 @@ def _check_texts(values: list, spec: TaskSpec):
             return Problem(f"empty text in column {column!r}", "a non-empty sentence")
         if len(value) > MAX_TEXT_CHARS:
             return Problem(f"text of {len(value):,} characters in column {column!r}", f"at most {MAX_TEXT_CHARS:,}")
-        if "\x00" in value:  # invisible in a terminal, and a sign of a binary file
-            return Problem(f"column {column!r} holds a NUL character", "text without NUL (\\x00) characters")
         if not any(char.isprintable() and not char.isspace() for char in value):
             return Problem(f"text in column {column!r} has no printable character", "a sentence of words")
+        if "\x00" in value:  # invisible in a terminal, and a sign of a binary file
+            return Problem(f"column {column!r} holds a NUL character", "text without NUL (\\x00) characters")
         texts.append(value)
     return tuple(texts)
 
