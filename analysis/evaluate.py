@@ -34,7 +34,15 @@ from analysis.runs import SweepRuns, read_sweep_record
 from peftune import legacy, trial_spec
 from peftune.backbone import load_tokenizer, resolve_model_dir
 from peftune.checkpoint import CheckpointError, load_checkpoint, load_trainable
-from peftune.data import DataError, TaskData, encode_split, read_task_file, task_path
+from peftune.data import (
+    DEFAULT_MAX_LENGTH,
+    DataError,
+    DataSettings,
+    TaskData,
+    encode_split,
+    read_task_file,
+    task_path,
+)
 from peftune.errors import UserError
 from peftune.record import (
     COMPLETED,
@@ -47,8 +55,8 @@ from peftune.record import (
     metric_task,
 )
 from peftune.tasks import get_task, overall_score
-from peftune.train import TrainConfig, evaluate, run_trial, select_device
-from peftune.trial_spec import DataSettings, TrialSpec
+from peftune.train import TrainConfig, evaluate, prepare, run_trial, select_device
+from peftune.trial_spec import TrialSpec
 
 log = logging.getLogger("analysis.evaluate")
 
@@ -334,10 +342,10 @@ def _evaluation_data(sweep: SweepRuns, client, data_dir, test_dir, invalid_rows:
     invalid_rows = invalid_rows or definition.get("invalid_rows") or "raise"
     p = sweep.parent_params
     model = str(p.get("model") or sweep.backbone)
-    max_length = int(p.get("max_length") or 128)
+    max_length = int(p.get("max_length") or DEFAULT_MAX_LENGTH)
     confirmed_rows = confirmation_train_rows(sweep, client)
     data = DataSettings(
-        data_dir=str(data_dir),
+        data_dir=str(data_dir) if data_dir is not None else None,
         model=model,
         max_length=max_length,
         # the rows the report's numbers trained on: the confirmation's where it ran, else the search's
@@ -349,7 +357,7 @@ def _evaluation_data(sweep: SweepRuns, client, data_dir, test_dir, invalid_rows:
         selection_examples=p.get("selection_examples") if "selection_examples" in p else False,
         decision_examples=int(p.get("decision_examples") or 0),
     )
-    prepared = data.prepare(sweep.tasks)
+    prepared = prepare(data, sweep.tasks)
     recorded = _artifact_text(client, sweep.parent_run_id, "data_hashes.json")
     tokenizer = load_tokenizer(resolve_model_dir(model))
     # the one place the test split is read: every configuration is chosen before, on dev

@@ -120,7 +120,7 @@ def tiny_data_dir(tmp_path_factory) -> Path:
 def tiny_prepared(tiny_data_dir):
     """PreparedData on the toy files with the real tokenizer and a tiny random BERT (fast to train)."""
     from peftune.backbone import DEFAULT_MODEL, load_tokenizer, resolve_model_dir
-    from peftune.data import load_tasks
+    from peftune.data import DataSettings, load_tasks
     from peftune.tasks import parse_tasks
     from peftune.train import PreparedData, PretrainedBackbone
 
@@ -135,7 +135,8 @@ def tiny_prepared(tiny_data_dir):
     torch.manual_seed(0)
     backbone = BertModel(config)
     # a selection split as a sweep carves it (as many train rows as dev has): search trials select on it
-    tasks = load_tasks(tiny_data_dir, parse_tasks("sst,para,sts"), tokenizer, max_length=32, selection_examples=None)
+    settings = DataSettings(str(tiny_data_dir), max_length=32, selection_examples=None)
+    tasks = load_tasks(settings, parse_tasks("sst,para,sts"), tokenizer)
     return PreparedData(
         backbone=PretrainedBackbone("tiny-random-bert", config, backbone.state_dict()),
         tasks=tasks,

@@ -36,6 +36,7 @@ from peftune.backbone import (
     read_config,
 )
 from peftune.checkpoint import CheckpointError, export_peft, load_checkpoint, read_meta, save_checkpoint
+from peftune.data import DataSettings
 from peftune.errors import UserError
 from peftune.methods.adapter import layernorm_parameter_count
 from peftune.model import MultitaskModel
@@ -164,7 +165,7 @@ def test_hidden_states_equal_automodel_on_a_padded_batch_of_pairs(checkpoints, n
 def test_the_training_batches_of_each_family_give_automodels_hidden_states(checkpoints, name, tiny_data_dir):
     """Through the data pipeline (its tokenizer, bucketing, padding): RoBERTa's batches are padded with its pad id
     1, DistilBERT's carry the tokenizer's token types, ignored, and each batch gives AutoModel's hidden states."""
-    prepared = train.prepare(tiny_data_dir, ["para"], model=checkpoints[name], max_length=POSITIONS)
+    prepared = train.prepare(DataSettings(str(tiny_data_dir), model=checkpoints[name], max_length=POSITIONS), ["para"])
     assert prepared.pad_token_id == (1 if name == "roberta" else 0)
     config = train.TrainConfig(method="frozen", tasks=["para"], batch_size=8, device="cpu", log_every=0)
     batch = train.epoch_plan(config, prepared.tasks, prepared.pad_token_id, 0)[0]
@@ -261,7 +262,7 @@ def test_a_max_length_past_the_models_positions_is_refused_not_an_index_error(ch
 def test_prepare_refuses_a_max_length_past_the_models_positions(checkpoints, tiny_data_dir):
     too_long = POSITIONS + 1  # the table's rows, but two of them are RoBERTa's offset
     with pytest.raises(UserError, match=f"max_length={too_long} exceeds the model's {POSITIONS} positions.*offset 2"):
-        train.prepare(tiny_data_dir, ["sst"], model=checkpoints["roberta"], max_length=too_long)
+        train.prepare(DataSettings(str(tiny_data_dir), model=checkpoints["roberta"], max_length=too_long), ["sst"])
 
 
 def test_a_roberta_tokenizer_padding_with_another_id_is_refused(checkpoints, tmp_path):

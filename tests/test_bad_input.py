@@ -327,5 +327,5 @@ def test_load_tasks_refuses_a_bool_for_a_count(tiny_data_dir):
     from peftune.backbone import DEFAULT_MODEL, load_tokenizer, resolve_model_dir
 
     tokenizer = load_tokenizer(resolve_model_dir(DEFAULT_MODEL))
-    with pytest.raises(ValueError, match="an example budget must be a positive integer or None, got True"):
-        data.load_tasks(tiny_data_dir, ["sst"], tokenizer, max_train_examples=True)
+    with pytest.raises(ValueError, match="DataSettings.max_train_examples: expected an integer, got True"):
+        data.load_tasks(data.DataSettings(str(tiny_data_dir), max_train_examples=True), ["sst"], tokenizer)

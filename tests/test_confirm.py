@@ -21,7 +21,7 @@ import ray
 from ray import tune
 from ray.tune.search import Searcher
 
-from peftune import confirm, decisions, record, spaces, sweep, tracking
+from peftune import confirm, decisions, record, spaces, sweep, tracking, train
 from tiny_sweep import write_definition
 
 FROZEN = """\
@@ -539,7 +539,7 @@ def test_a_confirmation_trains_on_every_row_the_held_out_splits_leave(tiny_data_
 
     search = DataSettings(str(tiny_data_dir), max_train_examples=8, selection_examples=6, decision_examples=6)
     full = dataclasses.replace(search, max_train_examples=None)
-    a, b = search.prepare(["sst"]).tasks["sst"], full.prepare(["sst"]).tasks["sst"]
+    a, b = train.prepare(search, ["sst"]).tasks["sst"], train.prepare(full, ["sst"]).tasks["sst"]
 
     def lines(split):
         return set(split.lines.tolist())  # each row's line in the train file

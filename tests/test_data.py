@@ -119,7 +119,7 @@ def test_missing_file_and_missing_directory(tmp_path, tokenizer):
     with pytest.raises(DataError, match=r"nope\.csv: file not found; expected"):
         data.read_task_file(tmp_path / "nope.csv", SST)
     with pytest.raises(DataError, match=r"no-such-dir: data directory not found; expected a directory holding"):
-        data.load_tasks(tmp_path / "no-such-dir", [SST], tokenizer)
+        data.load_tasks(data.DataSettings(str(tmp_path / "no-such-dir")), [SST], tokenizer)
 
 
 def test_an_empty_data_directory_path_is_refused_not_read_as_the_working_directory(tmp_path, tokenizer, monkeypatch):
@@ -127,7 +127,7 @@ def test_an_empty_data_directory_path_is_refused_not_read_as_the_working_directo
     sentence_file(tmp_path / SST.dev_file, ["fine"])
     monkeypatch.chdir(tmp_path)
     with pytest.raises(ValueError, match=r"data directory '': an empty path; expected a directory"):
-        data.load_tasks("", [SST], tokenizer)
+        data.load_tasks(data.DataSettings(""), [SST], tokenizer)
 
 
 def test_data_error_survives_pickling():
@@ -155,7 +155,7 @@ def test_nothing_is_tokenized_when_a_later_file_is_bad(tmp_path, tokenizer, monk
     calls = []
     monkeypatch.setattr(data, "_tokenize", lambda *args: calls.append(args))
     with pytest.raises(DataError, match=rf"{STS.dev_file}, line 2"):
-        data.load_tasks(tmp_path, [SST, STS], tokenizer)
+        data.load_tasks(data.DataSettings(str(tmp_path)), [SST, STS], tokenizer)
     assert calls == []  # every file is validated before the (slow) tokenization starts
 
 
@@ -221,7 +221,8 @@ def test_load_tasks_applies_budgets_per_split(tmp_path, tokenizer):
     rows = [f"{i}\tid{i}\tquestion {i}?\tother question {i}?\t{i % 2}.0\n" for i in range(40)]
     write(tmp_path / PARA.train_file, "\tid\tsentence1\tsentence2\tis_duplicate\n" + "".join(rows))
     write(tmp_path / PARA.dev_file, "\tid\tsentence1\tsentence2\tis_duplicate\n" + "".join(rows[:15]))
-    tasks = data.load_tasks(os.fspath(tmp_path), ["sst", PARA], tokenizer, max_train_examples=25, max_dev_examples=10)
+    settings = data.DataSettings(os.fspath(tmp_path), max_train_examples=25, max_dev_examples=10)
+    tasks = data.load_tasks(settings, ["sst", PARA], tokenizer)
     assert list(tasks) == ["sst", "para"]
     assert [len(tasks[t].train) for t in tasks] == [25, 25] and [len(tasks[t].dev) for t in tasks] == [10, 10]
     assert tasks["para"].train.task == "para" and tasks["para"].train.token_type_ids.max() == 1

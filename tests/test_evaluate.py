@@ -88,7 +88,7 @@ def sweep_store(tmp_path_factory, tiny_model_dir, data_dirs):
 
     data, _ = data_dirs
     root = tmp_path_factory.mktemp("mlflow")
-    prepared = prepare(data, TASKS, model=str(tiny_model_dir), max_length=32, seed=0)
+    prepared = prepare(DataSettings(str(data), model=str(tiny_model_dir), max_length=32, seed=0), TASKS)
     specs, stored = [], {}
     # frozen (heads only) and full fine-tuning land far apart on both axes: both are on any frontier
     trials = (("t0", "frozen", {}, 1e-2), ("t1", "lora", {"rank": 2}, 3e-2), ("t2", "full", {}, 1e-3))

@@ -13,6 +13,7 @@ import pytest
 
 from conftest import SHARED_DATA
 from peftune import decisions, train
+from peftune.data import DataSettings
 
 SEEDS = (1, 2, 3)
 
@@ -31,7 +32,7 @@ def dev_predictions(config: train.TrainConfig, prepared) -> np.ndarray:
     "precision=auto trains in fp32 here and six bf16 trainings would take half an hour",
 )
 def test_bf16_and_fp32_reach_the_same_dev_accuracy_on_real_sst():
-    prepared = train.prepare(SHARED_DATA, ["sst"], max_train_examples=1600, seed=0)
+    prepared = train.prepare(DataSettings(str(SHARED_DATA), max_train_examples=1600, seed=0), ["sst"])
     labels = prepared.tasks["sst"].dev.labels.numpy()
     runs = {precision: [] for precision in ("fp32", "bf16")}
     for seed in SEEDS:

@@ -31,7 +31,7 @@ def lines(split) -> set[int]:
 
 
 def load(directory, tokenizer, **budget):
-    return load_tasks(directory, parse_tasks(["sst"]), tokenizer, max_length=32, **budget)["sst"]
+    return load_tasks(DataSettings(str(directory), max_length=32, **budget), parse_tasks(["sst"]), tokenizer)["sst"]
 
 
 def test_selection_rows_are_train_rows_no_trial_trains_on(tiny_data_dir, tokenizer):

@@ -3,6 +3,7 @@ metrics, one-line refusals of bad input, and the guide's example task end to end
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import os
@@ -201,8 +202,11 @@ def test_the_metrics_match_their_definitions():
 
 BAD_TASKS = {  # case -> (task file body, the data it reads, words of the one-line refusal)
     "missing column": ("text: review\nlabel: stars", ROWS, "missing column(s) stars"),
-    "float in a multiclass task": ("text: review\nlabel: verdict", [("good", 1.5), ("bad", 2)] * 4,
-                                   "is not a class label"),
+    "float in a multiclass task": (
+        "text: review\nlabel: verdict",
+        [("good", 1.5), ("bad", 2)] * 4,
+        "is not a class label",
+    ),
     "text in a regression": ("kind: regression\ntext: review\nlabel: verdict", ROWS, "is not a number"),
     "pair task given one text column": ("text: [review]\nlabel: verdict", ROWS, "text: "),
     "an unknown key": ("text: review\nlabel: verdict\ncolumns: [a]", ROWS, "columns: unknown key"),
@@ -222,8 +226,9 @@ def test_bad_task_files_are_refused_in_one_line_before_any_work(tmp_path, case):
     path = task_file(tmp_path, f"name: bad\n{kind}{body}\ntrain: d.csv\ndev: d.csv\n")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     out = tmp_path / "out"
-    done = subprocess.run([sys.executable, "-m", "peftune.cli", "train", "--task", str(path), "--method", "frozen",
-                           "--output", str(out)], capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)  # fmt: skip
+    command = [sys.executable, "-m", "peftune.cli", "train", "--task", str(path), "--method", "frozen", "--output",
+               str(out)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     errors = [line for line in done.stderr.splitlines() if ": error: " in line]
     assert done.returncode == 2, done.stderr[-2000:]
     assert len(errors) == 1 and words in errors[0] and "Traceback" not in done.stderr, done.stderr[-2000:]
@@ -244,10 +249,10 @@ def test_a_train_file_too_small_for_the_roles_is_refused_saying_what_fits(tmp_pa
     frame(ROWS).to_csv(tmp_path / "r.csv", index=False)
     spec = tasks.load_task_file(task_file(tmp_path, "name: small\nkind: binary\ntext: review\nlabel: verdict\n"
                                                     "train: r.csv\ndev: r.csv\n"))  # fmt: skip
-    files = data.task_files(None, [spec])
+    settings = data.DataSettings(None, selection_examples=4, decision_examples=20)
     with pytest.raises(DataError, match=r"a decision split of 20 would leave .* expected decision_examples of at most"):
-        data.check_role_sizes(files, "raise", selection_examples=4, decision_examples=20, max_dev_examples=None)
-    data.check_role_sizes(files, "raise", selection_examples=4, decision_examples=10, max_dev_examples=None)
+        data.check_role_sizes(settings, [spec])
+    data.check_role_sizes(dataclasses.replace(settings, decision_examples=10), [spec])
 
 
 def test_a_task_file_error_names_the_file_and_key(tmp_path):

@@ -12,6 +12,7 @@ import mlflow
 import pytest
 
 from peftune import record, tracking
+from peftune.data import DataSettings
 from peftune.methods.sizes import size_label
 from peftune.tracking_buffer import WriteBuffer
 from peftune.train import prepare
@@ -72,7 +73,8 @@ def test_links_open_the_training_view_the_trials_and_the_compare_page():
 def test_the_sweep_record_holds_the_shared_view_and_the_data_as_datasets(tmp_path, tiny_data_dir):
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     definition = write_definition(tmp_path / "defs", "ui_record", {"lora": LORA}, SWEEP)
-    prepared = prepare(tiny_data_dir, ["sst"], max_length=32, max_train_examples=16, max_dev_examples=8)
+    settings = DataSettings(str(tiny_data_dir), max_length=32, max_train_examples=16, max_dev_examples=8)
+    prepared = prepare(settings, ["sst"])
     datasets = tracking.data_inputs(prepared)
     opened = tracking.open_sweep(
         uri, definition, data_hashes=prepared.file_hashes, ray_experiment_path=str(tmp_path / "ray"),

@@ -27,6 +27,7 @@ def test_a_reused_worker_keeps_its_memory_across_trials(tmp_path):
     from ray import tune
 
     from peftune import shared_data, spaces, sweep, train, worker
+    from peftune.data import DataSettings
 
     log = tmp_path / "rss.jsonl"
 
@@ -37,9 +38,9 @@ def test_a_reused_worker_keeps_its_memory_across_trials(tmp_path):
 
     ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR")
     try:
-        prepared = train.prepare(
-            SHARED_DATA, ["sst"], max_train_examples=160, max_dev_examples=64, max_length=64, selection_examples=None
-        )
+        settings = DataSettings(str(SHARED_DATA), max_train_examples=160, max_dev_examples=64, max_length=64,
+                                selection_examples=None)  # fmt: skip
+        prepared = train.prepare(settings, ["sst"])
         definition = spaces.load_sweep(spaces.resolve_sweep_path("sst_tuning"), budget="smoke").with_overrides(epochs=1)
         settings = sweep.trial_settings(definition)
         shared = shared_data.SharedData(ray.put(prepared))

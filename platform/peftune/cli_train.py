@@ -17,6 +17,7 @@ import torch
 from peftune import checkpoint, methods, record, train, trial_spec, validation
 from peftune.backbone import check_max_length, check_tokenizer_files, read_config, resolve_model_dir
 from peftune.cli_common import Parser, add_model_args, check_device, check_output_dir, finite_float, path_arg
+from peftune.data import DEFAULT_MAX_LENGTH
 from peftune.errors import UserError
 from peftune.legacy import FLAG_ONLY
 from peftune.tasks import is_task_file
@@ -56,7 +57,7 @@ def add_train_parser(sub) -> None:
         choices=["auto", "cls", "mean"],
         help="auto (default): the pooling the model was trained with (mean for all-minilm-l6-v2, else [CLS])",
     )
-    p.add_argument("--max-length", type=int, default=128, help="tokens per sequence (pairs together)")
+    p.add_argument("--max-length", type=int, default=DEFAULT_MAX_LENGTH, help="tokens per sequence (pairs together)")
     p.add_argument("--max-train-examples", type=int, help="cap per task (a seeded subset): CPU runs need it")
     p.add_argument("--max-dev-examples", type=int, help="cap per task for dev evaluation")
     p.add_argument(
@@ -199,7 +200,7 @@ def cmd_train(args) -> int:
         torch.set_num_threads(spec.threads)
     where = spec.data.data_dir or "beside their task files"
     logging.info("reading and tokenizing %s from %s", ",".join(config.tasks), where)
-    prepared = spec.data.prepare(config.tasks)
+    prepared = train.prepare(spec.data, config.tasks)
     best = {record.SCORE: float("-inf")}
 
     def report(metrics, save):

@@ -27,6 +27,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from peftune.backbone import DEFAULT_MODEL, BertConfig
 from peftune.errors import UserError
 from peftune.tables import (
     INVALID_ROW_POLICIES,
@@ -41,13 +42,51 @@ from peftune.tables import (
     split_rows,
 )
 from peftune.tasks import TaskSpec, declare, get_task
+from peftune.validation import Bound, checked
 
 __all__ = ["INVALID_ROW_POLICIES", "MAX_TEXT_CHARS", "DataError", "Example"]  # read from here by the callers
 
 logger = logging.getLogger(__name__)
 
 SCHEDULES = ("round_robin", "proportional", "temperature")
-DEFAULT_MAX_LENGTH = 128
+DEFAULT_MAX_LENGTH = 128  # tokens per sequence (a pair together): what BERT's fine-tuning recipes use
+MAX_SEED = 2**32 - 1  # numpy's seed range; torch takes it too
+SEED = Bound(0, MAX_SEED, "numpy's and torch's range")
+# DataSettings' intervals (a sweep's budget checks the same in its file: peftune.spaces.Budget)
+ROWS = Bound(1, 100_000_000, "a sane bound on a split")
+COUNTS = {"max_length": Bound(8, BertConfig.max_position_embeddings, "BERT's position embeddings"),
+          "max_train_examples": ROWS, "max_dev_examples": ROWS, "seed": SEED,
+          "decision_examples": Bound(0, 1_000_000, "a sane bound on a split")}  # fmt: skip
+
+
+@dataclass(frozen=True)
+class DataSettings:
+    """What a run reads, in one object from the YAML (a budget) or the flags to :func:`load_tasks`: the data
+    directory, the model (whose tokenizer), the rows kept, and the splits carved from train."""
+
+    data_dir: str | None  # None: each task reads beside its task file (or a record that kept no data directory)
+    model: str = DEFAULT_MODEL
+    max_length: int = DEFAULT_MAX_LENGTH
+    max_train_examples: int | None = None
+    max_dev_examples: int | None = None
+    seed: int = 0  # the data's seed: which rows are kept and carved into selection and decision
+    invalid_rows: str = "raise"
+    selection_examples: int | None | bool = False  # False: no selection split; None: as many as dev
+    decision_examples: int = 0
+
+    def __post_init__(self):
+        for key, bound in COUNTS.items():
+            if getattr(self, key) is not None:  # None: every row
+                checked("DataSettings", key, bound, getattr(self, key), integer=True)
+        if self.selection_examples not in (False, None):
+            checked("DataSettings", "selection_examples", ROWS, self.selection_examples, integer=True)
+        if self.decision_examples and self.selection_examples is False:
+            raise UserError(f"DataSettings.decision_examples {self.decision_examples}: expected 0 without a selection "
+                            "split (selection_examples)")  # fmt: skip
+        if self.invalid_rows not in INVALID_ROW_POLICIES:
+            raise UserError(f"DataSettings.invalid_rows {self.invalid_rows!r}, expected one of {INVALID_ROW_POLICIES}")
+        if not isinstance(self.model, str) or not (self.data_dir is None or isinstance(self.data_dir, str)):
+            raise UserError(f"DataSettings: model {self.model!r}, data_dir {self.data_dir!r}: expected paths")
 
 
 @dataclass(frozen=True, eq=False)
@@ -423,20 +462,8 @@ def encode_split(
     return _finish(key, prepared, tokenizer, limit, seed)
 
 
-def load_tasks(
-    data_dir: str | os.PathLike,
-    specs: Iterable[TaskSpec | str],
-    tokenizer,
-    max_length: int = DEFAULT_MAX_LENGTH,
-    max_train_examples: int | None = None,
-    max_dev_examples: int | None = None,
-    seed: int = 0,
-    *,
-    invalid_rows: str = "raise",
-    selection_examples: int | None | bool = False,
-    decision_examples: int = 0,
-) -> dict[str, TaskData]:
-    """Train and dev splits of every task, keyed by task name, in the order given.
+def load_tasks(settings: DataSettings, specs: Iterable[TaskSpec | str], tokenizer) -> dict[str, TaskData]:
+    """Train and dev splits of every task, keyed by task name, in the order given, read as ``settings`` say.
 
     All files are read and validated before any is tokenized, so a bad last
     file fails in a fraction of a second and nothing is returned half-loaded.
@@ -444,31 +471,32 @@ def load_tasks(
     ``selection_examples``: carve a selection split of that many train rows per task (``None``: as
     many as the task's dev split; ``False``: none), disjoint from the train rows (see :func:`carve`);
     ``decision_examples``: a decision split of that many further train rows per task (0: none; it needs a
-    selection split), or all the rows left when the file holds fewer (said in a warning).
+    selection split); a train file too small for them is refused (:func:`check_roles`).
     """
-    files = task_files(data_dir, specs, invalid_rows)
-    for spec, limit in itertools.product({spec for spec, _, _ in files}, (max_train_examples, max_dev_examples)):
-        _check_encoding_args(spec, tokenizer, max_length, limit)
+    files = task_files(settings.data_dir, specs, settings.invalid_rows)
+    for spec, limit in itertools.product({s for s, _, _ in files}, (settings.max_train_examples,
+                                                                     settings.max_dev_examples)):  # fmt: skip
+        _check_encoding_args(spec, tokenizer, settings.max_length, limit)
 
     fingerprint = tokenizer_fingerprint(tokenizer)
     prepared = {  # phase 1: read + validate everything (cheap)
-        (spec.name, part): _prepare_file(path, spec, part, fingerprint, max_length, invalid_rows)
+        (spec.name, part): _prepare_file(path, spec, part, fingerprint, settings.max_length, settings.invalid_rows)
         for spec, part, path in files
     }
     _PARSED.clear()  # the rows are in `prepared` now, or tokenized already
-    selecting = selection_examples is not False
-    limits = {"train": None if selecting else max_train_examples, "dev": max_dev_examples}
+    selecting = settings.selection_examples is not False
+    limits = {"train": None if selecting else settings.max_train_examples, "dev": settings.max_dev_examples}
     splits = {  # phase 2: tokenize what the cache did not have
-        (name, part): _finish(key, item, tokenizer, limits[part], seed)
+        (name, part): _finish(key, item, tokenizer, limits[part], settings.seed)
         for (name, part), (key, item) in prepared.items()
     }
     names = dict.fromkeys(spec.name for spec, _, _ in files)
     tasks = {name: TaskData(train=splits[name, "train"], dev=splits[name, "dev"]) for name in names}
     if selecting:
         for data in tasks.values():
-            size = len(data.dev) if selection_examples is None else selection_examples
+            size = len(data.dev) if settings.selection_examples is None else settings.selection_examples
             data.train, data.selection, data.decision = carve(
-                data.train, max_train_examples, size, seed, decision_examples
+                data.train, settings.max_train_examples, size, settings.seed, settings.decision_examples
             )
     return tasks
 
@@ -559,25 +587,21 @@ def check_roles(task: str, rows: int, selection: int, decision: int, where: str 
         )
 
 
-def check_role_sizes(
-    files: Sequence[tuple[TaskSpec, str, Path]],
-    invalid_rows: str,
-    selection_examples: int | None | bool,
-    decision_examples: int,
-    max_dev_examples: int | None,
-) -> None:
+def check_role_sizes(settings: DataSettings, specs: Sequence[TaskSpec]) -> None:
     """:func:`check_roles` for every task, from the rows :func:`check_files` read (before any tokenization)."""
+    invalid_rows, selection_examples = settings.invalid_rows, settings.selection_examples
     if selection_examples is False:
         return
+    files = task_files(settings.data_dir, specs, invalid_rows)
     rows = {}
     for spec, role, path in files:
         data = read_bytes(path)
         found = _role_rows(path, data, hashlib.sha256(data).hexdigest(), spec, role, invalid_rows)
         rows[spec.name, role] = len(labelled(path, found, spec, role, "skip")[0])
     for name in dict.fromkeys(name for name, _ in rows):
-        dev = min(rows[name, "dev"], max_dev_examples or rows[name, "dev"])
+        dev = min(rows[name, "dev"], settings.max_dev_examples or rows[name, "dev"])
         selection = dev if selection_examples is None else selection_examples
-        check_roles(name, rows[name, "train"], selection, decision_examples)
+        check_roles(name, rows[name, "train"], selection, settings.decision_examples)
 
 
 # --------------------------------------------------------------------------- batching

@@ -32,7 +32,7 @@ import mlflow
 import ray
 from ray import tune
 
-from peftune import carry, confirm, console, lease, packing, search, spaces, tracking, tracking_buffer, worker
+from peftune import carry, confirm, console, lease, packing, search, spaces, tracking, tracking_buffer, train, worker
 from peftune import record as record_names
 from peftune.errors import UserError, disk_full, no_space, one_line
 from peftune.record import (
@@ -416,9 +416,9 @@ def _confirm_runnable(definition: SweepDefinition, data_dir, settings: worker.Tr
     user trains at; the same selection, decision and dev rows), read here once and never packed. Its trials'
     settings read that data (``TrialSettings.confirm_data``), and so does their record."""
     data = settings.confirm_data
-    if data is None or data == settings.data or data_dir is None:
-        return search_runnable
-    prepared = data.prepare(definition.tasks)
+    if data is None or data == settings.data or (data_dir is None and not definition.declarations):
+        return search_runnable  # the same rows, or data handed in prepared (no directory to read the rows from)
+    prepared = train.prepare(data, definition.tasks)
     rows = ", ".join(f"{task} {len(split.train)}" for task, split in prepared.tasks.items())
     log.info("confirmation: every run trains on %s train rows, %d epoch(s)", rows, definition.budget.epochs)
     return _runnable(definition, prepared, settings, packs=False, trainable=trainable)

@@ -18,7 +18,7 @@ import logging
 import math
 import shlex
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +37,9 @@ from peftune.backbone import (
     native_pooling,
 )
 from peftune.data import (
+    DEFAULT_MAX_LENGTH,
+    SEED,
+    DataSettings,
     TaskData,
     bucketed_batches,
     check_files,
@@ -44,7 +47,6 @@ from peftune.data import (
     load_tasks,
     multitask_schedule,
     restore_order,
-    task_files,
 )
 from peftune.errors import UserError
 from peftune.methods.base import DROPOUT
@@ -58,7 +60,6 @@ from peftune.validation import Bound, checked
 log = logging.getLogger("peftune.train")
 
 SAMPLING = ("round_robin", "proportional", "temperature")
-MAX_SEED = 2**32 - 1  # numpy's seed range; torch takes it too
 # TrainConfig's intervals, written once: the search spaces check their lr, dropout and weight decay with these
 LR = Bound(0.0, 10.0, "beyond it a trial only diverges", low_open=True)
 WEIGHT_DECAY = Bound(0.0, 10.0, "beyond it a trial only forgets")
@@ -66,7 +67,6 @@ RATES = {"lr": LR, "head_lr": LR, "dropout": DROPOUT, "weight_decay": WEIGHT_DEC
          "warmup_ratio": Bound(0.0, 1.0, high_open=True),
          "max_grad_norm": Bound(0.0, 1e12, "a sane bound on a clip", low_open=True),
          "temperature": Bound(0.0, 1e3, "a sane bound on a sampling temperature", low_open=True)}  # fmt: skip
-SEED = Bound(0, MAX_SEED, "numpy's and torch's range")
 COUNTS = {"epochs": Bound(1, 1_000, "a sane bound on a trial's epochs"), "seed": SEED,
           "batch_size": Bound(1, 8_192, "a sane bound on a batch"),
           "log_every": Bound(0, 1_000_000_000, "0: no progress lines")}  # fmt: skip
@@ -222,48 +222,26 @@ class PreparedData:
     specs: tuple[TaskSpec, ...] = ()  # the tasks as read (labels resolved): a worker declares them (shared_data)
 
 
-def prepare(
-    data_dir: str | Path,
-    tasks: list[str],
-    model: str = DEFAULT_MODEL,
-    max_length: int = 128,
-    max_train_examples: int | None = None,
-    max_dev_examples: int | None = None,
-    seed: int = 0,
-    invalid_rows: str = "raise",
-    selection_examples: int | None | bool = False,
-    decision_examples: int = 0,
-) -> PreparedData:
-    """Load the backbone and tokenizer, read and tokenize every task's train and dev file once.
+def prepare(settings: DataSettings, tasks: Sequence[str]) -> PreparedData:
+    """Load the backbone and tokenizer, read and tokenize every task's train and dev file once, as ``settings``
+    say (:class:`peftune.data.DataSettings`: what a budget, the flags or a trial's record give).
 
     ``invalid_rows="skip"`` drops malformed rows (each listed in a warning) instead of stopping at
     the first; the real quora-train.csv has two. ``selection_examples``: a selection split carved from
     the train file (see :func:`peftune.data.load_tasks`).
     """
-    specs = check_files(data_dir, parse_tasks(tasks), invalid_rows)  # a bad row is refused before transformers loads
-    check_role_sizes(task_files(data_dir, specs, invalid_rows), invalid_rows, selection_examples, decision_examples,
-                     max_dev_examples)  # fmt: skip
-    backbone, model_dir = load_pretrained(model)
-    check_max_length(backbone.config, max_length)
+    specs = check_files(settings.data_dir, parse_tasks(tasks), settings.invalid_rows)  # before transformers loads
+    check_role_sizes(settings, specs)
+    backbone, model_dir = load_pretrained(settings.model)
+    check_max_length(backbone.config, settings.max_length)
     tokenizer = load_tokenizer(model_dir)
-    data = load_tasks(
-        data_dir,
-        specs,
-        tokenizer,
-        max_length=max_length,
-        max_train_examples=max_train_examples,
-        max_dev_examples=max_dev_examples,
-        seed=seed,
-        invalid_rows=invalid_rows,
-        selection_examples=selection_examples,
-        decision_examples=decision_examples,
-    )
+    data = load_tasks(settings, specs, tokenizer)
     hashes = {Path(split.source).name: split.sha256 for task in data.values() for split in (task.train, task.dev)}
     return PreparedData(
-        backbone=PretrainedBackbone(model, backbone.config, backbone.state_dict(), native_pooling(model_dir)),
+        backbone=PretrainedBackbone(settings.model, backbone.config, backbone.state_dict(), native_pooling(model_dir)),
         tasks=data,
         pad_token_id=tokenizer.pad_token_id or 0,
-        max_length=max_length,
+        max_length=settings.max_length,
         file_hashes=hashes,
         specs=tuple(specs),
     )
@@ -291,7 +269,7 @@ def train_command(config: TrainConfig, data: dict, threads: int | None = None) -
         "model": data.get("model", DEFAULT_MODEL),
         "tasks": ",".join(config.tasks),
         "data-dir": data["data_dir"],
-        "max-length": data.get("max_length", 128),
+        "max-length": data.get("max_length", DEFAULT_MAX_LENGTH),
         "max-train-examples": data.get("max_train_examples"),
         "max-dev-examples": data.get("max_dev_examples"),
         "selection-examples": _selection_flag(data.get("selection_examples", False)),

@@ -9,8 +9,8 @@ it ran on. It has one way in and out of each of its forms:
   ``peftune train --spec FILE`` re-runs it;
 - the ``peftune train`` command line (``command``): the run's ``peftune.train_command`` tag, the same trial
   spelled as flags (``peftune.cli_train`` reads the flags back into a spec);
-- the data it reads (``DataSettings.prepare``): the sweep, the command line and the evaluation read their
-  data through it, so the same settings carve the same train, selection and decision rows everywhere.
+- the data it reads (its ``DataSettings``, what ``train.prepare`` takes): one object for the sweep, the command
+  line and the evaluation, so the same settings carve the same train, selection and decision rows everywhere.
 
 The same spec, on the same code, data and threads, gives the same epoch scores.
 """
@@ -25,57 +25,15 @@ from pathlib import Path
 from typing import Any
 
 from peftune import methods
-from peftune.backbone import DEFAULT_MODEL, BertConfig
-from peftune.data import INVALID_ROW_POLICIES
+from peftune.data import DataSettings
 from peftune.errors import PeftuneError, UserError, one_line
 from peftune.record import HYPERPARAMETERS
-from peftune.train import SEED, TrainConfig, prepare, train_command
-from peftune.validation import Bound, checked
+from peftune.train import TrainConfig, train_command
 
-# DataSettings' intervals (a sweep's budget checks the same in its file: peftune.spaces.Budget)
-ROWS = Bound(1, 100_000_000, "a sane bound on a split")
-COUNTS = {"max_length": Bound(8, BertConfig.max_position_embeddings, "BERT's position embeddings"),
-          "max_train_examples": ROWS, "max_dev_examples": ROWS, "seed": SEED,
-          "decision_examples": Bound(0, 1_000_000, "a sane bound on a split")}  # fmt: skip
 FORMAT = 1  # the JSON form's version: a file of another is refused, naming both
 # the TrainConfig fields a run's params hold under their own names, after the method and the hyperparameters
 PARAM_FIELDS = ("epochs", "batch_size", "tasks", "seed", "warmup_ratio", "sampling")
 ARTIFACT = "trial_spec.json"  # the spec of a sweep run, among its artifacts, and beside a checkpoint
-
-
-@dataclass(frozen=True)
-class DataSettings:
-    """What ``train.prepare`` reads: the data directory, the model, the rows kept, the splits carved from train."""
-
-    data_dir: str | None  # None: a trial recorded without its data directory (only its record re-reads nothing)
-    model: str = DEFAULT_MODEL
-    max_length: int = 128
-    max_train_examples: int | None = None
-    max_dev_examples: int | None = None
-    seed: int = 0  # the data's seed: which rows are kept and carved into selection and decision
-    invalid_rows: str = "raise"
-    selection_examples: int | None | bool = False  # False: no selection split; None: as many as dev
-    decision_examples: int = 0
-
-    def __post_init__(self):
-        for key, bound in COUNTS.items():
-            if getattr(self, key) is not None:  # None: every row
-                checked("DataSettings", key, bound, getattr(self, key), integer=True)
-        if self.selection_examples not in (False, None):
-            checked("DataSettings", "selection_examples", ROWS, self.selection_examples, integer=True)
-        if self.decision_examples and self.selection_examples is False:
-            raise UserError(f"DataSettings.decision_examples {self.decision_examples}: expected 0 without a selection "
-                            "split (selection_examples)")  # fmt: skip
-        if self.invalid_rows not in INVALID_ROW_POLICIES:
-            raise UserError(f"DataSettings.invalid_rows {self.invalid_rows!r}, expected one of {INVALID_ROW_POLICIES}")
-        if not isinstance(self.model, str) or not (self.data_dir is None or isinstance(self.data_dir, str)):
-            raise UserError(f"DataSettings: model {self.model!r}, data_dir {self.data_dir!r}: expected paths")
-
-    def prepare(self, tasks, data_dir: str | Path | None = None):
-        """The tokenized data and the backbone these settings read (``data_dir``: read from there instead)."""
-        where = data_dir if data_dir is not None else self.data_dir  # None: each task reads beside its task file
-        settings = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.name != "data_dir"}
-        return prepare(where, list(tasks), **settings)
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ import torch
 
 from peftune import pack, train
 from peftune.backbone import BertConfig, resolve_model_dir
+from peftune.data import DataSettings
 from peftune.errors import UserError
 
 LORA = {"rank": 8, "alpha": 16.0, "targets": ["query", "key", "value"]}
@@ -467,9 +468,7 @@ def main(args, device: torch.device) -> None:
         pack_main(args, device)
         return
     model_dir = resolve_model_dir(args.model)
-    prepared = train.prepare(
-        args.data_dir, ["sst"], model=args.model, max_train_examples=args.examples, max_dev_examples=64
-    )
+    prepared = train.prepare(bench_data(args), ["sst"])
     peaks = {"fp32": matmul_peak(torch.float32, device), "bf16": matmul_peak(torch.bfloat16, device)}
     with tempfile.TemporaryDirectory() as output_dir:
         rounds = run(prepared, model_dir, args.batch_size, args.repeats, output_dir, device,
@@ -622,11 +621,14 @@ def print_pack_profile(prepared, method: str, k: int, batch_size: int, device: t
         print(f"  {name:<36} {ours / 1e3:>9.0f} {theirs / 1e3:>9.0f} {theirs / max(ours, 1.0):>11.2f}x")
 
 
+def bench_data(args) -> DataSettings:
+    """What both benchmarks train on: ``--examples`` SST rows, 64 dev rows, with ``--model``'s tokenizer."""
+    return DataSettings(str(args.data_dir), model=args.model, max_train_examples=args.examples, max_dev_examples=64)
+
+
 def pack_main(args, device: torch.device) -> None:
     sizes, methods = pack_sizes(args.pack), pack_methods(args.pack_methods)
-    prepared = train.prepare(
-        args.data_dir, ["sst"], model=args.model, max_train_examples=args.examples, max_dev_examples=64
-    )
+    prepared = train.prepare(bench_data(args), ["sst"])
     peaks = {"fp32": matmul_peak(torch.float32, device), "bf16": matmul_peak(torch.bfloat16, device)}
     results = run_pack_bench(prepared, methods, sizes, args.batch_size, args.repeats, device,
                              echo=lambda line: print(line, flush=True))  # fmt: skip
