@@ -21,8 +21,10 @@ Its run times on measured machines: docs/benchmarks.md.
 """
 
 import sys
+from pathlib import Path
 
-from tuning import run  # jobs/tuning.py, beside this file (a script's folder is first on the path)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # jobs/tuning.py beside this file, however it is run
+from tuning import run  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(run("multitask_tuning", __doc__))

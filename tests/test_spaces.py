@@ -11,7 +11,7 @@ import optuna
 import pytest
 import yaml
 
-from peftune import cli, methods, search, spaces, validation
+from peftune import cli, methods, search, spaces, tasks, validation
 from peftune.spaces import Choice, FloatRange, IntRange, SpaceError
 
 SHIPPED = spaces.shipped_files()
@@ -29,6 +29,9 @@ def test_shipped_files_cover_every_method_and_both_jobs():
 
 @pytest.mark.parametrize("path", SHIPPED, ids=_id)
 def test_every_shipped_file_loads_and_validates(path):
+    if path.parent.name == "tasks":  # a shipped task's declaration (peftune.tasks)
+        assert tasks.load_task_file(path).name == path.stem == tasks.get_task(path.stem).name
+        return
     if path.parent.name == spaces.METHODS_SUBDIR:
         space = spaces.load_method_space(path)
         spec = methods.get_method(space.method)
@@ -45,9 +48,9 @@ def test_every_shipped_file_loads_and_validates(path):
 
 
 def test_job_definitions_tune_every_method_and_have_the_three_presets():
-    for name, tasks in (("sst_tuning", ("sst",)), ("multitask_tuning", ("sst", "para", "sts"))):
+    for name, expected in (("sst_tuning", ("sst",)), ("multitask_tuning", ("sst", "para", "sts"))):
         definition = spaces.load_sweep(spaces.resolve_sweep_path(name))
-        assert definition.tasks == tasks
+        assert definition.tasks == expected
         assert set(definition.methods) == set(methods.method_names())
         for preset in ("smoke", "cpu", "gpu"):
             spaces.load_sweep(spaces.resolve_sweep_path(name), budget=preset)
@@ -288,7 +291,7 @@ def test_the_json_schema_names_the_keys_and_holds_every_shipped_definition(tmp_p
     assert set(schema["required"]) == {"name", "tasks", "methods", "budgets"}
     assert schema["additionalProperties"] is False
     check = jsonschema.Draft202012Validator(schema)
-    definitions = [p for p in SHIPPED if p.parent.name != spaces.METHODS_SUBDIR]
+    definitions = [p for p in SHIPPED if p.parent.name not in (spaces.METHODS_SUBDIR, "tasks")]
     assert len(definitions) >= 3
     for path in definitions:
         document = validation.read_yaml(path)  # as the loader reads it (1e-4 is a number)

@@ -1,18 +1,14 @@
 """A compact BERT encoder with the parameter names of ``transformers.BertModel``, for four encoder families.
 
-Readable top to bottom: embeddings -> N x (self-attention, FFN) -> pooler. Because every parameter carries the
-name HF uses, an HF checkpoint loads with ``load_state_dict`` and a LoRA adapter trained here loads onto an HF
-``BertModel`` with peft. PEFT methods attach at explicit hook points rather than by monkey-patching: the q/k/v/o
-and FFN linears, ``attention.output.adapter`` and ``output.adapter`` (before the residual add and LayerNorm),
-``attention.self.kv_prefix`` (extra keys and values) and ``embeddings.input_prompt`` (inserted input vectors).
-Identity hooks add no parameters and no state-dict keys, so a bare backbone has exactly the state dict of
-``transformers.BertModel``. The hooks one by one: docs/design.md, "The backbone".
-
-BERT, RoBERTa, DistilBERT and ELECTRA checkpoints load into this one backbone (``BertConfig.model_type``), their
-differences handled where they act: RoBERTa's position offset and single token type, DistilBERT's missing token
-types and its key names (renamed to BERT's at load), ELECTRA's embedding projection, and the missing pooler of
-DistilBERT, ELECTRA and some RoBERTas (the pooled output is then [CLS]'s hidden state). Any other architecture is
-refused in one line. The families one by one: docs/design.md, "The backbone".
+Readable top to bottom: embeddings -> N x (self-attention, FFN) -> pooler. Every parameter carries the name HF
+uses, so an HF checkpoint loads with ``load_state_dict`` and a LoRA adapter trained here loads onto an HF model
+with peft. PEFT methods attach at explicit hook points (the q/k/v/o and FFN linears, the adapters before each
+residual add, ``attention.self.kv_prefix``, ``embeddings.input_prompt``); identity hooks add no state-dict keys.
+BERT, RoBERTa, DistilBERT and ELECTRA checkpoints load into this one backbone (``BertConfig.model_type``), each
+difference handled where it acts: RoBERTa's position offset and single token type, DistilBERT's key names
+(renamed to BERT's at load) and missing token types, ELECTRA's embedding projection, and a missing pooler (the
+pooled output is then [CLS]'s hidden state). Any other architecture is refused in one line. The hooks and the
+families one by one: docs/design.md, "The backbone".
 """
 
 from __future__ import annotations

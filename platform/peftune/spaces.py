@@ -21,14 +21,13 @@ import torch
 import yaml
 from pydantic import AfterValidator, Field, SkipValidation, StrictBool, StrictInt, StrictStr, TypeAdapter
 
-from peftune import legacy, methods, validation
+from peftune import legacy, methods, train, validation
 from peftune.backbone import DEFAULT_MODEL, BertConfig
-from peftune.data import INVALID_ROW_POLICIES
+from peftune.data import DEFAULT_MAX_LENGTH, INVALID_ROW_POLICIES, DataSettings
 from peftune.errors import PeftuneError
 from peftune.record import HYPERPARAMETERS, SCORE, TRAINABLE_PER_TASK
 from peftune.tasks import is_task_file, resolve_tasks, task_names
 from peftune.train import RATES, SEED, TrainConfig
-from peftune.trial_spec import DataSettings
 from peftune.validation import EMPTY, Bound, Section, SpaceError, at, count, fail, named, one_of, rule, section, show
 
 log = logging.getLogger("peftune.spaces")
@@ -242,7 +241,7 @@ class Budget(Section):
     trials_per_method: count(1, 100_000, "a sane bound on a method's trials")
     epochs: count(1, 1_000, "a sane bound on a trial's epochs")
     batch_size: count(1, 8_192, "a sane bound on a batch") = 32
-    max_length: count(8, BertConfig.max_position_embeddings, "BERT's position embeddings") = 128
+    max_length: count(8, BertConfig.max_position_embeddings, "BERT's position embeddings") = DEFAULT_MAX_LENGTH
     max_train_examples: count(1, 100_000_000, SPLIT) | None = None  # per task, a seeded subset; None = all
     max_dev_examples: count(1, 100_000_000, SPLIT) | None = None
     selection_examples: count(1, 100_000_000, SPLIT) | None = (
@@ -366,7 +365,9 @@ def _task_entry(value: str) -> str:
 
 _TaskEntries = Annotated[
     list[Annotated[StrictStr, AfterValidator(_task_entry)]],
-    validation.rule(lambda v: isinstance(v, list) and v, "expected a non-empty list of tasks, got {}", True),
+    validation.rule(
+        lambda v: isinstance(v, list) and v, "expected a non-empty list of task names or task files, got {}", True
+    ),
     validation.rule(lambda v: len(set(v)) == len(v), "a task is listed twice in {}"),
     Field(json_schema_extra={"minItems": 1}),
 ]
@@ -460,9 +461,8 @@ def load_sweep(path: str | Path, budget: str | None = None, spaces_dir: str | Pa
     own = Path(spaces_dir) if spaces_dir is not None else path.parent / METHODS_SUBDIR
     shipped = SEARCH_SPACES_DIR / METHODS_SUBDIR
 
-    def space_file(method: str) -> Path:  # a method's space beside the file, else the shipped one (unless told where)
-        mine = own / f"{method}.yaml"
-        return mine if mine.is_file() or spaces_dir is not None else shipped / f"{method}.yaml"
+    def space_file(method: str) -> Path:  # the folder's own spaces where it has them (or was told), else the shipped
+        return (own if own.is_dir() or spaces_dir is not None else shipped) / f"{method}.yaml"
 
     with named(path):
         data = validation.read_yaml(path)
@@ -520,7 +520,7 @@ def _check_train(sweep: SweepFile, tasks: tuple[str, ...]) -> None:
 def prepare_data(definition: SweepDefinition, data_dir: str | Path):
     """The sweep's data, read and tokenized once, and the model's weights: what every trial trains on."""
     log.info("reading and tokenizing %s from %s (model %s)", ",".join(definition.tasks), data_dir, definition.model)
-    return data_settings(definition, data_dir).prepare(definition.tasks)
+    return train.prepare(data_settings(definition, data_dir), definition.tasks)
 
 
 def data_settings(definition: SweepDefinition, data_dir: str | Path | None) -> DataSettings:
