@@ -166,6 +166,7 @@ def _header_lines(sweep: SweepRuns) -> list[str]:
         *_confirmation_line(sweep),
         f"- budget: {budget or 'not recorded'}; scheduler {p.get('scheduler', '?')}; "
         f"objective {p.get('objective', '?')}; {_search_mode(p)}; {_budget_unit(p)}",
+        *_rows_line(sweep),
         *_skipped_rows_line(p),
         f"- MLflow: `{sweep.tracking_uri}`, experiment {sweep.experiment_id}, parent run `{sweep.parent_run_id}`",
         f"- code version: `{sweep.parent_tags.get(CODE_VERSION, 'unknown')}`",
@@ -199,6 +200,20 @@ def _budget_unit(params: dict) -> str:
     if unit == "trials":
         return "equal share per method: trials"
     return f"equal share per method: {unit} (trials_per_method full trials' worth each; the fairness table: the spend)"
+
+
+def _rows_line(sweep: SweepRuns) -> list[str]:
+    """The rows each role got per task (``train_examples.<task>`` and the others, as the sweep logged them): the
+    search's train rows (the confirmation's are in the answer's notes), the selection, decision and dev splits."""
+    metrics = sweep.parent_metrics or {}
+    roles = ("train", "selection", "decision", "dev")
+    parts = []
+    for task in sweep.tasks:
+        counts = {role: metrics.get(f"{role}_examples.{task}") for role in roles}
+        if any(v is not None for v in counts.values()):
+            given = ", ".join(f"{int(v):,} {role}" for role, v in counts.items() if v is not None)
+            parts.append(f"{task}: {given}")
+    return [f"- rows per role (the search's train rows): {'; '.join(parts)}"] if parts else []
 
 
 def _skipped_rows_line(params: dict) -> list[str]:

@@ -562,11 +562,13 @@ def fit_rounds(definition, runnable, rounds: Rounds, phase: str, progress, stora
 
 
 def log_dev_sizes(record, prepared, seed: int) -> None:
-    """Parent metrics ``dev_examples.<task>`` and ``selection_examples.<task>`` (the split sizes; the report's
-    noise rule needs dev's without seeds) and ``selection_seed`` (the seed that carved the selection split)."""
+    """Parent metrics ``train_examples.<task>`` (the search's train rows), ``selection_examples.<task>``,
+    ``decision_examples.<task>`` and ``dev_examples.<task>`` (the rows each role got: the report gives them, and its
+    noise rule needs dev's) and ``selection_seed`` (the seed that carved the selection split)."""
     now = int(time.time() * 1000)
     metrics = [Metric("selection_seed", seed, now, 0)]
     for task, data in prepared.tasks.items():
+        metrics.append(Metric(f"train_examples.{task}", len(data.train), now, 0))
         metrics.append(Metric(f"dev_examples.{task}", len(data.dev), now, 0))
         if data.selection is not None:
             metrics.append(Metric(f"selection_examples.{task}", len(data.selection), now, 0))
