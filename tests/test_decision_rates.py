@@ -50,5 +50,5 @@ def test_an_equal_cheaper_contender_is_claimed_and_the_clearly_worse_ones_stop_e
                                        only=("power",))  # fmt: skip
     oracle = sm.oracle_power_within(WORLD, PLAN, OTHERS_SD, 4000)
     print(claimed, shown, oracle, sep="\n")
-    assert claimed.rate >= oracle.rate - 0.06, f"{claimed}; {oracle}"
+    assert claimed.rate >= oracle.rate - 0.08, f"{claimed}; {oracle}"
     assert shown.rate >= 0.75 and float(shown.what.split("mean seeds ")[1].split()[0]) <= 5.5, str(shown)

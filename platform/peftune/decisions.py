@@ -624,7 +624,8 @@ def seeds_to_decide(f: Fit, i: int, r: int, gap: float, margin: float, q: float,
 def _open_questions(f: Fit, vs: Mapping[int, VsBest], open_: Sequence[int], costs, plan: Plan,
                     worse: set[str]) -> tuple[list[str], str, int]:  # fmt: skip
     """(configurations the next look gives a seed, what would decide, seeds that would). Each open question j is
-    bound by one comparison (j against its rival r, ``_rival``); it gets seeds, j and r one each, while the
+    bound by one comparison, j against its rival r: the configuration whose comparison gives j's "not worse"
+    bound where j's estimate lies within the margin, else its "worse" bound. It gets seeds, j and r one each, while the
     seeds left could answer it: with both at ``max_seeds`` and the last look's critical value, "not worse" or
     "worse" must be reachable for a difference one standard error beyond its estimate. Otherwise it is futile
     at this plan, and what would decide it is said: the seeds at which it is answered ``DECIDE`` of the time
