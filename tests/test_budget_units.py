@@ -28,7 +28,6 @@ def searcher_in(tmp_path: Path, unit: str, budget: dict[str, int], full_cost: fl
     return search.PerMethodSearcher(
         {m: spaces.load_method_space(SPACES_DIR / f"{m}.yaml") for m in budget},
         sweep="units",
-        num_samples=sum(budget.values()),
         storage_url=f"sqlite:///{tmp_path / 'optuna.db'}",
         n_startup_trials=2,
         allocation=allocation,

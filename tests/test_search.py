@@ -33,13 +33,13 @@ def shipped_space(method: str) -> spaces.MethodSpace:
 
 
 def make_searcher(
-    tmp_path: Path, methods: list[str], num_samples: int, seed: int = 0, asynchronous: bool = True
+    tmp_path: Path, methods: list[str], trials_per_method: int, seed: int = 0, asynchronous: bool = True
 ) -> search.PerMethodSearcher:
     """Asynchronous by default here: these tests hand out many trials before any reports."""
     return search.PerMethodSearcher(
         {m: shipped_space(m) for m in methods},
         sweep="s",
-        num_samples=num_samples,
+        allocation=search.Allocation("trials", dict.fromkeys(methods, trials_per_method)),
         storage_url=f"sqlite:///{tmp_path / 'optuna.db'}",
         seed=seed,
         n_startup_trials=2,
@@ -56,11 +56,11 @@ def hand_out(searcher, start: int, count: int) -> list[dict]:
 
 def test_trials_are_split_equally_and_each_method_starts_with_its_published_default(tmp_path):
     methods = ["frozen", "lora", "adapter"]
-    searcher = make_searcher(tmp_path, methods, num_samples=8)
-    configs = hand_out(searcher, 0, 8)
-    assert searcher.suggest("t8") == Searcher.FINISHED
+    searcher = make_searcher(tmp_path, methods, trials_per_method=3)
+    configs = hand_out(searcher, 0, 9)
+    assert searcher.suggest("t9") == Searcher.FINISHED
     counts = Counter(c["method"] for c in configs)
-    assert sorted(counts.values()) == [2, 3, 3]  # equal within one
+    assert sorted(counts.values()) == [3, 3, 3]  # each method its trials_per_method
     # round robin: no method gets a second trial before every method has had its first
     assert [c["method"] for c in configs[:3]] == methods
     for config in configs[:3]:
@@ -102,7 +102,7 @@ def test_published_defaults_of_every_shipped_space():
 
 
 def test_results_go_to_the_method_study_and_state_survives_a_restore(tmp_path):
-    searcher = make_searcher(tmp_path, ["frozen", "lora"], num_samples=6)
+    searcher = make_searcher(tmp_path, ["frozen", "lora"], trials_per_method=3)
     first = hand_out(searcher, 0, 3)
     searcher.on_trial_complete("t0", {"score": 0.4})
     searcher.on_trial_complete("t1", None, error=True)
@@ -110,7 +110,7 @@ def test_results_go_to_the_method_study_and_state_survives_a_restore(tmp_path):
     searcher.save(str(checkpoint))
 
     # what Tune does on a restore: a fresh (unpickled) searcher, then restore(); the studies come from the storage
-    again = make_searcher(tmp_path, ["frozen", "lora"], num_samples=6)
+    again = make_searcher(tmp_path, ["frozen", "lora"], trials_per_method=3)
     again.restore(str(checkpoint))
     assert again.handed == {"frozen": 2, "lora": 1} and set(again.live) == {"t2"}
     rest = hand_out(again, 3, 3)
@@ -136,7 +136,7 @@ def test_data_fidelity_rungs():
 
 
 def test_synchronous_search_waits_for_a_method_s_trial_before_its_next(tmp_path):
-    searcher = make_searcher(tmp_path, ["frozen", "lora"], num_samples=4, asynchronous=False)
+    searcher = make_searcher(tmp_path, ["frozen", "lora"], trials_per_method=2, asynchronous=False)
     first = hand_out(searcher, 0, 2)
     assert [c["method"] for c in first] == ["frozen", "lora"]
     assert searcher.suggest("t2") is None  # both methods have a trial running: wait, do not draw
@@ -164,13 +164,13 @@ def test_a_rung_under_the_step_floor_is_dropped_not_left_dead():
 
 
 def test_a_trial_handed_out_after_the_last_saved_state_is_handed_out_again_not_asked_anew(tmp_path):
-    searcher = make_searcher(tmp_path, ["frozen", "lora"], num_samples=6)
+    searcher = make_searcher(tmp_path, ["frozen", "lora"], trials_per_method=3)
     hand_out(searcher, 0, 3)
     saved = tmp_path / "searcher.json"
     searcher.save(str(saved))  # Tune's last saved state
     lost = hand_out(searcher, 3, 1)[0]  # handed out, then the driver is killed before Tune saves again
 
-    again = make_searcher(tmp_path, ["frozen", "lora"], num_samples=6)
+    again = make_searcher(tmp_path, ["frozen", "lora"], trials_per_method=3)
     again.restore(str(saved))
     repeated = again.suggest("new-id")
     assert repeated == lost  # the same method, parameters, config key and default mark
@@ -180,12 +180,6 @@ def test_a_trial_handed_out_after_the_last_saved_state_is_handed_out_again_not_a
     keys = [c["peftune"]["config_key"] for c in [*rest, repeated]]
     assert len(set(keys)) == 3
     assert sum(len(again.study(m).get_trials(deepcopy=False)) for m in ("frozen", "lora")) == 6
-
-
-def test_budget_split_is_equal_within_one():
-    for total in range(1, 40):
-        split = search.budget_split(total, ["a", "b", "c", "d", "e"])
-        assert sum(split.values()) == total and max(split.values()) - min(split.values()) <= 1
 
 
 # ----------------------------------------------------------------------------- the scheduler
@@ -482,7 +476,7 @@ def test_a_driver_killed_right_after_a_trial_start_leaves_no_ghost_and_runs_no_c
 
 def test_within_a_round_the_slowest_method_starts_first_so_the_phase_ends_on_short_trials(tmp_path):
     methods = ["frozen", "lora", "prompt"]
-    searcher = make_searcher(tmp_path, methods, num_samples=9, asynchronous=False)
+    searcher = make_searcher(tmp_path, methods, trials_per_method=3, asynchronous=False)
     first = hand_out(searcher, 0, 3)
     assert [c["method"] for c in first] == methods  # nothing timed yet: the listed order
     for i, seconds in enumerate((10.0, 20.0, 200.0)):  # a length-100 prompt trains 10-20x longer
@@ -490,7 +484,7 @@ def test_within_a_round_the_slowest_method_starts_first_so_the_phase_ends_on_sho
     assert [c["method"] for c in hand_out(searcher, 3, 3)] == ["prompt", "lora", "frozen"]
     checkpoint = tmp_path / "searcher.json"
     searcher.save(str(checkpoint))  # the timings survive a restore
-    again = make_searcher(tmp_path, methods, num_samples=9, asynchronous=False)
+    again = make_searcher(tmp_path, methods, trials_per_method=3, asynchronous=False)
     again.restore(str(checkpoint))
     assert again.mean_seconds("prompt") == 200.0 and again.mean_seconds("frozen") == 10.0
 
@@ -499,7 +493,8 @@ def test_a_packable_methods_trials_are_handed_out_as_one_round_of_a_pack(tmp_pat
     # not asynchronous: a method's trial waits for its earlier ones, but a pack's round of trials is handed out
     # together (asked of its study with the same trials told), the other methods' trials after it
     searcher = search.PerMethodSearcher(
-        {m: shipped_space(m) for m in ("frozen", "bitfit")}, sweep="s", num_samples=8,
+        {m: shipped_space(m) for m in ("frozen", "bitfit")}, sweep="s",
+        allocation=search.Allocation("trials", {"frozen": 4, "bitfit": 4}),
         storage_url=f"sqlite:///{tmp_path / 'optuna.db'}", n_startup_trials=2, asynchronous=False,
         pack_sizes={"bitfit": 3},
     )  # fmt: skip
@@ -514,7 +509,8 @@ def test_a_packable_methods_trials_are_handed_out_as_one_round_of_a_pack(tmp_pat
     state = tmp_path / "searcher.json"
     searcher.save(str(state))
     again = search.PerMethodSearcher(
-        {m: shipped_space(m) for m in ("frozen", "bitfit")}, sweep="s", num_samples=8,
+        {m: shipped_space(m) for m in ("frozen", "bitfit")}, sweep="s",
+        allocation=search.Allocation("trials", {"frozen": 4, "bitfit": 4}),
         storage_url=f"sqlite:///{tmp_path / 'optuna.db'}", n_startup_trials=2, asynchronous=False,
         pack_sizes={"bitfit": 3},
     )  # fmt: skip

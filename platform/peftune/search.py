@@ -86,12 +86,6 @@ def rung_fractions(rungs: int, reduction_factor: int) -> list[float]:
     return [grace * reduction_factor**k for k in range(rungs - 1)]
 
 
-def budget_split(num_samples: int, methods: list[str]) -> dict[str, int]:
-    """``num_samples`` trials in all, split equally; the first methods get the remainder (±1)."""
-    base, extra = divmod(num_samples, len(methods))
-    return {m: base + (i < extra) for i, m in enumerate(methods)}
-
-
 SPENT_RESULT = {"steps": "steps", "tokens": "tokens_seen"}  # the trial result a budget in that unit counts
 
 
@@ -108,7 +102,7 @@ class Allocation:
     """
 
     unit: str
-    budget: dict[str, int]  # method -> its trials (budget_split)
+    budget: dict[str, int]  # method -> its share: trials_per_method of the unit
     full_cost: float = 1.0
     min_fraction: float = 1.0
     steps_per_run: int = 0  # a full trial's optimizer steps (the rungs that stay depend on them: live_rungs)
@@ -213,12 +207,11 @@ class PerMethodSearcher(Searcher):
         method_spaces: dict[str, MethodSpace],
         *,
         sweep: str,
-        num_samples: int,
+        allocation: Allocation,
         storage_url: str,
         seed: int = 0,
         n_startup_trials: int = 10,
         asynchronous: bool = False,
-        allocation: Allocation | None = None,
         pack_sizes: dict[str, int] | None = None,
     ):
         super().__init__(metric=METRIC, mode=MODE)
@@ -230,7 +223,7 @@ class PerMethodSearcher(Searcher):
         self.spaces = dict(method_spaces)
         self.sweep, self.storage_url, self.seed = sweep, storage_url, seed
         self.n_startup_trials = n_startup_trials
-        self.allocation = allocation or Allocation("trials", budget_split(num_samples, list(self.spaces)))
+        self.allocation = allocation  # each method's share of the search, and what its trials spent
         self.budget = self.allocation.budget  # method -> its trials (one dict: a restore updates both)
         self.handed = {m: 0 for m in self.spaces}  # trials handed out per method
         self.live: dict[str, list] = {}  # Ray trial id -> [method, Optuna trial number]
@@ -630,12 +623,11 @@ def make_searcher(
         return PerMethodSearcher(
             definition.spaces,
             sweep=definition.name,
-            num_samples=definition.search_trials,
+            allocation=budgets or allocation(definition),
             storage_url=storage_url,
             seed=definition.seed,
             n_startup_trials=definition.search.n_startup_trials,
             asynchronous=definition.search.asynchronous,
-            allocation=budgets,
             pack_sizes=pack_sizes(definition),
         )
 
