@@ -235,6 +235,14 @@ def test_bad_task_files_are_refused_in_one_line_before_any_work(tmp_path, case):
     assert not out.exists()
 
 
+def test_a_split_that_leaves_a_role_empty_is_refused(tmp_path):
+    frame(ROWS[:6]).to_csv(tmp_path / "all.csv", index=False)
+    spec = tasks.load_task_file(task_file(tmp_path, "name: tiny\nkind: binary\ntext: review\nlabel: verdict\n"
+                                                    "file: all.csv\nsplit: {dev: 0.05}\n"))  # fmt: skip
+    with pytest.raises(DataError, match=r"all.csv: task 'tiny': its split gives the dev role none of the file's 6"):
+        data.check_files(None, [spec])
+
+
 def test_two_tasks_of_one_name_are_refused(tmp_path):
     a = task_file(tmp_path / "a", "name: same\nkind: binary\ntext: review\nlabel: verdict\ntrain: d.csv\ndev: d.csv\n")
     b = task_file(tmp_path / "b", "name: same\nkind: binary\ntext: review\nlabel: verdict\ntrain: e.csv\ndev: e.csv\n")

@@ -255,7 +255,7 @@ def resolve_labels(data_dir, spec: TaskSpec, invalid_rows: str = "raise") -> Tas
 def _role_rows(path: Path, data: bytes, sha256: str, spec: TaskSpec, role: str, invalid_rows: str) -> Rows:
     """``role``'s rows of the file: all of them, or its part of a task's one split file."""
     rows = _parsed(path, data, sha256, spec, invalid_rows)
-    return rows if spec.file is None else rows.subset(split_rows(rows, spec)[role])
+    return rows if spec.file is None else rows.subset(split_rows(rows, spec, path)[role])
 
 
 def examples_sha256(examples: Sequence[Example]) -> str:

@@ -435,7 +435,7 @@ def _check_id(path: Path, seen: dict, example_id, line: int, example) -> None:
 # ----------------------------------------------------------------------------- splits and labels
 
 
-def split_rows(rows: Rows, spec: TaskSpec) -> dict[str, list[int]]:
+def split_rows(rows: Rows, spec: TaskSpec, path: Path | None = None) -> dict[str, list[int]]:
     """Role (train, dev, test) -> indices of ``rows`` (one file), in file order: each class's rows (all rows of a
     regression task) shuffled with the split's seed, their first ``dev`` share dev, the next ``test`` share test."""
     dev, test, seed = spec.split
@@ -449,6 +449,15 @@ def split_rows(rows: Rows, spec: TaskSpec) -> dict[str, list[int]]:
         roles["dev"] += members[:n_dev]
         roles["test"] += members[n_dev : n_dev + n_test]
         roles["train"] += members[n_dev + n_test :]
+    for role in spec.roles:
+        if not roles[role]:
+            share = {"dev": dev, "test": test, "train": 1 - dev - test}[role]
+            raise DataError(
+                path or spec.name,
+                f"task {spec.name!r}: its split gives the {role} role none of the file's {len(rows.labels)} rows "
+                f"({share:g} of them)",
+                expected=f"a larger {role} share in `split`, or a larger file",
+            )
     return {role: sorted(indices) for role, indices in roles.items()}
 
 
