@@ -143,7 +143,7 @@ def test_what_would_decide_it_names_seeds_that_answer_the_question_at_its_estima
     """A question the plan's seeds cannot answer says how many seeds would, for both configurations of its
     comparison: at those seeds, the estimate lies its critical value and the power's quantile beyond -margin."""
     plan = d.Plan(seeds=3, max_seeds=4, margin=0.02, budgets=(100.0,))
-    f = _fit([0.42, 0.45], run_var=(2e-4, 2e-4), seeds=(4.0, 4.0), example=1e-5)
+    f = _fit([0.42, 0.45], run_var=(2e-4, 2e-4), seeds=(4.0, 4.0), example=4e-6)
     a = d.answer(100.0, f, {"cheap": 0.1, "best": 1.0}, plan, posterior=False)
     assert a.pick == "best" and a.decision in (d.NOT_WORSE, d.BETTER) and not a.grow
     assert a.seeds_needed > plan.max_seeds

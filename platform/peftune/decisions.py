@@ -601,7 +601,7 @@ def seeds_to_decide(f: Fit, i: int, r: int, gap: float, margin: float, q: float,
     """The fewest seeds (each of i and r) at which a difference truly ``gap`` is answered, one way or the other,
     with probability ``power`` (None: no number of seeds does, at these decision rows): at the critical value
     ``q``, then, with ``first`` (the plan's first seeds), at the last look's boundary of a plan that looks at
-    every seed from ``first`` to that number (its looks cost it power)."""
+    every seed from ``first`` to that number (its looks cost it power), for the claim the estimate points to."""
     distance = abs(gap + margin)
     z = float(special.ndtri(power))
 
@@ -616,9 +616,11 @@ def seeds_to_decide(f: Fit, i: int, r: int, gap: float, margin: float, q: float,
     seeds = fewest(q)
     if seeds is None or first is None or seeds <= first:
         return seeds
+    word = NOT_WORSE if gap >= -margin else WORSE  # the claim the estimate points to, with its own spending
     history = [{f.names[i]: n, f.names[r]: n} for n in range(first, seeds + 1)]
     looks = fractions(dataclasses.replace(f, seeds=np.full(len(f.names), float(seeds))), i, r, history, seeds)
-    return fewest(max(q, boundary(looks, ALPHA, SHAPES[NOT_WORSE])))
+    timed = looks if CLOCKS[word] == "seeds" else tuple((t, t) for t, _ in looks)
+    return fewest(max(q, boundary(timed, ALPHA, SHAPES[word])))
 
 
 def _open_questions(f: Fit, vs: Mapping[int, VsBest], open_: Sequence[int], costs, plan: Plan,
