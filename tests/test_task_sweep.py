@@ -52,10 +52,14 @@ def test_the_example_task_runs_the_smoke_sweep_and_its_record_names_it(tmp_path)
         p.read_text() for p in (elsewhere / "report").glob("*.csv"))  # fmt: skip
 
     # the final evaluation scores the task's own test file (beside its task file), in yet another process
+    # (the record keeps the task's declaration, not where its files were: --data-dir names their folder)
     command = [sys.executable, "-m", "peftune.cli", "evaluate", "--sweep", "questions_tuning", "--tracking-uri", uri,
-               "--test-dir", str(EXAMPLE), "--seeds", "1", "--top", "1", "--output",
+               "--data-dir", str(EXAMPLE), "--test-dir", str(EXAMPLE), "--seeds", "1", "--top", "1", "--output",
                str(elsewhere / "evaluation")]  # fmt: skip
     evaluated = subprocess.run(command, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=900)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
-    runs = (elsewhere / "evaluation" / "evaluation_runs.csv").read_text()
-    assert "test_questions_f1" in runs or "test_score" in runs, runs[:500]
+    import pandas as pd
+
+    runs = pd.read_csv(elsewhere / "evaluation" / "evaluation" / "evaluation_runs.csv")  # <output>/evaluation/
+    test = runs[runs["split"] == "test"]
+    assert len(test) == 1 and 0 <= float(test["questions_f1"].iloc[0]) <= 1, runs.to_string()

@@ -234,11 +234,12 @@ def _warn_skipped(path: Path, skipped: Sequence[tuple[int, str]]) -> None:
 def task_path(data_dir: str | os.PathLike | None, spec: TaskSpec, role: str) -> Path:
     """Where ``role``'s file of ``spec`` is: beside the task file when it is there, else in ``data_dir``."""
     name = spec.file_of(role)
-    beside = Path(spec.folder) / name if spec.folder is not None else None
+    beside = Path(spec.folder) / name if spec.folder else None
     if beside is not None and (beside.exists() or data_dir is None):
         return beside
     if data_dir is None:
-        raise UserError(f"task {spec.name!r} reads {name} from the data directory; expected --data-dir")
+        raise UserError(f"task {spec.name!r} reads {name} from the data directory; expected --data-dir (the folder "
+                        f"holding {name})")  # fmt: skip
     return Path(data_dir) / name
 
 

@@ -157,7 +157,9 @@ class TaskSpec:
     value_range: tuple[float, float] | None = None  # regression: the values' declared bounds
     display_name: str = ""  # the papers' column (SST, Quora); "": its name
     description: str = ""
-    folder: str | None = None  # the task file's folder: its relative file names are looked up there first
+    # the task file's folder, where its relative file names are looked up first; None: a shipped task; "": one
+    # declared from a record (which keeps no machine path: its files come from the data directory)
+    folder: str | None = None
     labels_from_train: bool = False  # the labels were read from the train file (the task file lists none)
 
     def __post_init__(self):
@@ -212,9 +214,10 @@ class TaskSpec:
 
     @classmethod
     def from_declaration(cls, declared: dict, where: str = "the record") -> TaskSpec:
-        """A spec from :meth:`declaration`'s dict (a record's), validated as a task file is."""
+        """A spec from :meth:`declaration`'s dict (a record's), validated as a task file is; its files are read
+        from the data directory (a record keeps no machine path)."""
         with named(where):
-            return cls.from_file(TypeAdapter(TaskFile).validate_python(declared))
+            return cls.from_file(TypeAdapter(TaskFile).validate_python(declared), folder="")
 
     def resolved(self, train_labels: Iterable[int | str]) -> TaskSpec:
         """This spec with its class labels, read from the train file's labels when the task did not list them:
