@@ -570,7 +570,10 @@ def answer(budget: float, f: Fit, costs: Mapping[str, float], plan: Plan,
     if posterior:
         out.p_best, out.p_within, out.regret, out.regret_high = _posterior(f, pick, margin)
     if chosen is not None:
-        out.decision = BETTER if chosen == best and vs[best].better else NOT_WORSE
+        # better: the best estimate above every other, or every other shown worse by more than the margin (>= 0)
+        others_worse = all(out.claims.get(names[j], Claim("", 0, 0, 0, 0, 0)).word == WORSE for j in by_cost
+                           if j != best)  # fmt: skip
+        out.decision = BETTER if chosen == best and (vs[best].better or others_worse) else NOT_WORSE
         out.why = (
             f"the cheapest configuration shown not worse than the best of the others by more than {margin:g}"
             + (" (at an earlier look: the interval printed is this look's)" if vs[chosen].low < -margin else "")

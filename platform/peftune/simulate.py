@@ -274,15 +274,18 @@ def _said_better(a: decisions.Answer, truth: Mapping[str, float]) -> bool:
     return any(r["decision"] == decisions.BETTER and truth[r["a"]] <= truth[r["b"]] for r in a.pairs)
 
 
-def null_error(world: World, k: int, plan: Plan, examples: int, sims: int, seed: int = 0) -> Rate:
-    """K equally good configurations: the share of simulations with any "better" said (the answer's or a pair
-    table row's): every one is false, all being equal."""
+def null_error(world: World, k: int, plan: Plan, examples: int, sims: int, seed: int = 0,
+               pairs: bool = True) -> Rate:  # fmt: skip
+    """K equally good configurations: the share of simulations with any "better" said, the answer's or (with
+    ``pairs``) a pair table row's: every one is false, all being equal."""
     rng = np.random.default_rng([seed, k, examples])
     truth = {f"c{i}": 0.0 for i in range(k)}
     hits = 0
     for _ in range(sims):
-        hits += _said_better(world.outcome([0.0] * k, plan, examples, rng).answers[0], truth)
-    return Rate(f"{world.name} K={k} false 'better' (global null)", hits, sims)
+        a = world.outcome([0.0] * k, plan, examples, rng).answers[0]
+        hits += _said_better(a, truth) if pairs else a.decision == decisions.BETTER
+    what = "any 'better' said, answer or pair table" if pairs else "the answer's 'better'"
+    return Rate(f"{world.name} K={k} false {what} (global null)", hits, sims)
 
 
 @dataclass
