@@ -47,7 +47,7 @@ BETTER, NOT_WORSE, CANNOT_TELL, EQUIVALENT, WORSE = "better", "not worse", "cann
 WORDS = {
     NOT_WORSE: "every lower bound of the configuration minus another lies above -margin",
     WORSE: "an upper bound of the configuration minus another lies below -margin (it gets no more seeds)",
-    BETTER: "the pick's lower bound against every other lies above 0",
+    BETTER: "the pick's lower bound against every other lies above 0, or every other is shown worse",
     EQUIVALENT: "a pair's interval lies inside [-margin, +margin] (the pair table)",
     CANNOT_TELL: "otherwise: the data cannot tell (the answer says what would)",
 }
