@@ -91,6 +91,25 @@ NEGATIVE = ["a dull , boring mess", "awful and tedious", "the worst plot ever", 
 
 
 @pytest.fixture(scope="session")
+def tokenizer():
+    """The default model's own tokenizer (offline)."""
+    from peftune.backbone import DEFAULT_MODEL, load_tokenizer, resolve_model_dir
+
+    return load_tokenizer(resolve_model_dir(DEFAULT_MODEL))
+
+
+@pytest.fixture
+def clean_data():
+    """No tokenized split, read file or task declared by another test before or after this one."""
+    from peftune import data, tasks
+
+    data.clear_cache()
+    yield
+    data.clear_cache()
+    tasks.forget_declared()
+
+
+@pytest.fixture(scope="session")
 def tiny_data_dir(tmp_path_factory) -> Path:
     """Learnable toy versions of the sst, para, sts and cfimdb files (same names and columns as the real ones)."""
     import random

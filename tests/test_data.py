@@ -17,7 +17,6 @@ import pytest
 import torch
 
 from peftune import data
-from peftune.backbone import load_tokenizer, resolve_model_dir
 from peftune.data import DataError
 from peftune.tasks import get_task
 
@@ -26,16 +25,7 @@ SENTENCE_HEADER = "\tid\tsentence\tsentiment\n"
 PAIR_HEADER = "\tid\tsentence1\tsentence2\tsimilarity\n"
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(resolve_model_dir("all-minilm-l6-v2"))
-
-
-@pytest.fixture(autouse=True)
-def empty_cache():
-    data.clear_cache()
-    yield
-    data.clear_cache()
+pytestmark = pytest.mark.usefixtures("clean_data")  # conftest: no tokenized split or declared task left over
 
 
 def write(path: Path, text: str) -> Path:

@@ -15,15 +15,9 @@ import torch
 
 from conftest import SHARED_DATA
 from peftune import train
-from peftune.backbone import DEFAULT_MODEL, load_tokenizer, resolve_model_dir
 from peftune.data import DataError, carve, load_tasks
 from peftune.tasks import parse_tasks
 from peftune.trial_spec import DataSettings
-
-
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(resolve_model_dir(DEFAULT_MODEL))
 
 
 def lines(split) -> set[int]:

@@ -18,7 +18,6 @@ import torch
 from scipy import stats
 
 from peftune import data, tasks
-from peftune.backbone import load_tokenizer, resolve_model_dir
 from peftune.data import DataError
 from peftune.errors import UserError
 from peftune.spaces import SpaceError
@@ -38,17 +37,7 @@ ROWS = [  # (text, label): a small sentiment-like task with text labels
 ] * 3
 
 
-@pytest.fixture(scope="module")
-def tokenizer():
-    return load_tokenizer(resolve_model_dir("all-minilm-l6-v2"))
-
-
-@pytest.fixture(autouse=True)
-def empty_cache():
-    data.clear_cache()
-    yield
-    data.clear_cache()
-    tasks.forget_declared()
+pytestmark = pytest.mark.usefixtures("clean_data")  # conftest: no tokenized split or declared task left over
 
 
 def task_file(folder: Path, body: str, name: str = "task.yaml") -> Path:
