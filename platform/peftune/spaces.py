@@ -519,7 +519,8 @@ def _check_train(sweep: SweepFile, tasks: tuple[str, ...]) -> None:
 
 def prepare_data(definition: SweepDefinition, data_dir: str | Path):
     """The sweep's data, read and tokenized once, and the model's weights: what every trial trains on."""
-    log.info("reading and tokenizing %s from %s (model %s)", ",".join(definition.tasks), data_dir, definition.model)
+    where = data_dir or "beside their task files"
+    log.info("reading and tokenizing %s from %s (model %s)", ",".join(definition.tasks), where, definition.model)
     return train.prepare(data_settings(definition, data_dir), definition.tasks)
 
 
