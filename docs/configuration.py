@@ -3,56 +3,23 @@
     python docs/configuration.py            # rewrite docs/configuration.md
     python docs/configuration.py --check    # exit 1 when it is out of date (tests/test_docs.py does the same)
 
-Types, bounds, defaults and the required keys come from the JSON Schema of ``peftune.spaces.SweepFile`` (what
-``peftune schema`` prints); the keys of ``train:`` from ``peftune.train.TrainConfig``. A key's meaning is its
-schema description, else the comment beside (or just above) its field in the source, else :data:`MEANINGS`. A key
-with none of the three stops the generator: comment the field, or add it to :data:`MEANINGS`. Imports torch and
+Types, bounds, defaults, the required keys and each key's meaning (its field's docstring, the schema's description)
+come from the JSON Schema of ``peftune.spaces.SweepFile`` (what ``peftune schema`` prints); the keys of ``train:``
+from that of ``peftune.train.TrainConfig``. A key without a description stops the generator. Imports torch and
 pydantic, not Ray.
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
-import inspect
-import io
 import json
 import sys
-import tokenize
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent
 TARGET = DOCS / "configuration.md"
 COMMAND = "python docs/configuration.py"
 
-# meanings for the keys whose field has no comment in the source (a comment there, once written, takes over)
-MEANINGS = {
-    "name": "the sweep's name: its MLflow experiment, its Tune state under the storage path, its Optuna studies",
-    "description": "free text, shown with the sweep",
-    "seed": "the sweep's seed: Optuna's samplers, the data subsets and splits, every search trial's training",
-    "search": "how configurations are proposed (below: `search`)",
-    "scheduler": "how weak trials are stopped early (below: `scheduler`)",
-    "resources": "what each trial asks Ray for, and packing (below: `resources`)",
-    "train": "training settings every trial of the sweep shares (below: `train`)",
-    "tasks": "the tasks trained together; the score is the mean of their metrics",
-    "methods": "the PEFT methods searched, each with its own space `search_spaces/methods/<method>.yaml`",
-    "budgets": "the budget presets by name (below: `budgets.<preset>`); a run picks one with `--budget`",
-    "confirm": "the confirmation after the search (below: `confirm`)",
-    "epochs": "epochs each trial trains (a confirmation run too)",
-    "batch_size": "examples per training batch",
-    "max_length": "tokens per sequence (a sentence pair together), longer ones truncated",
-    "max_dev_examples": "per task, a seeded subset of the dev rows; null: all",
-    "reduction_factor": "ASHA's cut: 1 in this many trials of a rung goes on to the next",
-    "rungs": "the number of rungs (with `fidelity: data`, the fractions of the run at which trials are compared)",
-    "cpus_per_trial": "CPUs Ray gives each trial (also its torch threads)",
-    "gpus_per_trial": "the GPU fraction each trial asks for where the cluster has GPUs (0.25: four trials a GPU)",
-    "seeds": "new seeds each confirmed configuration is trained with",
-    "margin": "δ: the loss in score a user accepts for fewer trainable parameters (the decisions' margin)",
-    "warmup_ratio": "the share of steps the learning rate warms up over, linearly, then decays linearly",
-    "max_grad_norm": "the gradient-norm clip",
-    "sampling": "which task each multitask step trains: `round_robin`, `proportional` or `temperature`",
-    "device": "`auto` (CUDA when present, else the CPU), `cpu` or `cuda`",
-}
 SECTIONS = {  # the sections below the top level, in the order written: (heading, the schema's name for it)
     "search": "SearchSettings",
     "scheduler": "SchedulerSettings",
@@ -81,42 +48,6 @@ def schema() -> dict:
     from peftune import spaces
 
     return TypeAdapter(spaces.SweepFile).json_schema()
-
-
-def field_comments(cls: type) -> dict[str, str]:
-    """Each annotated field of ``cls`` (and its bases) -> the comments beside it or in the block just above it."""
-    found: dict[str, str] = {}
-    for klass in reversed(cls.__mro__):
-        try:
-            source = Path(inspect.getsourcefile(klass)).read_text(encoding="utf-8")
-        except (TypeError, OSError):
-            continue
-        found.update(_class_comments(source, klass.__name__))
-    return found
-
-
-def _class_comments(source: str, name: str) -> dict[str, str]:
-    lines = source.splitlines()
-    comments = {}  # line number -> comment text
-    for token in tokenize.generate_tokens(io.StringIO(source).readline):
-        if token.type == tokenize.COMMENT:
-            comments[token.start[0]] = token.string.lstrip("#").replace("fmt: skip", "").strip()
-    out = {}
-    for node in ast.walk(ast.parse(source)):
-        if not (isinstance(node, ast.ClassDef) and node.name == name):
-            continue
-        for item in node.body:
-            if not (isinstance(item, ast.AnnAssign) and isinstance(item.target, ast.Name)):
-                continue
-            above, line = [], item.lineno - 1
-            while line >= 1 and lines[line - 1].strip().startswith("#"):
-                above.insert(0, comments[line])
-                line -= 1
-            beside = [comments[n] for n in range(item.lineno, item.end_lineno + 1) if n in comments]
-            text = " ".join(part for part in above + beside if part)
-            if text:
-                out[item.target.id] = text
-    return out
 
 
 def type_text(prop: dict, defs: dict) -> str:
@@ -163,48 +94,37 @@ def default_text(key: str, prop: dict, required: list[str]) -> str:
     return "its keys' defaults" if "$ref" in prop else "`{}`"
 
 
-def table(properties: dict, required: list[str], defs: dict, comments: dict[str, str], where: str) -> list[str]:
+def table(properties: dict, required: list[str], defs: dict, where: str) -> list[str]:
     rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
     for key, prop in properties.items():
-        meaning = prop.get("description") or comments.get(key) or MEANINGS.get(key)
-        if not meaning:
-            raise SystemExit(
-                f"{where}.{key}: no meaning to write; comment the field in the source or add {key!r} to MEANINGS "
-                f"in docs/configuration.py"
-            )
-        cell = meaning.replace("``", "`").replace("|", "\\|")
+        if not prop.get("description", "").strip():
+            raise SystemExit(f"{where}.{key}: no description in the schema; write a docstring under its field")
+        cell = " ".join(prop["description"].split()).replace("``", "`").replace("|", "\\|")
         rows.append(f"| `{key}` | {type_text(prop, defs)} | {default_text(key, prop, required)} | {cell} |")
     return rows
 
 
-def train_properties() -> tuple[dict, dict[str, str]]:
+def train_properties() -> dict:
     """``train:``: the TrainConfig fields a sweep sets there (as ``peftune.spaces`` takes them), as schema rows."""
+    from pydantic import TypeAdapter
+
     from peftune import spaces
     from peftune.train import TrainConfig
 
-    properties = {}
-    for spec in dataclasses.fields(TrainConfig):
-        settable = isinstance(spec.default, (int, float, str)) or spec.name == "head_lr"
-        if spec.name in spaces._SET_ELSEWHERE or not settable:
-            continue
-        kind = {bool: "boolean", int: "integer", float: "number", str: "string"}.get(type(spec.default), "number")
-        properties[spec.name] = {"type": kind, "default": spec.default}
-        if spec.default is None:
-            properties[spec.name] = {"anyOf": [{"type": "number"}, {"type": "null"}], "default": None}
-    return properties, field_comments(TrainConfig)
+    properties = TypeAdapter(TrainConfig).json_schema()["properties"]
+    fields = dataclasses.fields(TrainConfig)
+    settable = [f.name for f in fields if isinstance(f.default, (int, float, str)) or f.name == "head_lr"]
+    return {key: properties[key] for key in settable if key not in spaces._SET_ELSEWHERE}
 
 
 def render() -> str:
-    from peftune import spaces
-
     full = schema()
     defs = full.get("$defs", {})
     out = [INTRO.format(command=COMMAND)]
     out += ["## The top level", ""]
-    out += table(full["properties"], full.get("required", []), defs, field_comments(spaces.SweepFile), "top level")
+    out += table(full["properties"], full.get("required", []), defs, "top level")
     for heading, name in SECTIONS.items():
         section = defs[name]
-        cls = getattr(spaces, name)
         out += ["", f"## `{heading}`", ""]
         doc = section.get("description") or defs.get(name.lstrip("_").replace("Section", "Settings"), {}).get(
             "description"
@@ -217,8 +137,7 @@ def render() -> str:
                 "given there replace these when a run uses that preset.",
                 "",
             ]
-        out += table(section["properties"], section.get("required", []), defs, field_comments(cls), heading)
-    properties, comments = train_properties()
+        out += table(section["properties"], section.get("required", []), defs, heading)
     out += [
         "",
         "## `train`",
@@ -228,7 +147,7 @@ def render() -> str:
         "level's (`seed`) are refused here.",
         "",
     ]
-    out += table(properties, [], {}, comments, "train")
+    out += table(train_properties(), [], {}, "train")
     out += task_file_section()
     return "\n".join(out) + "\n"
 
@@ -252,10 +171,10 @@ def task_file_section() -> list[str]:
         + ". Example: [docs/guide.md](guide.md#your-own-task).",
         "",
     ]
-    out += table(full["properties"], full.get("required", []), defs, field_comments(tasks.TaskFile), "task file")
+    out += table(full["properties"], full.get("required", []), defs, "task file")
     split = defs["SplitSettings"]
     out += ["", "## `split` (of a task file)", "", split["description"].replace("``", "`"), ""]
-    out += table(split["properties"], split.get("required", []), defs, field_comments(tasks.SplitSettings), "split")
+    out += table(split["properties"], split.get("required", []), defs, "split")
     return out
 
 

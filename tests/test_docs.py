@@ -322,7 +322,38 @@ def test_exempt_modules_still_need_it():
     assert not shortened, f"{shortened}: now short enough; remove them from EXEMPT_UNTIL_REWRITTEN"
 
 
-def test_the_generator_reads_a_fields_comment():
-    from peftune import spaces
+# ----------------------------------------------------------------------------- the schema's descriptions
 
-    assert load_generator().field_comments(spaces.SchedulerSettings).get("min_steps")
+
+def described(schema, where: str = "") -> dict[str, str]:
+    """Every property of a JSON Schema, nested ones and $defs' included: its path -> its description ("": none)."""
+    found = {}
+    for key, value in schema.items() if isinstance(schema, dict) else enumerate(schema):
+        if key == "properties" and isinstance(value, dict):
+            found.update({f"{where}{name}": prop.get("description", "") for name, prop in value.items()})
+        if isinstance(value, (dict, list)):
+            found.update(described(value, where if key == "properties" else f"{where}{key}."))
+    return found
+
+
+@pytest.mark.parametrize("task", [False, True], ids=["sweep", "task"])
+def test_every_key_of_the_printed_schema_has_a_meaning_the_reference_shares(task, capsys):
+    import json
+
+    from peftune import cli
+
+    assert cli.main(["schema", *(["--task"] if task else [])]) == 0
+    printed = capsys.readouterr().out
+    meanings = described(json.loads(printed))
+    assert len(meanings) >= (19 if task else 60), sorted(meanings)
+    assert not [key for key, meaning in meanings.items() if not meaning.strip()], "keys without a description"
+    # a key's meaning, word for word, in what `peftune schema` prints and in the generated reference
+    meaning = meanings["kind" if task else "$defs.SchedulerSettings.min_steps"]
+    assert json.dumps(meaning) in printed
+    assert f"| {meaning} |" in (DOCS / "configuration.md").read_text(encoding="utf-8")
+
+
+def test_a_key_without_a_description_stops_the_generator():
+    with pytest.raises(SystemExit) as stop:
+        load_generator().table({"surprise": {"type": "integer"}}, [], {}, "search")
+    assert str(stop.value) == "search.surprise: no description in the schema; write a docstring under its field"

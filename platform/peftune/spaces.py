@@ -49,7 +49,8 @@ _COMMON = {key: RATES[key] for key in HYPERPARAMETERS}  # TrainConfig's own inte
 
 @section()
 class Fixed:
-    value: Any  # not searched: the define-by-run space returns it as a constant
+    value: Any
+    """the value, not searched: the define-by-run space returns it as a constant"""
 
 
 @section()
@@ -70,16 +71,23 @@ class _Range(Section):
 @section()
 class FloatRange(_Range):
     low: validation.Float
+    """the range's low end"""
     high: validation.Float
+    """its high end"""
     log: StrictBool = False
+    """sampled on a log scale (low > 0)"""
 
 
 @section()
 class IntRange(_Range):
     low: StrictInt
+    """the range's low end"""
     high: StrictInt
+    """its high end (included)"""
     log: StrictBool = False
+    """sampled on a log scale (low > 0)"""
     step: count(1, 1_000_000_000, "a sane bound on a step") = 1
+    """the spacing of the values from low (high - low a multiple of it)"""
 
     def __post_init__(self):
         super().__post_init__()
@@ -95,6 +103,7 @@ class Choice(Section):
                        rule(lambda c: not any(isinstance(v, (dict, list)) or v is None for v in c),
                             "choices must be plain numbers, strings or booleans, got {}"),
                        rule(lambda c: len(set(c)) == len(c), "a value is listed twice in {}")]  # fmt: skip
+    """the values searched: plain numbers, strings or booleans, each once"""
 
     def suggest(self, trial, name: str):
         return trial.suggest_categorical(name, list(self.choices))
@@ -141,12 +150,19 @@ class _MethodFile(Section):
     """A method's search space as written; its parameters are parsed once the method's fields are known."""
 
     method: one_of(methods.method_names, "method")
+    """the method, also the file's name (`<method>.yaml`)"""
     lr: Any
+    """the learning rate: a value, a range or choices"""
     dropout: Any
+    """the dropout of the heads and of the method's own modules"""
     weight_decay: Any
+    """AdamW's weight decay"""
     options: Annotated[dict[Any, Any], EMPTY] = dataclasses.field(default_factory=dict)
+    """the method's own options (its size required), each a value, a range or choices"""
     description: StrictStr = ""
+    """free text, shown with the method"""
     default: dict[Any, Any] | None = None
+    """the published setting, the method's first trial, with its `source` (a paper, a report)"""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -237,86 +253,105 @@ SPLIT = "a sane bound on a split"
 class Budget(Section):
     """How much each trial trains, on how much data, and how many trials each method runs."""
 
-    # each method's trials (its default first): a method added to a sweep brings its own, taking none from the others
     trials_per_method: count(1, 100_000, "a sane bound on a method's trials")
+    """each method's trials (its default first): a method added to a sweep brings its own, taking none from the
+    others"""
     epochs: count(1, 1_000, "a sane bound on a trial's epochs")
+    """epochs each trial trains (a confirmation run too)"""
     batch_size: count(1, 8_192, "a sane bound on a batch") = 32
+    """examples per training batch"""
     max_length: count(8, BertConfig.max_position_embeddings, "BERT's position embeddings") = DEFAULT_MAX_LENGTH
-    max_train_examples: count(1, 100_000_000, SPLIT) | None = None  # per task, a seeded subset; None = all
+    """tokens per sequence (a sentence pair together), longer ones truncated"""
+    max_train_examples: count(1, 100_000_000, SPLIT) | None = None
+    """per task, a seeded subset of the train rows; null: all"""
     max_dev_examples: count(1, 100_000_000, SPLIT) | None = None
-    selection_examples: count(1, 100_000_000, SPLIT) | None = (
-        None  # per task, train rows that judge the trials (None: as dev)
-    )
+    """per task, a seeded subset of the dev rows; null: all"""
+    selection_examples: count(1, 100_000_000, SPLIT) | None = None
+    """per task, train rows that judge the trials (null: as dev)"""
 
     @classmethod
     def renamed_keys(cls) -> dict[str, str]:
         return legacy.RENAMED_BUDGET_KEYS  # num_samples, before trials_per_method
 
-    # per task, further train rows the confirmation decides on (the best per budget, a cheaper one not worse,
-    # which configurations get more seeds); dev only reports. 0: none (the confirmation then decides nothing)
     decision_examples: count(0, 1_000_000, SPLIT) = 0
+    """per task, further train rows the confirmation decides on (the best per budget, a cheaper one not worse,
+    which configurations get more seeds); dev only reports. 0: none (the confirmation then decides nothing)"""
 
 
 @section()
 class SearchSettings(Section):
-    objective: one_of(("single", "multi")) = "single"  # multi: (max score, min trainable params per task)
-    sampler: one_of(("tpe", "nsga2")) = "tpe"  # TPE (single or multi-objective) or NSGA-II (multi-objective)
-    n_startup_trials: count(1, 100_000, "at most a sweep's trials") = 10  # random trials before TPE models the space
-    allocation: one_of(("per_method", "joint")) = "per_method"  # a TPE study per method (equal trials), or one
-    asynchronous: StrictBool = False  # false: a method's trial waits for its earlier ones (reproducible)
-    # per_method's equal share: trials_per_method trials, or that many full trials' worth of optimizer steps or of
-    # training tokens (a trial stopped early leaves its method budget for more; a long prompt buys fewer trials)
+    objective: one_of(("single", "multi")) = "single"
+    """single: max score; multi: (max score, min trainable params per task)"""
+    sampler: one_of(("tpe", "nsga2")) = "tpe"
+    """TPE (single or multi-objective) or NSGA-II (multi-objective)"""
+    n_startup_trials: count(1, 100_000, "at most a sweep's trials") = 10
+    """random trials before TPE models the space"""
+    allocation: one_of(("per_method", "joint")) = "per_method"
+    """a TPE study per method (equal trials), or one for all the methods"""
+    asynchronous: StrictBool = False
+    """false: a method's trial waits for its earlier ones (reproducible)"""
     unit: one_of(("trials", "steps", "tokens")) = "trials"
+    """per_method's equal share: trials_per_method trials, or that many full trials' worth of optimizer steps or of
+    training tokens (a trial stopped early leaves its method budget for more; a long prompt buys fewer trials)"""
 
 
 @section()
 class SchedulerSettings(Section):
-    type: one_of(("asha", "none")) = "asha"  # "asha" stops weak trials early; "none" runs every trial to the end
-    grace_period: count(1, 1_000, "at most a trial's epochs") = (
-        1  # epochs every trial gets before ASHA may stop it (at most the budget's epochs)
-    )
+    type: one_of(("asha", "none")) = "asha"
+    """`asha` stops weak trials early; `none` runs every trial to the end"""
+    grace_period: count(1, 1_000, "at most a trial's epochs") = 1
+    """epochs every trial gets before ASHA may stop it (at most the budget's epochs)"""
     reduction_factor: count(2, 1_000, "a sane bound on a rung's cut") = 2
-    min_steps: count(0, 1_000_000_000, "a sane bound on a trial's steps") = (
-        0  # no trial is judged (compared at a rung) before this many optimizer steps
-    )
-    fidelity: one_of(("epochs", "data")) = "epochs"  # the rungs' unit; data: 1/rf^(rungs-1) ... 1/rf, 1 of it
+    """ASHA's cut: 1 in this many trials of a rung goes on to the next"""
+    min_steps: count(0, 1_000_000_000, "a sane bound on a trial's steps") = 0
+    """no trial is judged (compared at a rung) before this many optimizer steps"""
+    fidelity: one_of(("epochs", "data")) = "epochs"
+    """the rungs' unit; data: 1/rf^(rungs-1) ... 1/rf, 1 of it"""
     rungs: count(1, 6, "a sane bound on the rungs") = 3
+    """the number of rungs (with `fidelity: data`, the fractions of the run at which trials are compared)"""
 
 
 @section()
 class Resources(Section):
     cpus_per_trial: Bound(0.0, 1024.0, "a sane bound on a node's CPUs", low_open=True).annotated(integer=False) = 1.0
+    """CPUs Ray gives each trial (also its torch threads)"""
     gpus_per_trial: Bound(0.0, 8.0, "a GPU fraction", low_open=True).annotated(integer=False) = 0.25
-    max_concurrent_trials: count(1, 100_000, "at most a sweep's trials") | None = (
-        None  # None: as many as resources allow
-    )
-    # search trials of lora, bitfit and adapter trained K at a time over one frozen backbone (peftune.packing); 1: never
+    """the GPU fraction each trial asks for where the cluster has GPUs (0.25: four trials a GPU)"""
+    max_concurrent_trials: count(1, 100_000, "at most a sweep's trials") | None = None
+    """trials running at once; null: as many as resources allow"""
     pack_size: count(1, 64, "a sane bound on a pack's members") = 1
-    pack_wait_s: Bound(0.0, 600.0, "ten minutes").annotated(integer=False) = 10.0  # a cohort's wait for its members
+    """search trials of lora, bitfit and adapter trained K at a time over one frozen backbone (peftune.packing);
+    1: never"""
+    pack_wait_s: Bound(0.0, 600.0, "ten minutes").annotated(integer=False) = 10.0
+    """a cohort's wait for its members, in seconds"""
 
 
 @section()
 class ConfirmSettings(Section):
     """What the confirmation re-trains after the search, on how much data, and how its decisions are made."""
 
-    # per budget (0.1%, 1%, 10% trainable), its best configurations by search score: the contenders it decides on
     contenders: count(0, 1_000, "a sane bound on a budget's contenders") = 3
-    anchors: StrictBool = True  # frozen's and full fine-tuning's best too: the floor and the ceiling of the report
-    top_k: count(0, 1_000, "a sane bound on a method's confirmed configurations") = 0  # each method's best top_k
+    """per budget (0.1%, 1%, 10% trainable), its best configurations by search score: the contenders it decides on"""
+    anchors: StrictBool = True
+    """frozen's and full fine-tuning's best too: the floor and the ceiling of the report"""
+    top_k: count(0, 1_000, "a sane bound on a method's confirmed configurations") = 0
+    """each method's best top_k configurations too"""
     seeds: _SEEDS.annotated() = 3
-    defaults: StrictBool = False  # each method's default too (the tuning gain then compares seed means)
-    # per task, the train rows a confirmation run trains on: null, every train row the selection and decision
-    # splits leave (the budget a user trains at); the search trains on the budget's max_train_examples of them
+    """new seeds each confirmed configuration is trained with"""
+    defaults: StrictBool = False
+    """each method's default too (the tuning gain then compares seed means)"""
     train_examples: count(1, 100_000_000, SPLIT) | None = None
-    # delta, in the score's units: the loss a user accepts for fewer trainable parameters (0.02: two points of
-    # accuracy). Never widened to reach a decision: a budget it cannot decide is said to be open
+    """per task, the train rows a confirmation run trains on: null, every train row the selection and decision
+    splits leave (the budget a user trains at); the search trains on the budget's max_train_examples of them"""
     margin: Bound(0.0, 1.0, low_open=True, high_open=True).annotated(integer=False) = 0.02
-    max_seeds: Bound(1, _SEEDS.high, _SEEDS.why).annotated() = 10  # an open question's seeds, added a look at a time
-    max_seconds: count(1, 31_536_000, "a year") | None = (
-        None  # no new round of added seeds after this (null: no time cap)
-    )
-    # fresh seeds for each budget's pick once everything is decided: its reported dev score (dev only; 0: none)
+    """δ, the decisions' margin, in the score's units: the loss a user accepts for fewer trainable parameters (0.02:
+    two points of accuracy). Never widened to reach a decision: a budget it cannot decide is said to be open"""
+    max_seeds: Bound(1, _SEEDS.high, _SEEDS.why).annotated() = 10
+    """an open question's seeds, added a look at a time"""
+    max_seconds: count(1, 31_536_000, "a year") | None = None
+    """no new round of added seeds after this (null: no time cap)"""
     report_seeds: Bound(0, _SEEDS.high, _SEEDS.why).annotated() = 0
+    """fresh seeds for each budget's pick once everything is decided: its reported dev score (dev only; 0: none)"""
 
     def __post_init__(self):
         if self.max_seeds < self.seeds:
@@ -325,8 +360,9 @@ class ConfirmSettings(Section):
 
 @section()
 class _ConfirmSection(ConfirmSettings):
-    # a smaller preset (smoke) confirms less than the full one, in the same file: the keys given replace these
     by_budget: Annotated[dict[StrictStr, Annotated[ConfirmSettings, EMPTY]], EMPTY] = Field(default_factory=dict)
+    """per budget preset, keys that replace these when a run uses it: a smaller preset (smoke) confirms less than
+    the full one, in the same file"""
 
 
 @section(kw_only=True)
@@ -334,18 +370,27 @@ class _Settings(Section):
     """What a sweep file says and its resolved definition keeps as is."""
 
     name: _Name
+    """the sweep's name: its MLflow experiment, its Tune state under the storage path, its Optuna studies"""
     description: StrictStr = ""
-    model: Annotated[StrictStr, Field(min_length=1)] = DEFAULT_MODEL  # a model name or directory
+    """free text, shown with the sweep"""
+    model: Annotated[StrictStr, Field(min_length=1)] = DEFAULT_MODEL
+    """the backbone: a model name or directory"""
     seed: SEED.annotated() = 0
+    """the sweep's seed: Optuna's samplers, the data subsets and splits, every search trial's training"""
     search: Annotated[SearchSettings, EMPTY] = dataclasses.field(default_factory=SearchSettings)
+    """how configurations are proposed (below: `search`)"""
     scheduler: Annotated[SchedulerSettings, EMPTY] = dataclasses.field(default_factory=SchedulerSettings)
+    """how weak trials are stopped early (below: `scheduler`)"""
     resources: Annotated[Resources, EMPTY] = dataclasses.field(default_factory=Resources)
-    max_failures: count(0, 1_000, "a sane bound on retries") = 1  # retries of a failed trial (from its last checkpoint)
-    checkpoints_per_method: count(0, 1_000, "a sane bound on stored checkpoints") = (
-        1  # best trials per method whose checkpoint goes to MLflow
-    )
+    """what each trial asks Ray for, and packing (below: `resources`)"""
+    max_failures: count(0, 1_000, "a sane bound on retries") = 1
+    """retries of a failed trial (from its last checkpoint)"""
+    checkpoints_per_method: count(0, 1_000, "a sane bound on stored checkpoints") = 1
+    """best trials per method whose checkpoint goes to MLflow"""
     train: Annotated[dict[StrictStr, Any], EMPTY] = dataclasses.field(default_factory=dict)
-    invalid_rows: one_of(INVALID_ROW_POLICIES) = "raise"  # a malformed data row stops the sweep, or is dropped
+    """training settings every trial of the sweep shares (below: `train`)"""
+    invalid_rows: one_of(INVALID_ROW_POLICIES) = "raise"
+    """a malformed data row stops the sweep (raise), or is dropped (skip)"""
 
     def __post_init__(self):
         if self.search.sampler == "nsga2" and self.search.objective != "multi":
@@ -377,11 +422,17 @@ _TaskEntries = Annotated[
 class SweepFile(_Settings):
     """A sweep definition as written (``peftune schema`` prints its JSON Schema)."""
 
-    tasks: _TaskEntries  # shipped task names, or paths of task files (relative to this file's folder, else as given)
+    tasks: _TaskEntries
+    """the tasks trained together, the score the mean of their metrics: shipped task names, or paths of task files
+    (relative to this file's folder, else as given)"""
     methods: validation.names_of("method", methods.method_names)
+    """the PEFT methods searched, each with its own space `search_spaces/methods/<method>.yaml`"""
     budgets: Annotated[dict[_Preset, Budget], Field(min_length=1)]
-    budget: StrictStr | None = None  # the preset a run uses unless told another
+    """the budget presets by name (below: `budgets.<preset>`); a run picks one with `--budget`"""
+    budget: StrictStr | None = None
+    """the preset a run uses unless told another"""
     confirm: Annotated[_ConfirmSection, EMPTY] = dataclasses.field(default_factory=_ConfirmSection)
+    """the confirmation after the search (below: `confirm`)"""
 
     def __post_init__(self):
         super().__post_init__()

@@ -68,10 +68,12 @@ _Fraction = Annotated[Float, validation.rule(lambda v: 0 < v < 1, "expected a fr
 class SplitSettings(Section):
     """How one labelled ``file`` is split into train, dev and (optionally) test rows, per class for classes."""
 
-    dev: _Fraction = 0.1  # the share of the file's rows that is the dev split
-    # the share that is the test split (read only by `peftune evaluate`); 0: none
+    dev: _Fraction = 0.1
+    """the share of the file's rows that is the dev split"""
     test: Annotated[Float, validation.rule(lambda v: 0 <= v < 1, "expected a fraction from 0 to 1, got {}")] = 0.0
-    seed: validation.count(0) = 0  # the split's own seed: the same file gives the same splits in every sweep
+    """the share that is the test split (read only by `peftune evaluate`); 0: none"""
+    seed: validation.count(0) = 0
+    """the split's own seed: the same file gives the same splits in every sweep"""
 
     def __post_init__(self):
         if self.dev + self.test >= 1:
@@ -82,28 +84,40 @@ class SplitSettings(Section):
 class TaskFile(Section):
     """A task file as written (``peftune schema --task`` prints its JSON Schema)."""
 
-    # the task's name in the record (`<name>_<metric>`), the report and a sweep's `tasks:`; unique among the tasks
     name: _Name
-    # multiclass: one output per class, cross-entropy; binary: one logit, BCE; regression: one output, MSE
+    """the task's name in the record (`<name>_<metric>`), the report and a sweep's `tasks:`; unique among the
+    tasks"""
     kind: one_of(KINDS)
-    # the text column, or a list of two for a sentence pair (encoded together: [CLS] a [SEP] b [SEP])
+    """multiclass: one output per class, cross-entropy; binary: one logit, BCE; regression: one output, MSE"""
     text: _Texts
-    label: _Column  # the label column: a class (a whole number or a text) or, for regression, a number
-    # the labelled files, relative to the task file's folder (else to --data-dir); train and dev, or `file`
+    """the text column, or a list of two for a sentence pair (encoded together: [CLS] a [SEP] b [SEP])"""
+    label: _Column
+    """the label column: a class (a whole number or a text) or, for regression, a number"""
     train: _Column | None = None
-    dev: _Column | None = None  # the dev file: reported on, never selected on (the search carves its own splits)
-    test: _Column | None = None  # an optional labelled test file, read only by `peftune evaluate`
-    file: _Column | None = None  # instead of train/dev/test: one labelled file, split by `split`
-    split: SplitSettings | None = None  # how `file` is split (below: `split`); null: its defaults
-    format: one_of(FORMATS) | None = None  # csv, tsv, jsonl or parquet; null: from each file's extension
-    metric: one_of(METRICS) | None = None  # the reported metric (f1: macro-averaged); null: the kind's default
-    id: _Column | None = None  # a column naming each example (checked for one example per id); null: none
-    # the class labels in id order (a binary task's: negative, positive); null: the train file's, sorted
+    """the train file, relative to the task file's folder (else to --data-dir) like every file here; train and
+    dev, or `file`"""
+    dev: _Column | None = None
+    """the dev file: reported on, never selected on (the search carves its own splits)"""
+    test: _Column | None = None
+    """an optional labelled test file, read only by `peftune evaluate`"""
+    file: _Column | None = None
+    """instead of train/dev/test: one labelled file, split by `split`"""
+    split: SplitSettings | None = None
+    """how `file` is split (below: `split`); null: its defaults"""
+    format: one_of(FORMATS) | None = None
+    """csv, tsv, jsonl or parquet; null: from each file's extension"""
+    metric: one_of(METRICS) | None = None
+    """the reported metric (f1: macro-averaged); null: the kind's default"""
+    id: _Column | None = None
+    """a column naming each example (checked for one example per id); null: none"""
     labels: Annotated[list[_Label], Field(min_length=2)] | None = None
-    # regression: [low, high], every value checked against it; the head's output starts at its middle
+    """the class labels in id order (a binary task's: negative, positive); null: the train file's, sorted"""
     range: Annotated[list[Float], Field(min_length=2, max_length=2)] | None = None
-    display_name: StrictStr = ""  # how the report's tables and plots name it ("": its name)
-    description: StrictStr = ""  # free text, shown with the task
+    """regression: [low, high], every value checked against it; the head's output starts at its middle"""
+    display_name: StrictStr = ""
+    """how the report's tables and plots name it ("": its name)"""
+    description: StrictStr = ""
+    """free text, shown with the task"""
 
     def __post_init__(self):
         texts = [self.text] if isinstance(self.text, str) else self.text

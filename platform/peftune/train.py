@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
+from pydantic import with_config
 
 from peftune import methods
 from peftune.backbone import (
@@ -77,44 +78,60 @@ class TrainingDiverged(RuntimeError):
     """The loss became NaN or infinite, or grew past a bound: the trial stops instead of reporting a garbage score."""
 
 
+@with_config(use_attribute_docstrings=True)  # each field's docstring: its description in the JSON Schema (the docs)
 @dataclass
 class TrainConfig:
     method: str = "lora"
-    # the method's own options, e.g. {"rank": 8}; its "dropout" is set from `dropout`
+    """the PEFT method trained (`peftune methods` lists them)"""
     method_options: dict = field(default_factory=dict)
+    """the method's own options, e.g. {"rank": 8}; its "dropout" is set from `dropout`"""
     tasks: list[str] = field(default_factory=lambda: ["sst", "para", "sts"])
+    """the tasks trained together: shipped task names or task files"""
     lr: float = 1e-4  # PEFT methods want larger steps than full fine-tuning's 1e-5..2e-5
-    dropout: float = 0.1  # heads and the method's own modules (the searched dropout)
+    """the learning rate"""
+    dropout: float = 0.1
+    """the dropout of the heads and of the method's own modules (the searched dropout)"""
     weight_decay: float = 0.01
-    # the task heads' own learning rate; None: the method's ``lr``. A head is a fresh linear layer: at an
-    # adapter's 1e-5 it barely moves in a short run, at prompt tuning's 0.3 it blows up. Frozen trains its
-    # heads alone: they are its method, and train at ``lr`` (see ``heads_lr``)
+    """AdamW's weight decay"""
+    # a head is a fresh linear layer: at an adapter's 1e-5 it barely moves in a short run, at prompt tuning's 0.3
+    # it blows up
     head_lr: float | None = None
+    """the task heads' own learning rate; null: the method's `lr`. Frozen trains its heads alone: they are its
+    method, and train at `lr` (see `heads_lr`)"""
     epochs: int = 3
+    """epochs trained"""
     batch_size: int = 32
-    warmup_ratio: float = 0.1  # linear warmup over the first 10% of steps, then linear decay
+    """examples per training batch"""
+    warmup_ratio: float = 0.1
+    """the share of steps the learning rate warms up over, linearly, then decays linearly"""
     max_grad_norm: float = 1.0
+    """the gradient-norm clip"""
     sampling: str = "proportional"
-    temperature: float = 10.0  # HyperFormer's T for temperature sampling
-    # "auto": the pooling the backbone was trained with (mean for all-MiniLM-L6-v2,
-    # the [CLS] pooler for BERT checkpoints, as in the CS224N BERT); or "cls" / "mean"
+    """which task each multitask step trains: `round_robin`, `proportional` or `temperature`"""
+    temperature: float = 10.0
+    """HyperFormer's T for temperature sampling"""
     pooling: str = "auto"
+    """`auto`: the pooling the backbone was trained with (mean for all-MiniLM-L6-v2, the [CLS] pooler for BERT
+    checkpoints, as in the CS224N BERT); or `cls` / `mean`"""
     seed: int = 0
+    """the run's seed"""
     device: str = "auto"
-    # "auto": bf16 autocast where the hardware multiplies bf16 natively (CPUs with AVX512-BF16 or AMX,
-    # GPUs of compute capability >= 8.0), else fp32; "bf16" / "fp32" force one (see resolve_precision)
+    """`auto` (CUDA when present, else the CPU), `cpu` or `cuda`"""
     precision: str = "auto"
-    log_every: int = 50  # steps between progress lines; 0: none
-    # data-fidelity rungs: also evaluate and report (without a checkpoint) once this fraction of the
-    # run's training examples is seen, e.g. [1/9, 1/3]; epoch ends report anyway
+    """`auto`: bf16 autocast where the hardware multiplies bf16 natively (CPUs with AVX512-BF16 or AMX, GPUs of
+    compute capability >= 8.0), else fp32; `bf16` / `fp32` force one (see resolve_precision)"""
+    log_every: int = 50
+    """steps between progress lines; 0: none"""
     report_fractions: list[float] = field(default_factory=list)
-    # the splits evaluated after each epoch (peftune.data.SPLITS): the first is the one the run is judged
-    # on (``score``, the task metrics, the epoch kept); the others are reported beside it as
-    # ``<split>_score`` and ``<split>_<task metric>`` (a search trial: selection; a confirmation run:
-    # selection, then decision and dev, whose numbers the confirmation takes at the epoch selection chose)
+    """data-fidelity rungs: also evaluate and report (without a checkpoint) once this fraction of the run's
+    training examples is seen, e.g. [1/9, 1/3]; epoch ends report anyway"""
     eval_splits: list[str] = field(default_factory=lambda: ["dev"])
-    # the splits whose per-example predictions every epoch's report carries (``predictions``)
+    """the splits evaluated after each epoch (peftune.data.SPLITS): the first is the one the run is judged on
+    (`score`, the task metrics, the epoch kept); the others are reported beside it as `<split>_score` and
+    `<split>_<task metric>` (a search trial: selection; a confirmation run: selection, then decision and dev, whose
+    numbers the confirmation takes at the epoch selection chose)"""
     predictions_of: tuple[str, ...] = ()
+    """the splits whose per-example predictions every epoch's report carries (`predictions`)"""
 
     def __post_init__(self):
         self.tasks = [t.name for t in parse_tasks(self.tasks)]

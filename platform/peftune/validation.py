@@ -234,7 +234,21 @@ def named(path):
 
 # ----------------------------------------------------------------------------- the rules' vocabulary
 
-CONFIG = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+def _inherited_descriptions(schema: dict, cls: type) -> None:
+    """pydantic reads a field's docstring in the field's own class only: a key a section inherits takes the
+    description the section that declares it gives it."""
+    for key, prop in schema.get("properties", {}).items():
+        for base in cls.__mro__[1:]:
+            field = vars(base).get("__pydantic_fields__", {}).get(key)
+            if "description" not in prop and field is not None and field.description:
+                prop["description"] = field.description
+
+
+# each key's meaning is the docstring under its field: the JSON Schema's description (`peftune schema`, the docs)
+CONFIG = ConfigDict(
+    extra="forbid", allow_inf_nan=False, use_attribute_docstrings=True, json_schema_extra=_inherited_descriptions
+)
 section = functools.partial(dataclass, frozen=True, config=CONFIG)  # a validated dataclass: `@section()`
 Float = Annotated[float, Strict(), AllowInfNan(False)]  # an integer is a float too (1 -> 1.0); a bool is not
 EMPTY = BeforeValidator(lambda value: {} if value is None else value)  # `search:` alone: the section's defaults
