@@ -35,7 +35,7 @@ INTRO = """\
 A sweep definition is a YAML file (`search_spaces/<name>.yaml`, or any path given to `peftune sweep` or a job).
 Every key is below: its type and bounds, its default (**required**: no default) and what it means. An unknown key,
 a wrong type or a value out of bounds stops the job before anything starts, naming the file and key.
-`peftune schema` prints the same schema as JSON Schema, for an editor's checks. Each method's search space,
+`peftune schema` prints the schema, meanings included, as JSON Schema, for an editor. Each method's search space,
 `search_spaces/methods/<method>.yaml`, holds `lr`, `dropout`, `weight_decay`, the method's `options` (its size
 required) and a `default:` block (its published setting and `source`: the method's first trial), each a plain value
 (fixed), `{{low, high[, log][, step]}}` or `{{choices: [...]}}`.
