@@ -157,15 +157,9 @@ class Fit:
     run_df: np.ndarray  # (K,) its degrees of freedom (own seeds - 1 + the prior's; 0: not estimable)
     prior_var: float = math.nan  # the prior the run variances are moderated toward (``moderation``)
     prior_df: float = 0.0
-    own_var: np.ndarray | None = None  # (K,) each configuration's own run variance, unmoderated (default run_var)
-    own_df: np.ndarray | None = None
-
-    def unmoderated(self) -> Fit:
-        """The same fit with each configuration's own run variance and df (the pair table's: it picks nothing,
-        and a configuration whose seeds vary more than the others' is not pulled toward them there)."""
-        if self.own_var is None or self.own_df is None:
-            return self
-        return dataclasses.replace(self, run_var=self.own_var, run_df=self.own_df, prior_df=0.0)
+    # every pooled configuration's own run variance and df, the family first (what the prior is made of)
+    pool_var: np.ndarray | None = None
+    pool_df: np.ndarray | None = None
 
     def cov(self, seeds: np.ndarray | None = None) -> np.ndarray:
         """(K, K) covariance of the estimates at ``seeds`` seeds per configuration (default: those used)."""
@@ -190,6 +184,29 @@ class Fit:
             return 0.0
         denominator = sum(a * a / df for a, df in parts)
         return math.inf if denominator <= 0 else self.pair_var(i, j, s) ** 2 / denominator
+
+    def shared_pair_df(self, i: int, j: int) -> float:
+        """Satterthwaite degrees of freedom of the difference with each configuration's moderated variance
+        written as what it is: a sum of every pooled configuration's own mean square (its own, and the prior's
+        share of each), each mean square counted once with its own df. ``pair_df`` counts the prior's df again
+        for each configuration of the pair, though both priors are the same seeds, and those of the pair itself
+        are in them: with few configurations it claims far more df than the seeds hold. The example part is
+        known. Without the pool (a fit built by hand): ``pair_df``."""
+        if self.pool_var is None or self.pool_df is None:
+            return self.pair_df(i, j)
+        v, d = self.pool_var, self.pool_df
+        total, d0 = float(d.sum()), self.prior_df
+        weights = np.zeros(len(v))
+        for m in (i, j):
+            if d[m] + d0 <= 0:
+                return 0.0
+            share = 1 / (self.seeds[m] * (d0 + d[m]))  # run_var[m] / seeds[m] = share * (d0 prior + d own)
+            if d0 > 0:
+                weights += share * d0 * d / total  # the prior: the pooled variance, each own one by its df
+            weights[m] += share * d[m]
+        terms = (weights * v)[d > 0]
+        denominator = float((terms * terms / d[d > 0]).sum())
+        return math.inf if denominator <= 0 else self.pair_var(i, j) ** 2 / denominator
 
     def index(self, name: str) -> int:
         return self.names.index(name)
@@ -218,8 +235,8 @@ def fit(values: Mapping[str, Values], names: Sequence[str], pooled: Sequence[str
     prior_var, prior_df = moderation(raw[df > 0], df[df > 0], PRIOR_DF)
     run_var = np.where(df > 0, (prior_df * prior_var + df * raw) / np.maximum(prior_df + df, 1e-12), prior_var)
     run_df = df + prior_df
-    return Fit(tuple(names), means, seeds, example_cov, run_var[:k], run_df[:k], prior_var, prior_df, raw[:k],
-               df[:k])  # fmt: skip
+    return Fit(tuple(names), means, seeds, example_cov, run_var[:k], run_df[:k], prior_var, prior_df, raw,
+               df)  # fmt: skip
 
 
 def residual_mean_square(v: np.ndarray) -> float:
@@ -364,8 +381,9 @@ def all_pairs(k: int) -> list[tuple[int, int]]:
 
 @dataclass(frozen=True)
 class Intervals:
-    """Every pair's simultaneous two-sided interval at ``level`` (Bonferroni over the pairs, each with its own
-    df): the pair table's, which picks nothing."""
+    """Every pair's simultaneous two-sided interval at ``level``: Bonferroni over the pairs, each pair on its
+    configurations' moderated run variances (the answer's) with the df those hold (``Fit.shared_pair_df``). The
+    pair table's, which picks nothing."""
 
     fit: Fit
     level: float
@@ -375,7 +393,7 @@ class Intervals:
         f = self.fit
         k = len(f.names)
         pairs = max(len(all_pairs(k)), 1)
-        df = np.array([[f.pair_df(i, j) if i != j else 0.0 for j in range(k)] for i in range(k)])
+        df = np.array([[f.shared_pair_df(i, j) if i != j else 0.0 for j in range(k)] for i in range(k)])
         q = stats.t.ppf(1 - (1 - self.level) / (2 * pairs), np.where(df > 0, np.minimum(df, 1e9), 1.0))
         return np.where(df > 0, q, np.inf)
 
@@ -387,9 +405,8 @@ class Intervals:
 
 
 def intervals(f: Fit, alpha: float) -> Intervals:
-    """The pair table's intervals at 1 - ``alpha``: each pair on its configurations' own run variances
-    (``Fit.unmoderated``)."""
-    return Intervals(f.unmoderated(), 1 - alpha)
+    """The pair table's intervals at 1 - ``alpha`` (``Intervals``)."""
+    return Intervals(f, 1 - alpha)
 
 
 def pair_word(low: float, high: float, margin: float) -> str:
