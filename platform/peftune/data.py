@@ -305,7 +305,7 @@ def _without_call_state(serialized: str) -> str:
 
     The tokenizers library writes them first ({"version", "truncation",
     "padding", "added_tokens", ...}), so only that small head is decoded: a full
-    parse of the vocabulary would cost ~100 ms per cache lookup. Anything
+    parse of the whole vocabulary would cost far more per cache lookup. Anything
     unexpected falls back to the full parse.
     """
     decoder = json.JSONDecoder()

@@ -76,8 +76,8 @@ class MultitaskModel(nn.Module):
         self.context.task = task
         hidden, mask, pooled = self.backbone(input_ids, attention_mask, token_type_ids)
         # pooling and the head run in fp32 even under bf16 autocast: bf16 keeps ~3 significant digits,
-        # which flattens a regression head's outputs around its mid-range start (measured: a constant STS
-        # prediction, Pearson 0) and the mean over tokens; both are a sliver of the compute
+        # which flattens a regression head's outputs around its mid-range start (a constant STS prediction:
+        # docs/benchmarks.md, "Small figures") and the mean over tokens; both are a sliver of the compute
         with torch.autocast(hidden.device.type, enabled=False):
             hidden, pooled = hidden.float(), pooled.float()
             if self.pooling == "mean":

@@ -406,8 +406,8 @@ def _rows(x, members: int) -> tuple[torch.Tensor, ...]:
     A member's own matmuls (LoRA's A and B, an adapter's projections, its head) run on its rows one member at a time,
     as ``F.linear`` on the solo run's shapes: the solo run's very op, so the same sums to the bit. Batched as one bmm
     (ranks and bottlenecks zero-padded to the largest, or grouped by size) they were not: MKL picks another kernel
-    for another width or batch, and some gradients summed in another order (measured: LoRA rank 1 padded to 4, or
-    two rank-1 members in one bmm, and an adapter bottleneck 4 padded to 16: a loss 1e-7 off within a few steps).
+    for another width or batch, and some gradients summed in another order, so a member's loss drifted from its
+    solo run's within a few steps (docs/benchmarks.md, "Small figures").
     On the CPU the loop costs a few microseconds a call, against the frozen matmuls' milliseconds."""
     return x.split(x.shape[0] // members)
 

@@ -358,8 +358,8 @@ def select_device(name: str = "auto") -> torch.device:
 def cpu_has_native_bf16() -> bool:
     """True on CPUs whose matrix units multiply bf16 natively (AVX512-BF16 or AMX), read from /proc/cpuinfo.
 
-    On such a CPU a bf16 matmul runs ~4x an fp32 one (measured: 734 against 173 GFLOP/s on an EPYC
-    with AVX512-BF16, 2 threads); elsewhere bf16 is emulated and slower than fp32, so "auto" keeps fp32.
+    On such a CPU a bf16 matmul runs several times faster than an fp32 one; elsewhere bf16 is emulated and far
+    slower than fp32, so "auto" keeps fp32 (the two peaks per machine: docs/benchmarks.md, "The main job").
     """
     try:
         with open("/proc/cpuinfo") as f:
@@ -428,8 +428,8 @@ def build_optimizer(model: MultitaskModel, config: TrainConfig) -> torch.optim.O
         lr = head_lr if id(parameter) in heads else config.lr * model.method_config.lr_scale(name, parameter)
         group = groups.setdefault((lr, decays), {"params": [], "lr": lr, "weight_decay": config.weight_decay * decays})
         group["params"].append(parameter)
-    # the fused kernel (CPU and CUDA) steps 22M parameters ~6x faster than the default on 2 CPU cores; the clip is
-    # folded into it (peftune.optim)
+    # the fused kernel (CPU and CUDA) steps all parameters at once, faster than the default per-tensor loop (docs/
+    # benchmarks.md, "Small figures"); the clip is folded into it (peftune.optim)
     return ClippedAdamW(list(groups.values()), lr=config.lr, max_grad_norm=config.max_grad_norm)
 
 

@@ -397,7 +397,7 @@ def ratio_lines(rounds: dict[str, list[Result]]) -> list[str]:
 
 
 def check_args(args) -> None:
-    """The numeric flags, before ~20 s of loading: a zero would end in a KeyError (no round, no best)."""
+    """The numeric flags, before the model and data load: a zero would end in a KeyError (no round, no best)."""
     for flag, value in (("--examples", args.examples), ("--batch-size", args.batch_size), ("--repeats", args.repeats)):
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise UserError(f"{flag} must be a positive integer, got {value!r}")
