@@ -23,7 +23,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-import mlflow
 import pandas as pd
 import yaml
 
@@ -31,7 +30,7 @@ from analysis import confirmed, pareto, plots
 from analysis.publish import ARTIFACT_PATH
 from analysis.render import to_markdown
 from analysis.runs import SweepRuns, read_sweep_record
-from peftune import legacy, trial_spec
+from peftune import legacy, record_reader, record_writer, trial_spec
 from peftune.backbone import load_tokenizer, resolve_model_dir
 from peftune.checkpoint import CheckpointError, load_checkpoint, load_trainable
 from peftune.data import (
@@ -43,6 +42,7 @@ from peftune.data import (
     read_task_file,
     task_path,
 )
+from peftune.epoch_kept import improves
 from peftune.errors import UserError
 from peftune.record import (
     COMPLETED,
@@ -51,7 +51,6 @@ from peftune.record import (
     REPORTS_DIR,
     SCORE,
     SELECTION,
-    improves,
     metric_task,
 )
 from peftune.tasks import get_task, overall_score
@@ -204,12 +203,9 @@ def _quiet_downloads():
 
 
 def _artifact_text(client, run_id: str, path: str) -> str | None:
-    with tempfile.TemporaryDirectory(prefix="peftune-artifact-") as directory, _quiet_downloads():
-        try:
-            local = client.download_artifacts(run_id, path, directory)
-        except Exception:  # absent (an older record); MLflow raises store-specific errors
-            return None
-        return Path(local).read_text()
+    """A run's text artifact; None where it is absent (an older record)."""
+    with _quiet_downloads():
+        return record_reader.artifact_text(client, run_id, path)
 
 
 def check_data(prepared, recorded: dict[str, str] | None, test_hashes: dict[str, str], data_dir) -> None:
@@ -288,7 +284,7 @@ def evaluate_sweep(
     if epochs is not None and not 1 <= epochs <= 1_000:
         raise UserError(f"--epochs must be from 1 to 1000, got {epochs}")
     sweep = read_sweep_record(name, tracking_uri)
-    client = mlflow.MlflowClient(tracking_uri=sweep.tracking_uri)
+    client = record_reader.client(sweep.tracking_uri)
     configurations = answer_configurations(sweep) if answer else select_configurations(sweep, top)
     log.info(
         "evaluating %d configuration(s) of sweep %s with %d seed(s): %s",
@@ -316,7 +312,8 @@ def evaluate_sweep(
     evaluation = Evaluation(sweep, configurations, runs, summary, directory, [])
     write_evaluation(evaluation, test_dir=test_dir, seeds=seeds)
     if log_artifacts:
-        client.log_artifacts(sweep.parent_run_id, str(directory), artifact_path=f"{ARTIFACT_PATH}/evaluation")
+        uri, run_id = sweep.tracking_uri, sweep.parent_run_id
+        record_writer.log_report_files(uri, run_id, directory, f"{ARTIFACT_PATH}/evaluation")
     return evaluation
 
 
@@ -324,7 +321,7 @@ def evaluate_sweep(
 class _EvaluationData:
     """What every re-training of a sweep's configurations shares: its data, the test split, the device."""
 
-    client: object  # mlflow.MlflowClient of the sweep's store
+    client: object  # the client of the sweep's store (record_reader.client)
     prepared: object  # peftune.train.PreparedData: the sweep's training and dev data, its backbone
     test_tasks: dict  # task -> TaskData whose ``dev`` is the test split
     train_settings: dict  # the sweep definition's ``train`` section
@@ -378,7 +375,7 @@ def confirmation_train_rows(sweep: SweepRuns, client) -> int | None | bool:
     done = runs[runs["status"] == COMPLETED] if len(runs) else runs
     if not len(done):
         return False
-    value = client.get_run(str(done["run_id"].iloc[0])).data.params.get("data.max_train_examples")
+    value = record_reader.run_params(client, str(done["run_id"].iloc[0])).get("data.max_train_examples")
     if value is None:
         return False  # recorded before the data settings were params: the search's rows
     return None if value == "None" else int(value)
@@ -452,7 +449,7 @@ def _restore(client, trial: pd.Series, prepared, device):
     """
 
     with tempfile.TemporaryDirectory(prefix="peftune-ckpt-") as directory, _quiet_downloads():
-        local = client.download_artifacts(trial["run_id"], "checkpoint", directory)
+        local = record_reader.download_artifact(client, trial["run_id"], "checkpoint", directory)
         try:
             model = load_checkpoint(local, backbone=prepared.backbone.build())
         except CheckpointError as error:

@@ -24,18 +24,15 @@ from analysis import confirmed, pareto, plots, views
 from analysis.render import answer_notes, display_table, html_report, markdown_report, plot_context, to_markdown
 from analysis.report import Report, build_report
 from analysis.runs import SweepRuns, read_sweep_record
-from peftune import decisions
+from peftune import decisions, record_writer
 from peftune.errors import UserError
 from peftune.record import (
     BACKBONE_PARAMS,
     COMPLETED,
-    NOTE_TAG,
     REPORTS_DIR,
-    artifact_route,
-    compare_address,
-    compare_route,
     metric_task,
 )
+from peftune.ui_links import artifact_route, compare_address, compare_route
 
 log = logging.getLogger("analysis.report")  # the report's log lines, under the name they have always had
 
@@ -216,24 +213,16 @@ def _write_plots(report: Report, out: Callable[[str], Path]) -> None:
 # ----------------------------------------------------------------------------- the parent run
 
 
-def log_report(report: Report, *, client=None) -> None:
+def log_report(report: Report) -> None:
     """Log the report directory as artifacts of the sweep's parent run, under ``report/``, and its headline as the
     run's description (:func:`description`).
 
     Also the frontier's summary as parent-run metrics, so the MLflow runs table shows it without a
     click: ``sweep_frontier_size`` and ``sweep_hypervolume`` (all methods, the combined score).
     """
-    import mlflow
-    from mlflow.entities import Metric
-
-    client = client or mlflow.MlflowClient(tracking_uri=report.sweep.tracking_uri)
-    client.log_artifacts(report.sweep.parent_run_id, str(report.directory), artifact_path=ARTIFACT_PATH)
-    client.set_tag(report.sweep.parent_run_id, NOTE_TAG, description(report))  # what the UI shows as its description
-    values = headline_frontier(report)
-    if values:
-        now = int(time.time() * 1000)
-        metrics = [Metric(k, v, now, 0) for k, v in values.items() if math.isfinite(v)]
-        client.log_batch(report.sweep.parent_run_id, metrics=metrics)
+    sweep = report.sweep
+    record_writer.log_report_files(sweep.tracking_uri, sweep.parent_run_id, report.directory, ARTIFACT_PATH,
+                                   note=description(report), metrics=headline_frontier(report))  # fmt: skip
 
 
 def headline_frontier(report: Report) -> dict[str, float]:

@@ -23,7 +23,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import confirmed, pareto, plots, slots, views
-from analysis.runs import SweepRuns, load_predictions, read_sweep_record
+from analysis.runs import SweepRuns, load_predictions
 from peftune.decisions import Plan
 from peftune.record import BEST_EPOCH, DECISION, STORED_PARAMS_PCT, metric_task
 from peftune.tasks import get_task
@@ -185,14 +185,3 @@ def load_reference() -> pd.DataFrame:
             "additional_params_stored_pct": STORED_PARAMS_PCT,
         }
     ).assign(size=lambda t: t["size"].fillna("").astype(str))
-
-
-# ----------------------------------------------------------------------------- the confirmation's reading of the record
-
-
-def read_predictions(tracking_uri: str, name: str) -> pd.DataFrame:
-    """The decision-split predictions of sweep ``name``'s completed confirmation runs: what the confirmation's
-    decision procedure (``peftune.decisions``) reads after each round. Reading only: nothing is decided here."""
-    sweep = read_sweep_record(name, tracking_uri)
-    frame = load_predictions(sweep, splits=(DECISION,))
-    return frame.assign(seed=frame["seed"].astype(int)) if len(frame) else frame

@@ -1,6 +1,6 @@
 """A sweep's MLflow record -> one pandas DataFrame, one row per trial.
 
-The record is the contract written by ``peftune.tracking`` (its schema: docs/design.md, "The MLflow record").
+The record is the contract written by ``peftune.record_writer`` (its schema: docs/design.md, "The MLflow record").
 This module only reads it, from any tracking URI (a SQLite file, a directory, an ``http://`` server), and never
 imports Ray. Every trial is kept, marked with one of :data:`STATUSES`: the analysis decides which statuses enter
 a frontier (completed only, by default: :mod:`analysis.pareto`). The columns of :attr:`SweepRuns.trials`
@@ -16,12 +16,12 @@ import re
 import tempfile
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
-from urllib.parse import urlparse
 
 import pandas as pd
 
+from peftune import record_reader
+from peftune.epoch_kept import best_epoch
 from peftune.errors import UserError
 from peftune.record import (  # the record's names, shared with the writer (no Ray import)
     BACKBONE,
@@ -34,7 +34,6 @@ from peftune.record import (  # the record's names, shared with the writer (no R
     COUNT_METRICS,
     DECISION,
     DEFAULT,
-    DEFAULT_UI,
     DEV,
     DIVERGED,
     EARLY_STOPPED,
@@ -43,28 +42,20 @@ from peftune.record import (  # the record's names, shared with the writer (no R
     HYPERPARAMETERS,
     INTERRUPTED,
     METHOD,
-    PARENT_TAG,
     PREDICTION_COLUMNS,
-    ROLE,
     RUNNING,
     SCORE,
     SEED_REASON,
     SELECTION,
     STATUS,
-    SWEEP,
-    SWEEP_ROLE,
     TASKS_ARTIFACT,
     TRIAL_ID,
-    TRIAL_ROLE,
-    best_epoch,
     best_metric,
-    predictions_artifact,
-    resolve_tracking_uri,
     run_config_key,
     run_phase,
     split_metric,
-    store_errors,
 )
+from peftune.stores import resolve_tracking_uri
 
 log = logging.getLogger("analysis.runs")
 
@@ -115,43 +106,13 @@ def read_sweep_record(name: str, tracking_uri: str | None = None, *, client=None
     Raises ``ValueError`` naming the store and what it does hold when the sweep is not there.
     """
     uri = resolve_tracking_uri(tracking_uri)
-    with store_errors(uri):
+    with record_reader.store_errors(uri):
         return _read_sweep_record(name, uri, client)
 
 
 def _read_sweep_record(name: str, uri: str, client) -> SweepRuns:
-    import mlflow
-
-    client = client or mlflow.MlflowClient(tracking_uri=uri)
-    experiment = client.get_experiment_by_name(name)
-    if experiment is None or experiment.lifecycle_stage == "deleted":
-        known = sorted(e.name for e in client.search_experiments() if e.name != "Default")
-        where = f"no MLflow experiment named {name!r}" if experiment is None else f"experiment {name!r} is deleted"
-        raise UserError(
-            f"{where} in {uri}; sweeps there: {', '.join(known) or 'none'} "
-            f"(pass --tracking-uri or set MLFLOW_TRACKING_URI to read another store)"
-        )
-    experiment_id = experiment.experiment_id
-    parents = client.search_runs(
-        [experiment_id], filter_string=f"tags.`{ROLE}` = '{SWEEP_ROLE}' and tags.`{SWEEP}` = '{name}'", max_results=2
-    )
-    if not parents:
-        raise UserError(f"experiment {name!r} in {uri} has no sweep parent run (tag {ROLE}={SWEEP_ROLE})")
-    if len(parents) > 1:
-        raise UserError(f"experiment {name!r} in {uri} holds more than one sweep parent run; expected one")
-    parent = parents[0]
-    if parent.info.artifact_uri.startswith("mlflow-artifacts:") and urlparse(uri).scheme not in ("http", "https"):
-        # MLflow can only fetch such artifacts through the server that stored them
-        raise UserError(
-            f"sweep {name!r} in {uri} keeps its artifacts on the MLflow server that recorded it "
-            f"({parent.info.artifact_uri[:80]}); start it (`peftune up` where the store lives) and pass "
-            f"--tracking-uri {DEFAULT_UI}, or set MLFLOW_TRACKING_URI to it"
-        )
-    children = [
-        run
-        for run in _search_all(client, experiment_id, f"tags.`{PARENT_TAG}` = '{parent.info.run_id}'")
-        if run.data.tags.get(ROLE, TRIAL_ROLE) == TRIAL_ROLE
-    ]
+    client = client or record_reader.client(uri)
+    experiment_id, parent, children = record_reader.read_sweep(client, uri, name)
     params = {k: param_from_mlflow(v) for k, v in parent.data.params.items()}
     tasks = _split_list(parent.data.params.get("tasks", ""))
     if not tasks:  # an older or partial record: take the tasks the trials ran
@@ -188,66 +149,37 @@ def declare_recorded_tasks(client, run_id: str, tasks: Sequence[str]) -> None:
     unknown = [task for task in tasks if task not in task_names()]
     if not unknown:
         return
-    with tempfile.TemporaryDirectory(prefix="peftune-tasks-") as tmp:
-        try:
-            recorded = json.loads(Path(client.download_artifacts(run_id, TASKS_ARTIFACT, tmp)).read_text())
-        except Exception:  # MLflow raises its own kinds for a missing artifact
-            raise UserError(
-                f"task(s) {', '.join(unknown)} of this sweep are not shipped ones and its parent run {run_id} has "
-                f"no {TASKS_ARTIFACT} declaring them; expected a record written by a sweep that read task files"
-            ) from None
+    text = record_reader.artifact_text(client, run_id, TASKS_ARTIFACT)
+    if text is None:
+        raise UserError(
+            f"task(s) {', '.join(unknown)} of this sweep are not shipped ones and its parent run {run_id} has "
+            f"no {TASKS_ARTIFACT} declaring them; expected a record written by a sweep that read task files"
+        )
+    recorded = json.loads(text)
     for task in unknown:
         declare(TaskSpec.from_declaration(recorded[task]["declaration"], f"{TASKS_ARTIFACT} of run {run_id}"))
-
-
-# (tracking URI, run id, split) -> that completed run's predictions: the artifact of a completed run never
-# changes, and the confirmation asks for every run's predictions after each round of added seeds (HTTP calls per
-# run, the slots idle meanwhile)
-_PREDICTIONS: dict[tuple[str, str, str], pd.DataFrame] = {}
 
 
 def load_predictions(sweep: SweepRuns, *, client=None, splits: Sequence[str] = (DECISION, DEV)) -> pd.DataFrame:
     """The per-example predictions of the sweep's completed confirmation runs on ``splits``, one frame: the
     columns of ``PREDICTION_COLUMNS`` plus ``config_key``, ``run_id`` and ``split``. Runs without an artifact
     (written before it existed) are left out of that split: their configurations are not decided on it."""
-    import mlflow
-
     runs = sweep.confirmations
     columns = [*PREDICTION_COLUMNS, "config_key", "run_id", "split"]
     if runs is None or not len(runs):
         return pd.DataFrame(columns=columns)
-    client = client or mlflow.MlflowClient(tracking_uri=sweep.tracking_uri)
+    client = client or record_reader.client(sweep.tracking_uri)
     frames = []
-    with store_errors(sweep.tracking_uri), tempfile.TemporaryDirectory(prefix="peftune-predictions-") as tmp:
+    with (
+        record_reader.store_errors(sweep.tracking_uri),
+        tempfile.TemporaryDirectory(prefix="peftune-predictions-") as tmp,
+    ):
         for run in runs[runs["status"] == COMPLETED].itertuples():
             for split in splits:
-                frame = _run_predictions(client, sweep.tracking_uri, run.run_id, split, tmp)
+                frame = record_reader.run_predictions(client, sweep.tracking_uri, run.run_id, split, tmp)
                 if frame is not None:
                     frames.append(frame.assign(config_key=run.config_key, run_id=run.run_id, split=split))
     return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
-
-
-def _run_predictions(client, tracking_uri: str, run_id: str, split: str, tmp: str) -> pd.DataFrame | None:
-    """A completed run's predictions artifact on ``split`` (None where it has none), downloaded once per process."""
-    key = (tracking_uri, run_id, split)
-    if key not in _PREDICTIONS:
-        path = predictions_artifact(split)
-        directory, name = path.rsplit("/", 1)
-        if name not in {Path(f.path).name for f in client.list_artifacts(run_id, directory)}:
-            return None
-        local = client.download_artifacts(run_id, path, tmp)
-        _PREDICTIONS[key] = pd.read_csv(local, compression="gzip")
-    return _PREDICTIONS[key]
-
-
-def _search_all(client, experiment_id: str, filter_string: str) -> list:
-    runs, token = [], None
-    while True:
-        page = client.search_runs([experiment_id], filter_string=filter_string, max_results=1000, page_token=token)
-        runs.extend(page)
-        token = page.token
-        if not token:
-            return runs
 
 
 # (tracking URI, run id) -> the histories of a run the writer closed as finished: they never change, and the
@@ -268,9 +200,7 @@ def _histories(client, run, metrics: Sequence[str]) -> dict[str, dict[int, float
         return _HISTORIES[key]
     names = [SCORE] if closed else [SCORE, *metrics]
     histories = {
-        name: {int(m.step): m.value for m in client.get_metric_history(run.info.run_id, name)}
-        for name in names
-        if name in run.data.metrics
+        name: record_reader.metric_history(client, run.info.run_id, name) for name in names if name in run.data.metrics
     }
     if final:
         _HISTORIES[key] = histories
@@ -365,7 +295,7 @@ def trial_row(run, task_metrics: Sequence[str], history: dict[str, dict[int, flo
 
 def _latest(metrics: dict[str, float], key: str) -> float:
     """A cumulative figure's last value: a trial stopped at a rung within an epoch last logged it as
-    ``fidelity_<key>`` (see ``peftune.tracking``), later than its last epoch's ``<key>``."""
+    ``fidelity_<key>`` (see ``peftune.record_writer``), later than its last epoch's ``<key>``."""
     values = [metrics[name] for name in (key, f"fidelity_{key}") if name in metrics]
     return max(values) if values else math.nan
 

@@ -1,4 +1,4 @@
-"""Write a sweep's MLflow record by hand, exactly as ``peftune.tracking`` writes it (the analysis' contract).
+"""Write a sweep's MLflow record by hand, exactly as ``peftune.record_writer`` writes it (the analysis' contract).
 
 Used by the report and evaluate tests: a real MLflow store (SQLite in tmp_path), no mocks, and no
 Ray run needed to get a parent run with completed, early-stopped and failed child runs.

@@ -298,10 +298,10 @@ budgets:
 def test_kind8_sweep_yaml_values_are_typed_and_bounded(
     capsys, tmp_path, tiny_data_dir, monkeypatch, file, old, new, key, expected
 ):
-    from peftune import record, sweep
+    from peftune import stores, sweep
 
     monkeypatch.setattr(sweep, "run_sweep", must_not_run("the sweep (Ray)"))
-    monkeypatch.setattr(record, "check_tracking_uri", must_not_run("the store check, after the definition's"))
+    monkeypatch.setattr(stores, "check_tracking_uri", must_not_run("the store check, after the definition's"))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "methods").mkdir()
     lora = (REPO / "search_spaces" / "methods" / "lora.yaml").read_text()

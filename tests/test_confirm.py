@@ -21,7 +21,7 @@ import ray
 from ray import tune
 from ray.tune.search import Searcher
 
-from peftune import confirm, decisions, record, spaces, sweep, tracking, train
+from peftune import confirm, decisions, record, record_reader, spaces, sweep, train, trial_logger
 from tiny_sweep import write_definition
 
 FROZEN = """\
@@ -240,7 +240,7 @@ class AlwaysOpen:
 
     def __call__(self, frame, tasks, candidates, settings) -> decisions.Outcome:
         client = mlflow.MlflowClient(self.uri)
-        parent = tracking.find_parent_run(client, tracking.find_experiment_id(client, self.name), self.name)
+        parent = record_reader.find_parent_run(client, record_reader.find_experiment_id(client, self.name), self.name)
         search, confirmed = split(children(self.uri, parent.info.run_id))
         key = record.run_config_key(best_of_method(search)[self.method])
         seeds = sorted(
@@ -254,12 +254,6 @@ class AlwaysOpen:
         return decisions.Outcome([answer], {key: len(seeds)}, {}, wanted, len(seeds), "" if more else "max_seeds")
 
 
-def no_predictions(tracking_uri: str, name: str):
-    import pandas as pd
-
-    return pd.DataFrame()
-
-
 @pytest.mark.slow
 def test_an_open_decision_gets_seeds_up_to_the_cap_and_resume_keeps_the_count(
     local_ray, workdir, tiny_data_dir, monkeypatch
@@ -269,7 +263,7 @@ def test_an_open_decision_gets_seeds_up_to_the_cap_and_resume_keeps_the_count(
     storage = workdir / "ray_results"
     monkeypatch.setattr(confirm, "decide_round", AlwaysOpen("top_k", uri, "adaptive"))
     interrupter = InterruptAfterConfirmation(added_only=True)
-    run = {"storage_path": storage, "verbose": 0, "read_predictions": no_predictions}
+    run = {"storage_path": storage, "verbose": 0}
     first = sweep.run_sweep(spec, tiny_data_dir, uri, callbacks=[interrupter], **run)
     assert interrupter.fired and first.status == "interrupted"  # stopped inside a round of added seeds
     second = sweep.run_sweep(spec, tiny_data_dir, uri, **run)
@@ -303,9 +297,7 @@ def test_the_time_cap_counts_from_the_first_rounds_end(local_ray, workdir, tiny_
         return always_open(frame, tasks, candidates, settings)
 
     monkeypatch.setattr(confirm, "decide_round", slow_after_the_first)
-    result = sweep.run_sweep(
-        spec, tiny_data_dir, uri, storage_path=workdir / "ray_results", verbose=0, read_predictions=no_predictions
-    )
+    result = sweep.run_sweep(spec, tiny_data_dir, uri, storage_path=workdir / "ray_results", verbose=0)
     assert result.status == "completed" and result.confirmation["stopped_by"] == "max_seconds"
     search, _ = split(children(uri, result.parent_run_id))
     seeds = seeds_by_config(uri, result.parent_run_id)
@@ -324,17 +316,15 @@ def test_the_report_replays_the_seeds_the_confirmation_used(local_ray, workdir, 
     spec = definition(workdir / "defs", "adaptive_real", concurrency=2, confirm=", max_seeds: 3")
     spec = dataclasses.replace(spec, budget=dataclasses.replace(spec.budget, decision_examples=16))
     reads, frames = [], []
-    decide = confirm.decide_round
+    decide, read = confirm.decide_round, record_reader.read_predictions
     monkeypatch.setattr(confirm, "decide_round", lambda frame, *args: frames.append(frame) or decide(frame, *args))
-    result = sweep.run_sweep(
-        spec, tiny_data_dir, uri, storage_path=workdir / "ray_results", verbose=0,
-        read_predictions=lambda *where: reads.append(where) or report.read_predictions(*where),
-    )  # fmt: skip
+    monkeypatch.setattr(record_reader, "read_predictions", lambda *where: reads.append(where) or read(*where))
+    result = sweep.run_sweep(spec, tiny_data_dir, uri, storage_path=workdir / "ray_results", verbose=0)
     assert result.status == "completed"
     assert frames and not reads, "a round read the record back"
     columns = ["config_key", "seed", "task", "example_id", "prediction", "label"]
     kept = frames[-1][columns].sort_values(columns).reset_index(drop=True)
-    recorded = report.read_predictions(uri, "adaptive_real")[columns].sort_values(columns).reset_index(drop=True)
+    recorded = read(uri, "adaptive_real")[columns].sort_values(columns).reset_index(drop=True)
     assert len(kept) and kept.equals(recorded)
     built = report.build_report(runs.read_sweep_record("adaptive_real", uri), reference=False)
     outcome = built.decisions.outcome
@@ -434,8 +424,9 @@ def test_candidates_are_each_methods_best_distinct_configurations(tmp_path):
         "confirms": runs["b"],
     }
     # the record tags of that confirmation run: not a default (the string "false" once tagged it "true")
-    assert tracking.search_tags(config, "lora", config["lora"])["peftune.default"] == "false"
-    assert tracking.search_tags(confirm.trial_config(with_default[1], seed=7), "lora", {})["peftune.default"] == "true"
+    assert trial_logger.search_tags(config, "lora", config["lora"])["peftune.default"] == "false"
+    default_config = confirm.trial_config(with_default[1], seed=7)
+    assert trial_logger.search_tags(default_config, "lora", {})["peftune.default"] == "true"
     assert confirm.confirm_seeds(3, 2) == [4, 5]
 
 
@@ -486,12 +477,13 @@ def test_a_resume_counts_the_seeds_an_earlier_run_added(monkeypatch):
              (("a", (1, 2, 3)), ("b", (1, 2)))}  # fmt: skip
     outcome = decisions.Outcome([], {"a": 3, "b": 2}, {}, {}, 2, "decided", final)
     monkeypatch.setattr(confirm, "decide_round", lambda *args: outcome)
+    monkeypatch.setattr(record_reader, "read_predictions", lambda uri, name: pd.DataFrame())
     candidates = {k: NS(config_key=k, seconds_per_run=1.0, label=k) for k in "ab"}
     settings = NS(max_seconds=None, report_seeds=0, max_seeds=4)
     confirmation = confirm.Confirmation(
         definition=NS(confirm=settings, tasks=("sst",), seed=0, name="s"), record=NS(tracking_uri=""),
-        runnable=None, client=None, trial_logger=NS(flush=lambda wait_s: True, confirmed={}), storage="",
-        callbacks=(), verbose=0, flush_s=0.0, read_predictions=lambda uri, name: pd.DataFrame(),
+        runnable=None, trial_logger=NS(flush=lambda wait_s: True, confirmed={}), storage="",
+        callbacks=(), verbose=0, flush_s=0.0,
         searched=candidates, candidates=list(candidates.values()),
         earlier={(run.data.tags[record.CONFIG_KEY], run.data.tags[record.SEED]): run for run in runs},
     )  # fmt: skip

@@ -18,6 +18,7 @@ import pandas as pd
 import pytest
 
 from analysis import confirmed, publish, render, report, runs
+from peftune import record_reader
 from sweep_record import TrialSpec, counts, record_sweep
 
 BACKBONE = 1_000_000
@@ -292,7 +293,7 @@ def test_predictions_are_downloaded_once_per_run_however_often_the_confirmation_
     uri, _ = record
     sweep = runs.read_sweep_record("noise", uri)
     completed = int((sweep.confirmations["status"] == "completed").sum())
-    runs._PREDICTIONS.clear()
+    record_reader._PREDICTIONS.clear()
     first, again = CountingClient(uri), CountingClient(uri)
     frame = runs.load_predictions(sweep, client=first)
     assert first.downloads == 2 * completed > 0  # the decision split's and dev's

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from peftune import cli_common, resume, tracking
+from peftune import cli_common, resume, trial_logger
 from peftune.errors import DiskFullError, disk_full, no_space
 from peftune.tracking_buffer import WriteBuffer
 
@@ -63,9 +63,9 @@ def test_a_refusal_for_space_is_found_through_the_layers_that_wrap_it():
     ],
 )  # fmt: skip
 def test_a_trial_that_failed_for_space_is_told_apart_from_a_failed_trial(text, path):
-    found = tracking.no_space_text(f"Traceback (most recent call last):\n  ...\n{text}\n", "/full/exp/t1")
+    found = trial_logger.no_space_text(f"Traceback (most recent call last):\n  ...\n{text}\n", "/full/exp/t1")
     assert found is not None and found.path == path
-    assert tracking.no_space_text("ValueError: k = 8 > 6 layers", "/full/exp/t1") is None
+    assert trial_logger.no_space_text("ValueError: k = 8 > 6 layers", "/full/exp/t1") is None
 
 
 @pytest.mark.parametrize("raised", [DiskFullError("/full/ray_results/s/x.json", 512), enospc("/full/m.db")])

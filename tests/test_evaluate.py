@@ -82,7 +82,8 @@ def data_dirs(tmp_path_factory) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def sweep_store(tmp_path_factory, tiny_model_dir, data_dirs):
-    """Three real trials (frozen, LoRA r=2, full) trained for 2 epochs, recorded as peftune.tracking records a sweep."""
+    """Three real trials (frozen, LoRA r=2, full) trained for 2 epochs, recorded as peftune.record_writer records a
+    sweep."""
     from peftune import methods
     from peftune.train import TrainConfig, prepare, run_trial
 

@@ -440,8 +440,7 @@ def test_a_tracking_server_outage_stops_no_trial_and_loses_or_duplicates_nothing
 
 @pytest.mark.slow
 def test_writes_pending_at_the_end_stay_on_disk_and_are_replayed_exactly_once(tmp_path, monkeypatch):
-    from peftune.tracking import SweepRecord
-    from peftune.tracking_buffer import WriteBuffer
+    from peftune.record_writer import SweepRecord, TrialWrites
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     server = MlflowServer(tmp_path)
@@ -454,7 +453,7 @@ def test_writes_pending_at_the_end_stay_on_disk_and_are_replayed_exactly_once(tm
         server.kill()
 
         path = tmp_path / "state" / "pending.tracking-pending.jsonl"
-        buffer = WriteBuffer(record, path)
+        buffer = TrialWrites(record, path)
         buffer.put(
             "trial_run", trial_id="t1", run_name="bitfit-t1", method="bitfit", sweep="pending", params={"lr": "1"}
         )
@@ -468,7 +467,7 @@ def test_writes_pending_at_the_end_stay_on_disk_and_are_replayed_exactly_once(tm
 
         server.start()
         server.wait_up()
-        assert WriteBuffer(record, path).flush(120) and not path.exists()  # replayed in order, then forgotten
+        assert TrialWrites(record, path).flush(120) and not path.exists()  # replayed in order, then forgotten
 
         # replayed again (as if the driver died before noting them applied): still exactly once
         lines = [
@@ -480,7 +479,7 @@ def test_writes_pending_at_the_end_stay_on_disk_and_are_replayed_exactly_once(tm
             '{"seq": 4, "op": "metrics", "trial_id": "t1", "metr',  # a line the driver did not finish writing
         ]
         path.write_text("\n".join(lines))
-        assert WriteBuffer(record, path).flush(120)
+        assert TrialWrites(record, path).flush(120)
 
         runs = client.search_runs([experiment_id], filter_string="tags.`peftune.trial_id` = 't1'")
         assert len(runs) == 1 and runs[0].data.tags["peftune.status"] == "completed"

@@ -3,6 +3,7 @@ a module left out of the layers can import upwards (an import circle) without th
 
 from __future__ import annotations
 
+import ast
 import re
 
 import pytest
@@ -34,3 +35,32 @@ def test_every_module_of_the_package_is_in_one_layer():
     stale = sorted(m for m in layered if m.startswith("peftune.") and m not in package_modules())
     assert not stale, f"layers naming modules that do not exist: {stale}"
     assert len(layered) == len(set(layered)), "a module is in two layers"
+
+
+# the record's two sides: the only modules of peftune and analysis that import MLflow (docs/design.md, "The MLflow
+# record"); every other module reads and writes the record through them
+MLFLOW_MODULES = {"peftune.record_reader", "peftune.record_writer"}
+
+
+def imported_roots(path) -> set[str]:
+    """The top-level package of every module ``path`` imports, wherever in the module the import is (a function's
+    deferred import too); relative imports are the project's own."""
+    roots = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            roots |= {alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def test_only_the_reader_and_the_writer_import_mlflow():
+    modules = {}
+    for package, root in (("peftune", REPO / "platform" / "peftune"), ("analysis", REPO / "analysis")):
+        for path in root.rglob("*.py"):
+            parts = path.relative_to(root).with_suffix("").parts
+            name = ".".join((package, *parts))
+            modules[name.removesuffix(".__init__")] = path
+    assert MLFLOW_MODULES <= set(modules), "the reader or the writer is missing"
+    importing = sorted(name for name, path in modules.items() if "mlflow" in imported_roots(path))
+    assert set(importing) == MLFLOW_MODULES, f"modules importing mlflow (only the reader and writer may): {importing}"

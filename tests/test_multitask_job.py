@@ -14,7 +14,7 @@ import pytest
 
 from conftest import SHARED_DATA
 from peftune import spaces
-from peftune.tracking import fingerprint_hashes
+from peftune.record_writer import fingerprint_hashes
 
 REPO = Path(__file__).resolve().parents[1]
 QUORA_BROKEN_LINES = [3296, 11099]  # rows of the shipped quora-train.csv with an empty sentence

@@ -86,7 +86,7 @@ def mlflow_server(postgres, tmp_path):
 def test_two_sweeps_a_resume_and_reports_on_postgres(mlflow_server, tiny_data_dir, tmp_path):
     import mlflow
 
-    from peftune import tracking
+    from peftune import record_writer
 
     env = {key: value for key, value in os.environ.items() if not key.startswith(("RAY_ADDRESS", "MLFLOW_"))}
     env.update(PYTHONPATH=f"{REPO / 'platform'}{os.pathsep}{REPO}", RAY_USAGE_STATS_ENABLED="0")
@@ -115,7 +115,7 @@ def test_two_sweeps_a_resume_and_reports_on_postgres(mlflow_server, tiny_data_di
     client = mlflow.MlflowClient(mlflow_server)
     for name, (_, work) in runs.items():
         experiment = client.get_experiment_by_name(name)
-        assert experiment.tags.get(tracking.EXPERIMENT_KIND_TAG) == tracking.EXPERIMENT_KIND
+        assert experiment.tags.get(record_writer.EXPERIMENT_KIND_TAG) == record_writer.EXPERIMENT_KIND
         parents = client.search_runs([experiment.experiment_id], f"tags.`{record.ROLE}` = 'sweep'")
         assert len(parents) == 1  # the resume found the parent run again
         parent_id = parents[0].info.run_id

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from peftune import record
+from peftune import epoch_kept, record
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = (ROOT / "platform" / "peftune", ROOT / "analysis", ROOT / "jobs")
@@ -108,10 +108,10 @@ def test_record_names_are_spelled_only_in_record():
 
 
 def test_best_epoch_is_the_earliest_best():
-    assert record.best_epoch({}) is None
-    assert record.best_epoch({3: 0.5, 1: 0.7, 2: 0.7}) == 1
-    assert record.best_epoch({1: 0.2, 2: 0.9, 3: 0.1}) == 2
-    assert not record.improves(0.7, 0.7) and record.improves(0.71, 0.7)
+    assert epoch_kept.best_epoch({}) is None
+    assert epoch_kept.best_epoch({3: 0.5, 1: 0.7, 2: 0.7}) == 1
+    assert epoch_kept.best_epoch({1: 0.2, 2: 0.9, 3: 0.1}) == 2
+    assert not epoch_kept.improves(0.7, 0.7) and epoch_kept.improves(0.71, 0.7)
 
 
 def test_a_task_metric_reads_back_with_underscores_in_the_task():

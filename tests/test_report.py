@@ -1,4 +1,4 @@
-"""The report end to end on a real MLflow store (SQLite in tmp_path) written as peftune.tracking writes it.
+"""The report end to end on a real MLflow store (SQLite in tmp_path) written as peftune.record_writer writes it.
 
 The sweep holds completed, early-stopped, failed (with and without a finished epoch) and interrupted
 trials: every one must come back as one row, marked, and only completed ones may shape a frontier.

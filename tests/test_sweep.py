@@ -19,7 +19,7 @@ import ray
 import yaml
 from ray import tune
 
-from peftune import checkpoint, record, search, spaces, sweep, tracking
+from peftune import checkpoint, record_reader, search, spaces, stores, sweep
 from tiny_sweep import FROZEN_AND_TOP_K, write_definition
 
 # frozen with a vanishing lr cannot learn: it scores below top_k after epoch 1, so ASHA stops it
@@ -102,7 +102,7 @@ def assert_state_is_the_record(logger, uri: str, parent_run_id: str) -> None:
     sweep's end sets on the record alone, and MLflow's own tags)."""
     client = mlflow.MlflowClient(uri)
     experiment_id = client.get_run(parent_run_id).info.experiment_id
-    recorded = tracking.child_runs(client, experiment_id, parent_run_id)
+    recorded = record_reader.child_runs(client, experiment_id, parent_run_id)
     held = logger.runs()
     assert [r.info.run_id for r in held] == [r.info.run_id for r in recorded]
     for state, run in zip(held, recorded, strict=True):
@@ -317,7 +317,7 @@ def test_multi_objective_mode_searches_score_and_size_without_a_scheduler():
 def test_tracking_uri_defaults_to_sqlite_in_the_working_directory(monkeypatch, tmp_path):
     monkeypatch.chdir(tmp_path)
     monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
-    assert record.resolve_tracking_uri() == f"sqlite:///{tmp_path / 'mlflow.db'}"
+    assert stores.resolve_tracking_uri() == f"sqlite:///{tmp_path / 'mlflow.db'}"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", "http://127.0.0.1:5000")
-    assert record.resolve_tracking_uri() == "http://127.0.0.1:5000"
-    assert record.resolve_tracking_uri("sqlite:///x.db") == f"sqlite:///{tmp_path / 'x.db'}"
+    assert stores.resolve_tracking_uri() == "http://127.0.0.1:5000"
+    assert stores.resolve_tracking_uri("sqlite:///x.db") == f"sqlite:///{tmp_path / 'x.db'}"

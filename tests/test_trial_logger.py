@@ -1,6 +1,6 @@
 """The driver keeps each trial's best epoch in its state of the sweep and writes it at the trial's end: no read.
 
-The rule is ``record.best_epoch``'s (the best logged score, the earliest on a tie, a score the record does not hold
+The rule is ``epoch_kept.best_epoch``'s (the best logged score, the earliest on a tie, a score the record does not hold
 never kept); what reaches the write buffer is checked here, the buffer itself in ``test_faults``.
 """
 
@@ -11,8 +11,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from peftune.record import best_epoch
-from peftune.tracking import TrialLogger
+from peftune.epoch_kept import best_epoch
+from peftune.trial_logger import TrialLogger
 
 
 class Buffer:
@@ -129,7 +129,7 @@ def resumed_logger(client) -> TrialLogger:
 
 
 def test_a_resumed_driver_reads_each_run_and_history_once_for_the_rungs_and_the_trials_it_continues():
-    from peftune.tracking import RecordedResults
+    from peftune.trial_logger import RecordedResults
 
     search = {"peftune.phase": "search", "peftune.method": "lora"}
     client = Record({

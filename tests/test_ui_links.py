@@ -11,10 +11,10 @@ import urllib.parse
 import mlflow
 import pytest
 
-from peftune import record, tracking
+from peftune import record, record_writer, ui_links
 from peftune.data import DataSettings
 from peftune.methods.sizes import size_label
-from peftune.tracking_buffer import WriteBuffer
+from peftune.record_writer import TrialWrites
 from peftune.train import prepare
 from tiny_sweep import write_definition
 
@@ -55,16 +55,16 @@ def test_a_run_name_says_method_size_phase_and_seed(method, params, phase, seed,
 
 
 def test_links_open_the_training_view_the_trials_and_the_compare_page():
-    trials = record.trials_address("http://127.0.0.1:5000/", "7")
+    trials = ui_links.trials_address("http://127.0.0.1:5000/", "7")
     assert trials.startswith("http://127.0.0.1:5000/#/experiments/7/runs?")
     query = urllib.parse.parse_qs(trials.split("?", 1)[1])
     assert query == {"workflowType": ["machine_learning"], "viewStateShareKey": [record.TRIALS_VIEW_KEY]}
     # a local store: the address `mlflow ui` serves, and the command that serves it
-    assert tracking.ui_hint("sqlite:////tmp/x/mlflow.db", "7") == (
+    assert ui_links.ui_hint("sqlite:////tmp/x/mlflow.db", "7") == (
         "http://127.0.0.1:5000/#/experiments/7/runs?" + urllib.parse.urlencode(query, doseq=True),
         "mlflow ui --backend-store-uri sqlite:////tmp/x/mlflow.db --host 127.0.0.1 --port 5000",
     )
-    compare = record.compare_address("http://h:5000", "7", ["a1", "b2"])
+    compare = ui_links.compare_address("http://h:5000", "7", ["a1", "b2"])
     fields = urllib.parse.parse_qs(compare.split("?", 1)[1])
     assert compare.startswith("http://h:5000/#/compare-runs?")
     assert json.loads(fields["runs"][0]) == ["a1", "b2"] and json.loads(fields["experiments"][0]) == ["7"]
@@ -75,8 +75,8 @@ def test_the_sweep_record_holds_the_shared_view_and_the_data_as_datasets(tmp_pat
     definition = write_definition(tmp_path / "defs", "ui_record", {"lora": LORA}, SWEEP)
     settings = DataSettings(str(tiny_data_dir), max_length=32, max_train_examples=16, max_dev_examples=8)
     prepared = prepare(settings, ["sst"])
-    datasets = tracking.data_inputs(prepared)
-    opened = tracking.open_sweep(
+    datasets = record_writer.data_inputs(prepared)
+    opened = record_writer.open_sweep(
         uri, definition, data_hashes=prepared.file_hashes, ray_experiment_path=str(tmp_path / "ray"),
         expect_existing=False, datasets=datasets,
     )  # fmt: skip
@@ -84,7 +84,7 @@ def test_the_sweep_record_holds_the_shared_view_and_the_data_as_datasets(tmp_pat
 
     tags = client.get_experiment(opened.experiment_id).tags
     view = json.loads(tags[record.SHARED_VIEW_TAG + record.TRIALS_VIEW_KEY])
-    assert view == record.trials_view() and view["searchFilter"] == "tags.`peftune.role` = 'trial'"
+    assert view == ui_links.trials_view() and view["searchFilter"] == "tags.`peftune.role` = 'trial'"
 
     # the parent: both files, digests from data_hashes.json, what each was for
     inputs = client.get_run(opened.parent_run_id).inputs.dataset_inputs
@@ -97,14 +97,14 @@ def test_the_sweep_record_holds_the_shared_view_and_the_data_as_datasets(tmp_pat
     assert all(json.loads(i.dataset.profile)["sha256"] == hashes[i.dataset.name] for i in inputs)
 
     # a trial run through the write buffer, written twice (a retried write): one run, one input per file
-    buffer = WriteBuffer(opened, None)
+    buffer = TrialWrites(opened, None)
     for _ in range(2):
         buffer.put("trial_run", trial_id="t1", run_name="lora r=8 · confirm s1", method="lora", sweep=definition.name,
                    params={"lr": "0.001"}, tags={record.SIZE_TAG: "r=8"},
-                   datasets=tracking.inputs_of("confirm", opened.datasets))  # fmt: skip
+                   datasets=record_writer.inputs_of("confirm", opened.datasets))  # fmt: skip
     assert buffer.flush(120)
     buffer.stop()
     runs = client.search_runs([opened.experiment_id], f"tags.`{record.TRIAL_ID}` = 't1'")
     assert len(runs) == 1 and runs[0].info.run_name == "lora r=8 · confirm s1"
     assert sorted(i.dataset.name for i in runs[0].inputs.dataset_inputs) == ["ids-sst-dev.csv", "ids-sst-train.csv"]
-    assert [d["context"] for d in tracking.inputs_of("search", opened.datasets)] == ["training"]
+    assert [d["context"] for d in record_writer.inputs_of("search", opened.datasets)] == ["training"]

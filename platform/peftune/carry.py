@@ -114,7 +114,7 @@ def carried(definition: SweepDefinition, runs: Sequence, pct: Callable[[str, Map
     return list(out.values())
 
 
-def run_carried(definition: SweepDefinition, runnable, trial_logger, client, storage: str, callbacks: Sequence = (),
+def run_carried(definition: SweepDefinition, runnable, trial_logger, storage: str, callbacks: Sequence = (),
                 verbose: int = 1) -> bool:  # fmt: skip
     """Train the carried trials not yet finished in the record (a partial run of one is replaced); return whether
     the user stopped them (Ctrl-C: the sweep is then interrupted). They are search trials: the trial logger records
@@ -131,8 +131,7 @@ def run_carried(definition: SweepDefinition, runnable, trial_logger, client, sto
         if run is not None and run.data.tags.get(STATUS) in ended:
             continue
         if run is not None:  # interrupted: it trains again, in one run only
-            client.delete_run(run.info.run_id)
-            trial_logger.forget(run.info.run_id)
+            trial_logger.delete(run.info.run_id)
         todo.append(config)
     log.info("carried trials: %d proposed (each budget's size for a method's tuned setting), %d to train",
              len(wanted), len(todo))  # fmt: skip

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from pydantic import TypeAdapter
 
-from peftune import methods, record, services, spaces, tasks
+from peftune import methods, record, services, spaces, stores, tasks
 from peftune.backbone import BertConfig, BertModel, read_config, resolve_model_dir
 from peftune.benchmarks import throughput
 from peftune.cli_common import EXIT_OK, Parser, add_model_args, check_device, check_output_dir, path_arg, run_command
@@ -135,7 +135,7 @@ def cmd_report(args) -> int:
     from peftune.console import quiet_libraries
 
     quiet_libraries()  # no download bar per artifact read
-    args.tracking_uri = record.existing_store_uri(args.tracking_uri)
+    args.tracking_uri = stores.existing_store_uri(args.tracking_uri)
     if args.output:  # an existing file, or a directory that cannot be written: refused before any work
         check_output_dir("--output", Path(args.output))
 
@@ -197,7 +197,7 @@ def cmd_evaluate(args) -> int:
     from peftune.console import quiet_libraries
 
     quiet_libraries()  # no download bar per artifact read
-    args.tracking_uri = record.existing_store_uri(args.tracking_uri)
+    args.tracking_uri = stores.existing_store_uri(args.tracking_uri)
     if args.output:  # an existing file, or a directory that cannot be written: refused before any work
         check_output_dir("--output", Path(args.output))
     check_device(args.device)

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from peftune import lease, methods, record, spaces
+from peftune import lease, methods, record, spaces, stores
 from peftune.backbone import DEFAULT_MODEL, check_max_length, read_config, resolve_model_dir
 from peftune.cli_common import (
     EXIT_FAILURES,
@@ -105,9 +105,9 @@ def _add_where_kept(parser) -> None:
     parser.add_argument(
         "--storage-path",
         type=path_arg,
-        default=record.DEFAULT_STORAGE_PATH,
+        default=stores.DEFAULT_STORAGE_PATH,
         help="where Ray Tune keeps the sweep's state and checkpoints (a directory, or s3://... on a "
-        f"multi-node cluster; default ./{record.DEFAULT_STORAGE_PATH})",
+        f"multi-node cluster; default ./{stores.DEFAULT_STORAGE_PATH})",
     )
     parser.add_argument(
         "--optuna-storage",
@@ -210,12 +210,12 @@ def main_from_args(args) -> int:
     does not depend on the data comes before the data is read and tokenized."""
     definition = definition_from_args(args)  # validated before anything starts
     check_spaces_against_model(definition)
-    record.check_tracking_uri(record.resolve_tracking_uri(args.tracking_uri))
+    stores.check_tracking_uri(stores.resolve_tracking_uri(args.tracking_uri))
     test_dir = getattr(args, "test_dir", None)
     if test_dir is not None:
         check_test_args(test_dir, definition, args.test_seeds)
-    storage = record.storage_uri(args.storage_path)
-    record.check_storage_uri(storage)  # every refusal before any data is read
+    storage = stores.storage_uri(args.storage_path)
+    stores.check_storage_uri(storage)  # every refusal before any data is read
     check_resumable(bool(getattr(args, "resume", False)), definition.name, storage)
     lease.Lease(lease.lease_dir(storage), definition.name).check_free()
     prepared = spaces.prepare_data(definition, args.data_dir)
@@ -251,7 +251,6 @@ def check_resumable(resume: bool, name: str, storage: str) -> None:
 
 def _run_sweep(args, definition: spaces.SweepDefinition, prepared, verbose: bool) -> SweepResult:
     from analysis.publish import on_sweep_finished
-    from analysis.report import read_predictions
     from peftune import console, sweep
 
     return sweep.run_sweep(
@@ -265,7 +264,6 @@ def _run_sweep(args, definition: spaces.SweepDefinition, prepared, verbose: bool
         reports_dir=args.reports_dir,
         on_finished=on_sweep_finished,
         optuna_storage=getattr(args, "optuna_storage", None),
-        read_predictions=read_predictions,
         verbose=console.TUNE_TABLES if verbose else console.TUNE_QUIET,
         prepared=prepared,
     )
@@ -335,8 +333,8 @@ def _warn_relative_paths_in_job(args) -> None:
         )
         if value is not None and "://" not in str(value) and not Path(value).is_absolute()
     ]
-    uri = record.resolve_tracking_uri(args.tracking_uri)
-    if args.tracking_uri is None and record.sqlite_path(uri) is not None:
+    uri = stores.resolve_tracking_uri(args.tracking_uri)
+    if args.tracking_uri is None and stores.sqlite_path(uri) is not None:
         relative.append("--tracking-uri")
     if relative:
         log.warning(

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from peftune import checkpoint, methods, record, train, trial_spec, validation
+from peftune import checkpoint, epoch_kept, methods, record, train, trial_spec, validation
 from peftune.backbone import check_max_length, check_tokenizer_files, read_config, resolve_model_dir
 from peftune.cli_common import Parser, add_model_args, check_device, check_output_dir, finite_float, path_arg
 from peftune.data import DEFAULT_MAX_LENGTH
@@ -205,7 +205,7 @@ def cmd_train(args) -> int:
 
     def report(metrics, save):
         print(format_metrics(metrics), flush=True)
-        if record.improves(metrics[record.SCORE], best[record.SCORE]):
+        if epoch_kept.improves(metrics[record.SCORE], best[record.SCORE]):
             best.update(metrics)
             save(output)
 

@@ -21,12 +21,10 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
-import mlflow
-from mlflow.entities import Metric
 from ray import tune
 from ray.tune.search import Searcher
 
-from peftune import console, decisions
+from peftune import console, decisions, record_reader
 from peftune.methods.options import options_from_params
 from peftune.methods.sizes import size_label
 from peftune.record import (
@@ -250,37 +248,53 @@ def run_confirmation(
     callbacks: Sequence = (),
     verbose: int = 1,
     flush_s: float = 600.0,
-    read_predictions: Callable[[str, str], object] | None = None,
 ) -> ConfirmationResult:
     """Confirm the best configurations of every method of the finished search (see the module docstring).
 
     ``runnable``: the search's trainable with its parameters and resources; ``trial_logger``: the search's
     ``TrialLogger`` (it records these trials too); ``storage``: the search's Tune storage URI;
-    ``callbacks``: extra ``tune.Callback`` objects for this run. ``read_predictions(tracking URI, sweep)``: the
-    decision-split predictions of the completed confirmation runs (a frame with the columns ``config_key``,
-    ``seed``, ``task``, ``example_id``, ``prediction``, ``label``). After each round, the decision procedure
-    (:func:`peftune.decisions.replay`, the one the report and ``peftune decide`` use) replays the looks on
-    them; the configurations it still wants seeds for get one more each, all of a round as parallel trials of
-    the same Tune experiment, until every budget is decided, the rest is futile, ``confirm.max_seeds`` or
-    ``confirm.max_seconds``. The record holds the seeds, so a resume replays to the same point. It is
-    called once, on a resume, for the runs an earlier run of the sweep completed: the rounds decide on what the
-    trial logger kept of this run's trials (``TrialLogger.confirmed``), not on the record read back. The
-    candidates, and the confirmation runs an earlier run of the sweep left, come from the driver's state of the
-    sweep (``TrialLogger.runs``), not from the record either.
+    ``callbacks``: extra ``tune.Callback`` objects for this run. After each round, the decision procedure
+    (:func:`peftune.decisions.replay`, the one the report and ``peftune decide`` use) replays the looks on the
+    decision-split predictions of the completed runs; the configurations it still wants seeds for get one more each,
+    all of a round as parallel trials of the same Tune experiment, until every budget is decided, the rest is futile,
+    ``confirm.max_seeds`` or ``confirm.max_seconds``. The record holds the seeds, so a resume replays to the same
+    point. The rounds decide on what the trial logger kept of this run's trials (``TrialLogger.confirmed``), and on
+    the predictions of the runs an earlier run of the sweep completed, read from the record once
+    (``record_reader.read_predictions``). The candidates, and the confirmation runs an earlier run of the sweep
+    left, come from the driver's state of the sweep (``TrialLogger.runs``), not from the record either.
     """
     settings = definition.confirm
     if settings.seeds == 0 or not (settings.contenders or settings.anchors or settings.top_k or settings.defaults):
         return ConfirmationResult("skipped", 0, 0, 0, [])
-    client = _mlflow_client(record.tracking_uri)
+    confirmation, first = open_confirmation(definition, record, runnable, trial_logger=trial_logger, storage=storage,
+                                            callbacks=callbacks, verbose=verbose, flush_s=flush_s)  # fmt: skip
+    return confirmation.run(first)
+
+
+def open_confirmation(
+    definition,
+    record,
+    runnable,
+    *,
+    trial_logger,
+    storage: str,
+    callbacks: Sequence = (),
+    verbose: int = 1,
+    flush_s: float = 600.0,
+) -> tuple[Confirmation, list[tuple[Candidate, int, str]]]:
+    """The confirmation as it opens (:func:`run_confirmation`'s arguments), before its first round: the candidates
+    of the driver's state of the sweep, the runs an earlier run of the sweep left, and the first round's (candidate,
+    seed, why), which ``Confirmation.run`` takes. The benchmark driver measures this opening's reads."""
+    settings = definition.confirm
     runs = trial_logger.runs()  # the record as the driver holds it (the search's writes flushed): not read back
     candidates = candidates_of(runs, settings)
     first = [(c, s, "") for c in candidates for s in confirm_seeds(definition.seed, settings.seeds)]
     log.info("confirmation: %d configuration(s) x %d seed(s)", len(candidates), settings.seeds)
     searched = {c.config_key: c for c in map(candidate_of, runs) if c is not None}
     earlier = {(run_config_key(r), r.data.tags.get(SEED)): r for r in runs if run_phase(r.data.tags) == CONFIRM}
-    confirmation = Confirmation(definition, record, runnable, client, trial_logger, storage, callbacks, verbose,
-                                flush_s, read_predictions, searched, candidates, earlier)  # fmt: skip
-    return confirmation.run(first)
+    confirmation = Confirmation(definition, record, runnable, trial_logger, storage, callbacks, verbose, flush_s,
+                                searched, candidates, earlier)  # fmt: skip
+    return confirmation, first
 
 
 def candidates_of(runs: Sequence, settings) -> list[Candidate]:
@@ -331,13 +345,11 @@ class Confirmation:
     definition: object
     record: object
     runnable: object
-    client: object
     trial_logger: object
     storage: str
     callbacks: Sequence
     verbose: int
     flush_s: float
-    read_predictions: Callable[[str, str], object] | None
     searched: Mapping[str, Candidate]  # config key -> its search trial (the seeds added re-train it)
     candidates: Sequence[Candidate] = ()  # the configurations confirmed
     # (config key, seed as tagged) -> the confirmation run an earlier run of the sweep left in the record, as the
@@ -379,8 +391,7 @@ class Confirmation:
                 continue
             if run is not None and pair not in self.trial_logger.confirmed:
                 # interrupted or failed in an earlier run: it trains again from the start, in one run only
-                self.client.delete_run(run.info.run_id)
-                self.trial_logger.forget(run.info.run_id)
+                self.trial_logger.delete(run.info.run_id)
                 deleted.append(run.info.run_id)
             todo.append(trial_config(candidate, seed, why))
         replaced = f", {len(deleted)} partial run(s) replaced" if deleted else ""
@@ -398,8 +409,6 @@ class Confirmation:
         flushed_at = time.monotonic()
         if not flushed or self.finished() < len(self.wanted):
             self.held_back = True
-            return None
-        if self.read_predictions is None:
             return None
         if self.adding_since is None:
             self.adding_since = time.monotonic()
@@ -496,8 +505,8 @@ class Confirmation:
         return sum(self.status((c.config_key, s)) in (COMPLETED, FAILED) for c, s, _ in self.wanted)
 
     def decision_frame(self):
-        """The decision-split predictions of every completed pair (``read_predictions``' columns): those of an
-        earlier run of the sweep read from the record once, this run's as its trial logger kept them."""
+        """The decision-split predictions of every completed pair (``record_reader.read_predictions``' columns): those
+        of an earlier run of the sweep read from the record once, this run's as its trial logger kept them."""
         import io
 
         import pandas as pd
@@ -505,7 +514,11 @@ class Confirmation:
         if self.earlier_predictions is None:
             done = {(key, int(seed)) for (key, seed), run in self.earlier.items()
                     if run.data.tags.get(STATUS) == COMPLETED}  # fmt: skip
-            read = self.read_predictions(self.record.tracking_uri, self.definition.name) if done else pd.DataFrame()
+            read = (
+                record_reader.read_predictions(self.record.tracking_uri, self.definition.name)
+                if done
+                else pd.DataFrame()
+            )
             if len(read):  # the record holds this run's pairs too by now: they are the trial logger's
                 read = read[[(k, int(s)) in done for k, s in zip(read["config_key"], read["seed"], strict=True)]]
             self.earlier_predictions = read
@@ -561,22 +574,6 @@ def fit_rounds(definition, runnable, rounds: Rounds, phase: str, progress, stora
     return ctrl_c.pressed
 
 
-def log_dev_sizes(record, prepared, seed: int) -> None:
-    """Parent metrics ``train_examples.<task>`` (the search's train rows), ``selection_examples.<task>``,
-    ``decision_examples.<task>`` and ``dev_examples.<task>`` (the rows each role got: the report gives them, and its
-    noise rule needs dev's) and ``selection_seed`` (the seed that carved the selection split)."""
-    now = int(time.time() * 1000)
-    metrics = [Metric("selection_seed", seed, now, 0)]
-    for task, data in prepared.tasks.items():
-        metrics.append(Metric(f"train_examples.{task}", len(data.train), now, 0))
-        metrics.append(Metric(f"dev_examples.{task}", len(data.dev), now, 0))
-        if data.selection is not None:
-            metrics.append(Metric(f"selection_examples.{task}", len(data.selection), now, 0))
-        if data.decision is not None:
-            metrics.append(Metric(f"decision_examples.{task}", len(data.decision), now, 0))
-    _mlflow_client(record.tracking_uri).log_batch(record.parent_run_id, metrics=metrics)
-
-
 def reachable_margin_line(definition, prepared) -> str | None:
     """What the sweep says at start: the margin, and the smallest margin its sizes reach within ``max_seeds``
     (``decisions.reachable_margin``: 80% power for a cheaper configuration truly equal to the best, from
@@ -602,7 +599,3 @@ def reachable_margin_line(definition, prepared) -> str | None:
 def search_run_ids(runs) -> set[str]:
     """Run ids of the sweep's search trials among its trial ``runs`` (every one that is not a confirmation trial)."""
     return {r.info.run_id for r in runs if run_phase(r.data.tags) == SEARCH}
-
-
-def _mlflow_client(uri: str):
-    return mlflow.MlflowClient(tracking_uri=uri)

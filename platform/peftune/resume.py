@@ -28,8 +28,8 @@ from pathlib import Path
 import pyarrow.fs
 from ray import tune
 
+from peftune.epoch_kept import improves
 from peftune.errors import no_space
-from peftune.record import improves
 
 log = logging.getLogger("peftune.resume")
 
@@ -124,7 +124,7 @@ class _TrialCheckpoints:
 
 class CheckpointPruner(SaveHook):
     """Deletes a trial's checkpoints that nothing can read any more. Kept: the trial's latest (a retry restores
-    it), its best by ``score`` (``record.improves``: the earliest on a tie; the sweep logs it to MLflow), and the
+    it), its best by ``score`` (``epoch_kept.improves``: the earliest on a tie; the sweep logs it to MLflow), and the
     latest as of each of the last two saves of Tune's state (a resume restores a trial from the state at the
     storage path, which is the last save's, or the one before while Tune still copies it). ``score=None``: no
     best is kept (the confirmation's runs keep their predictions in the record, not in a checkpoint).

@@ -33,8 +33,14 @@ from ray.tune.search.optuna import OptunaSearch
 from peftune import spaces
 from peftune.errors import UserError
 from peftune.pack import PACKABLE
-from peftune.record import DEFAULT, SCORE, SEARCH, config_key, sqlite_path
+from peftune.record import (
+    DEFAULT,
+    SCORE,
+    SEARCH,
+    config_key,
+)
 from peftune.spaces import MethodSpace
+from peftune.stores import sqlite_path
 
 METRIC, MODE = SCORE, "max"
 DEFAULT_ATTR = DEFAULT  # user attribute of an enqueued default trial in its Optuna study: the record's tag's name
@@ -680,7 +686,7 @@ def fidelity_settings(definition: spaces.SweepDefinition, steps_per_run: int | N
 
 
 def make_scheduler(definition: spaces.SweepDefinition, history=None, steps_per_run: int | None = None):
-    """``history``: ``tracking.RecordedResults`` of the sweep, from which a per-method scheduler refills its rungs;
+    """``history``: ``trial_logger.RecordedResults`` of the sweep, from which a per-method scheduler refills its rungs;
     ``steps_per_run``: a trial's optimizer steps, which decides the rungs that stay (:func:`live_rungs`)."""
     if definition.scheduler.type == "none" or definition.multi_objective:
         return None

@@ -4,8 +4,8 @@
 driver reads, validates and tokenizes the data once and hands it to the trials through Ray's object store;
 ``peftune.search`` decides what runs and what stops; each trial asks for a GPU fraction where the cluster has GPUs,
 CPUs otherwise, reports after each epoch with a checkpoint of its trainable parameters, and is retried from it on
-failure; ``peftune.confirm`` re-trains the contenders with new seeds; ``peftune.tracking`` records everything from
-the driver. Tune's state under ``<storage_path>/<sweep name>`` makes running the same sweep again resume it. The
+failure; ``peftune.confirm`` re-trains the contenders with new seeds; ``peftune.record_writer`` records everything
+from the driver. Tune's state under ``<storage_path>/<sweep name>`` makes running the same sweep again resume it. The
 driver holds the sweep's lease (``peftune.lease``) and ships the code it imported to every trial. The phases in
 order: docs/design.md, "The sweep's phases".
 """
@@ -28,18 +28,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import mlflow
 import ray
 from ray import tune
 
-from peftune import carry, confirm, console, lease, packing, search, spaces, tracking, tracking_buffer, train, worker
+from peftune import (
+    carry,
+    confirm,
+    console,
+    lease,
+    packing,
+    record_reader,
+    record_writer,
+    search,
+    spaces,
+    stores,
+    tracking_buffer,
+    train,
+    ui_links,
+    worker,
+)
 from peftune import record as record_names
 from peftune.errors import UserError, disk_full, no_space, one_line
 from peftune.record import (
     BEST_SCORE,
     COMPLETED,
     COMPLETED_WITH_FAILURES,
-    DEFAULT_STORAGE_PATH,
     FAILED,
     INTERRUPTED,
     SCORE,
@@ -49,7 +62,9 @@ from peftune.resume import CheckpointPruner, GoodState, RunCallbacks, checkpoint
 from peftune.shared_data import SharedData
 from peftune.spaces import SweepDefinition, prepare_data
 from peftune.stopping import ctrl_c_through_tune, note_sigterm, stopped
+from peftune.stores import DEFAULT_STORAGE_PATH
 from peftune.tasks import get_task
+from peftune.trial_logger import RecordedResults, TrialLogger
 
 log = logging.getLogger("peftune.sweep")
 
@@ -80,16 +95,16 @@ class SweepResult:
 
     @property
     def ui_address(self) -> str:
-        return tracking.ui_hint(self.tracking_uri, self.experiment_id)[0]
+        return ui_links.ui_hint(self.tracking_uri, self.experiment_id)[0]
 
     @property
     def ui_command(self) -> str | None:
-        return tracking.ui_hint(self.tracking_uri, self.experiment_id)[1]
+        return ui_links.ui_hint(self.tracking_uri, self.experiment_id)[1]
 
     @property
     def parent_address(self) -> str:
         """The sweep's own run in the UI: the report's headline is its description."""
-        return record_names.run_address(self.tracking_uri, self.experiment_id, self.parent_run_id)
+        return ui_links.run_address(self.tracking_uri, self.experiment_id, self.parent_run_id)
 
     def summary(self) -> str:
         counts = ", ".join(f"{n} {s or UNFINISHED}" for s, n in sorted(self.statuses.items(), key=str))
@@ -258,11 +273,11 @@ def search_over(definition: SweepDefinition, grid, budgets: search.Allocation) -
 class SweepHooks:
     """What a measurement of the driver (``peftune.benchmarks.driver``) puts in a real sweep instead of patching this
     module: ``trainable`` runs every trial in place of ``worker.trainable`` (the same arguments: the trial's config,
-    ``prepared`` and ``settings``); ``on_trial_logger(logger)`` sees the ``tracking.TrialLogger`` the sweep records
+    ``prepared`` and ``settings``); ``on_trial_logger(logger)`` sees the ``TrialLogger`` the sweep records
     through, once its write buffer is open. The defaults are the sweep's own."""
 
     trainable: Callable[..., None] = worker.trainable
-    on_trial_logger: Callable[[tracking.TrialLogger], None] | None = None
+    on_trial_logger: Callable[[TrialLogger], None] | None = None
 
 
 def one_driver(run: Callable[..., SweepResult]) -> Callable[..., SweepResult]:
@@ -270,8 +285,8 @@ def one_driver(run: Callable[..., SweepResult]) -> Callable[..., SweepResult]:
 
     @functools.wraps(run)
     def holding_the_lease(definition, data_dir, tracking_uri=None, *, storage_path=DEFAULT_STORAGE_PATH, **options):
-        storage = record_names.storage_uri(storage_path)
-        record_names.check_storage_uri(storage)  # before the lease: an object-storage lease is a local folder
+        storage = stores.storage_uri(storage_path)
+        stores.check_storage_uri(storage)  # before the lease: an object-storage lease is a local folder
         with lease.held(storage, definition.name):
             return run(definition, data_dir, tracking_uri, storage_path=storage_path, **options)
 
@@ -294,7 +309,6 @@ def run_sweep(
     verbose: int = console.TUNE_QUIET,
     optuna_storage: str | None = None,
     tracking_wait_s: float = TRACKING_WAIT_S,
-    read_predictions: Callable[[str, str], Any] | None = None,
     prepared=None,
     hooks: SweepHooks | None = None,
 ) -> SweepResult:
@@ -310,16 +324,14 @@ def run_sweep(
     URL of the per-method Optuna studies (default: ``peftune.search.default_storage_url``).
     ``tracking_wait_s``: how long the end of the sweep waits for MLflow writes still buffered (a
     tracking-server outage); what is left then stays on disk beside Tune's state and is written by
-    the next run of the sweep. ``read_predictions(tracking URI, sweep name)``: the decision-split predictions
-    of the confirmation's completed runs, on which the confirmation decides who gets more seeds
-    (``peftune.confirm``, ``peftune.decisions``). ``prepared``: ``spaces.prepare_data(definition, data_dir)``,
+    the next run of the sweep. ``prepared``: ``spaces.prepare_data(definition, data_dir)``,
     when the caller has read the data already (the command line does, to refuse a bad file before loading Ray).
     ``hooks``: a measurement's stand-ins (:class:`SweepHooks`); None: the sweep's own.
     """
     hooks = hooks or SweepHooks()
     _set_environment()
-    tracking_uri = record_names.resolve_tracking_uri(tracking_uri)
-    storage = record_names.storage_uri(storage_path)
+    tracking_uri = stores.resolve_tracking_uri(tracking_uri)
+    storage = stores.storage_uri(storage_path)
     experiment_path = f"{storage.rstrip('/')}/{definition.name}"
     exists = _check_resume(definition, resume, tracking_uri, experiment_path)
     if prepared is None:  # a bad file or a missing model is refused before Ray starts
@@ -341,7 +353,7 @@ def run_sweep(
         init_ray(ray_address)
         runnable = _runnable(definition, prepared, settings, trainable=hooks.trainable)
         del prepared  # the object store holds it now
-        tuner = _tuner(definition, runnable, storage, exists, optuna_url, tracking.RecordedResults(record),
+        tuner = _tuner(definition, runnable, storage, exists, optuna_url, RecordedResults(record),
                        budgets, verbose)  # fmt: skip
         progress = console.Progress("search", _search_trials(definition, budgets), definition.budget.epochs)
         state = [GoodState(experiment_path), CheckpointPruner(SCORE)]  # Tune's saved state and the checkpoints
@@ -355,15 +367,14 @@ def run_sweep(
             return _unrecorded(definition, record, *where, trial_logger, len(grid))
         runs = trial_logger.runs()  # the record as the driver holds it: every write reached it (flushed)
         searched = confirm.search_run_ids(runs)
-        trials = [t for t in tracking.trial_records(runs) if t.run_id in searched]
+        trials = [t for t in record_writer.trial_records(runs) if t.run_id in searched]
         # a Ctrl-C Tune took stops the sweep, even with every trial done
         complete = not ctrl_c.pressed and search_over(definition, grid, budgets)
         complete = complete and len([t for t in trials if t.status]) >= len(grid)
         confirmation = None
         if complete and definition.confirm.contenders and definition.confirm.seeds:
             # each budget's contenders tuned under it: the methods' tuned settings at smaller budgets' sizes
-            client = mlflow.MlflowClient(tracking_uri=record.tracking_uri)
-            complete = not carry.run_carried(definition, runnable, trial_logger, client, storage, callbacks, verbose)
+            complete = not carry.run_carried(definition, runnable, trial_logger, storage, callbacks, verbose)
             if not trial_logger.flush(tracking_wait_s):
                 return _unrecorded(definition, record, *where, trial_logger, len(grid))
         packing.stop_hubs()  # the search's packs are over (the confirmation never packs)
@@ -372,7 +383,7 @@ def run_sweep(
             with every_slot_pending(definition.resources):
                 confirmation = confirm.run_confirmation(
                     definition, record, confirming, trial_logger=trial_logger, storage=storage, callbacks=callbacks,
-                    verbose=verbose, flush_s=tracking_wait_s, read_predictions=read_predictions,
+                    verbose=verbose, flush_s=tracking_wait_s,
                 )  # fmt: skip
             if not trial_logger.flush(tracking_wait_s):
                 return _unrecorded(definition, record, *where, trial_logger, len(grid))
@@ -398,14 +409,14 @@ def run_sweep(
     return result
 
 
-def open_trial_logger(definition, record, settings, prepared, storage: str, exists: bool) -> tracking.TrialLogger:
+def open_trial_logger(definition, record, settings, prepared, storage: str, exists: bool) -> TrialLogger:
     """The callback that records every trial, with the writes an earlier run of the sweep left pending."""
     pending = tracking_buffer.pending_path(storage, definition.name)
     if not exists:
         tracking_buffer.set_aside_stale(pending)
     task_metrics = _task_metric_names(definition.tasks)
     logged_metrics = [*task_metrics, *record_names.split_metric_names(task_metrics)]
-    trial_logger = tracking.TrialLogger(record, settings, logged_metrics, pending, split_examples(prepared))
+    trial_logger = TrialLogger(record, settings, logged_metrics, pending, split_examples(prepared))
     trial_logger.open_buffer()  # first the writes an earlier run left pending: a resume reads the record
     return trial_logger
 
@@ -468,9 +479,9 @@ def _check_resume(definition: SweepDefinition, resume: bool | None, tracking_uri
             f"sweep {definition.name!r} already has Ray Tune state at {experiment_path}: resume it "
             f"(run it again without --fresh) or pick another name"
         )
-    with record_names.store_errors(tracking_uri):
-        if exists and not tracking.has_parent_run(tracking_uri, definition.name):
-            raise UserError(tracking.missing_record_error(definition.name, tracking_uri, experiment_path))
+    with record_reader.store_errors(tracking_uri):
+        if exists and not record_reader.has_parent_run(tracking_uri, definition.name):
+            raise UserError(record_writer.missing_record_error(definition.name, tracking_uri, experiment_path))
     return exists
 
 
@@ -483,18 +494,18 @@ def _open_record(definition: SweepDefinition, prepared, tracking_uri: str, exper
             "(skipped_rows.json)",
             len(skipped),
         )
-    with record_names.store_errors(tracking_uri):
-        record = tracking.open_sweep(
+    with record_reader.store_errors(tracking_uri):
+        record = record_writer.open_sweep(
             tracking_uri,
             definition,
             data_hashes=prepared.file_hashes,
             ray_experiment_path=experiment_path,
             expect_existing=exists,
             skipped_rows=skipped,
-            datasets=tracking.data_inputs(prepared),
-            tasks=tracking.task_record(prepared),
+            datasets=record_writer.data_inputs(prepared),
+            tasks=record_writer.task_record(prepared),
         )
-    confirm.log_dev_sizes(record, prepared, definition.seed)  # split sizes and the selection seed
+    record_writer.log_dev_sizes(record, prepared, definition.seed)  # split sizes and the selection seed
     line = confirm.reachable_margin_line(definition, prepared)
     if line:
         log.info("%s", line)
@@ -544,10 +555,10 @@ def _close(definition: SweepDefinition, record, trial_logger, grid, status: str,
     logged = []
     runs = trial_logger.runs()
     if complete:
-        tracking.log_method_budgets(record, runs)
+        record_writer.log_method_budgets(record, runs)
         checkpoints = _best_checkpoints(grid)
-        logged = tracking.log_best_checkpoints(record, runs, checkpoints, definition.checkpoints_per_method)
-    tracking.close_sweep(record, status, runs)
+        logged = record_writer.log_best_checkpoints(record, runs, checkpoints, definition.checkpoints_per_method)
+    record_writer.close_sweep(record, status, runs)
     return logged
 
 
@@ -571,7 +582,7 @@ def _close_after(error: BaseException, definition, record, trial_logger, wait_s:
 def _databases(tracking_uri: str, optuna_url: str) -> str | None:
     """The SQLite files a sweep writes (the MLflow store, the Optuna studies): a database refusing a write for
     space names no file, so a disk-full message names these."""
-    paths = (record_names.sqlite_path(tracking_uri), record_names.sqlite_path(optuna_url))
+    paths = (stores.sqlite_path(tracking_uri), stores.sqlite_path(optuna_url))
     files = [str(path) for path in paths if path is not None]
     return " or ".join(files) or None
 
@@ -580,7 +591,7 @@ def _close_sweep_if_room(definition, record, status: str) -> None:
     """Close the parent run with ``status``; a store with no space left keeps it open (said, not raised: the error
     that stopped the sweep is the one to show), and the next run of the sweep closes it."""
     try:
-        tracking.close_sweep(record, status)
+        record_writer.close_sweep(record, status)
     except Exception as error:
         if no_space(error) is None:
             raise

@@ -1,6 +1,6 @@
 """The sweep's trial runs as the driver knows them: what it decides on while the sweep runs, not the record read back.
 
-The trial logger (``peftune.tracking.TrialLogger``) sends every write of a trial's run through the write buffer
+The trial logger (``peftune.trial_logger.TrialLogger``) sends every write of a trial's run through the write buffer
 (``peftune.tracking_buffer``) and applies the same write here (:meth:`SweepState.apply`, one method per operation,
 as the buffer has). So the state holds what the record holds once the buffer has drained: each run's tags, params
 (as the strings MLflow stores), latest metrics (MLflow's rule: the greatest step, then timestamp, then value) and
@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from peftune.epoch_kept import best_epoch, improves
 from peftune.record import (
     BEST_EPOCH,
     EPOCH,
@@ -35,11 +36,10 @@ from peftune.record import (
     SWEEP,
     TRIAL_ID,
     TRIAL_ROLE,
-    best_epoch,
     best_metric,
-    improves,
     run_phase,
 )
+from peftune.record_reader import run_entity
 
 # the histories a search trial's rungs are read back from (``SweepState.rung_results``)
 RUNG_HISTORIES = (SCORE, "steps", "progress", "fidelity_score", "fidelity_steps", "fidelity_progress")
@@ -74,7 +74,7 @@ class SweepState:
     def __init__(self, parent_run_id: str | None = None, experiment_id: str | None = None):
         self.parent_run_id, self.experiment_id = parent_run_id, experiment_id
         self.trials: dict[str, TrialRun] = {}
-        # trial id -> the epoch kept so far (record.improves on the scores logged: the best, the earliest on a tie)
+        # trial id -> the epoch kept so far (epoch_kept.improves on the scores logged: the best, the earliest on a tie)
         # and that epoch's metrics as logged: written as best_* when the trial ends, not read back from the record
         self.best: dict[str, tuple[int, dict[str, float]]] = {}
         # (run id, metric) -> {step: value}: a history of a run the record held when the driver started, read once
@@ -186,7 +186,7 @@ class SweepState:
 
     def start_best(self, trial_id: str, histories: dict[str, dict[int, float]]) -> None:
         """The best epoch so far of a run a resumed trial continues, from its ``histories`` ({metric: {epoch:
-        value}}, score's among them) as the record holds them (``record.best_epoch``'s rule)."""
+        value}}, score's among them) as the record holds them (``epoch_kept.best_epoch``'s rule)."""
         kept = best_epoch(histories[SCORE])
         if kept is not None:
             self.best[trial_id] = (kept, {key: values[kept] for key, values in histories.items() if kept in values})
@@ -212,20 +212,12 @@ class SweepState:
     def runs(self, created: Callable[[str], tuple[str, int] | None] = lambda trial_id: None) -> list:
         """The trial runs as MLflow ``Run`` entities; ``created(trial_id)``: the run id and start time the server
         gave a run this driver created (the write buffer's), None when it has not created it (yet)."""
-        from mlflow.entities import LifecycleStage, Metric, Param, Run, RunData, RunInfo, RunTag
-
         out = []
         for trial_id, run in list(self.trials.items()):
             if run.run_id is None and (known := created(trial_id)) is not None:
                 run.run_id, run.start_time = known
             if run.run_id is None:
                 continue  # not in the record yet: its creation is still queued
-            info = RunInfo(run.run_id, self.experiment_id or "", "", run.status, run.start_time or 0, None,
-                           LifecycleStage.ACTIVE, run_name=run.run_name)  # fmt: skip
-            data = RunData(
-                metrics=[Metric(key, value, timestamp, step) for key, (step, timestamp, value) in run.metrics.items()],
-                params=[Param(key, value) for key, value in run.params.items()],
-                tags=[RunTag(key, value) for key, value in run.tags.items()],
-            )
-            out.append(Run(info, data))
+            out.append(run_entity(run.run_id, self.experiment_id or "", run.status, run.start_time or 0, run.run_name,
+                                  run.metrics, run.params, run.tags))  # fmt: skip
         return sorted(out, key=lambda r: (-r.info.start_time, r.info.run_id))  # search_runs' order: newest first

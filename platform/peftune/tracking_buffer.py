@@ -1,12 +1,12 @@
 """A durable, ordered write-ahead buffer for the trials' MLflow writes, drained by a background thread.
 
-The Tune callback (``peftune.tracking.TrialLogger``) only appends operations here, so a slow or unreachable
+The Tune callback (``peftune.trial_logger.TrialLogger``) only appends operations here, so a slow or unreachable
 tracking server never holds up the trials or kills the driver; one thread applies them in order, retrying each
-with backoff. Exactly once: every operation is idempotent (a trial's run is found by its Ray trial id before one
-is created; metrics carry the timestamp of their first sending, which MLflow's SQL store de-duplicates; params and
-tags are set to the same values). Write-only but for that one search. Durable: each operation is appended to
-``<storage>/<sweep>.tracking-pending.jsonl`` before it is queued, with the last applied sequence number beside it;
-operations still pending when a sweep ends are replayed, in order, before the next run of the sweep logs anything.
+with backoff. What an operation does is a subclass's ``_op_<name>`` method (``record_writer.TrialWrites``, the
+MLflow writes, each idempotent: that is what makes a replay exactly once); this module imports no MLflow. Durable:
+each operation is appended to ``<storage>/<sweep>.tracking-pending.jsonl`` before it is queued, with the last
+applied sequence number beside it; operations still pending when a sweep ends are replayed, in order, before the
+next run of the sweep logs anything.
 """
 
 from __future__ import annotations
@@ -17,25 +17,12 @@ import logging
 import os
 import threading
 import time
-import warnings
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
 from peftune.errors import DiskFullError, disk_full, no_space
-from peftune.record import (
-    ERROR,
-    FAILED,
-    METHOD,
-    PARENT_TAG,
-    RETRIES,
-    ROLE,
-    STATUS,
-    SWEEP,
-    TRIAL_ID,
-    TRIAL_ROLE,
-    sqlite_path,
-)
+from peftune.stores import sqlite_path
 
 log = logging.getLogger("peftune.tracking")
 
@@ -60,7 +47,8 @@ def set_aside_stale(path: Path) -> None:
 
 
 class WriteBuffer:
-    """Ordered MLflow operations of one sweep: ``put`` appends (on disk too); a thread applies them."""
+    """Ordered MLflow operations of one sweep: ``put`` appends (on disk too); a thread applies each with the
+    subclass's ``_op_<name>``."""
 
     def __init__(self, record, path: Path | str | None):
         self.record = record
@@ -69,9 +57,6 @@ class WriteBuffer:
         self._lock = threading.Condition()
         self._seq = 0
         self._applied = 0
-        self._runs: dict[str, str] = {}  # trial id -> run id, found or created by this buffer
-        self._started: dict[str, int] = {}  # trial id -> its run's start time (ms), as the server set it
-        self._client = None
         self._thread: threading.Thread | None = None
         self._stop = False
         self._stopping = threading.Event()  # cuts a retry's backoff short (a new write does not)
@@ -261,142 +246,5 @@ class WriteBuffer:
                 self._note_applied(item["seq"])
                 self._lock.notify_all()
 
-    @property
-    def client(self):
-        if self._client is None:
-            import mlflow
-
-            self._client = mlflow.MlflowClient(tracking_uri=self.record.tracking_uri)
-        return self._client
-
     def _apply(self, item: dict) -> None:
         getattr(self, f"_op_{item['op']}")(**{k: v for k, v in item.items() if k not in ("seq", "op")})
-
-    # -- the operations (each idempotent)
-
-    def created(self, trial_id: str) -> tuple[str, int] | None:
-        """The run id and start time (ms) of the trial's run, once this buffer created or found it."""
-        run_id = self._runs.get(trial_id)
-        return (run_id, self._started.get(trial_id, 0)) if run_id is not None else None
-
-    def known_run_id(self, trial_id: str) -> str | None:
-        """The trial's run id if this buffer has created or found its run already (no call to the store)."""
-        return self._runs.get(trial_id)
-
-    def run_id(self, trial_id: str) -> str | None:
-        if trial_id not in self._runs:
-            runs = self.client.search_runs(
-                [self.record.experiment_id],
-                filter_string=f"tags.`{PARENT_TAG}` = '{self.record.parent_run_id}' "
-                f"and tags.`{TRIAL_ID}` = '{trial_id}'",
-                max_results=1,
-            )
-            if runs:
-                self._runs[trial_id] = runs[0].info.run_id
-                self._started[trial_id] = runs[0].info.start_time
-        return self._runs.get(trial_id)
-
-    def _op_trial_run(
-        self, trial_id: str, run_name: str, method: str, sweep: str, params: dict, tags: dict | None = None,
-        datasets: list | None = None,
-    ) -> None:  # fmt: skip
-        """Create the trial's run (found again by trial id), its params and ``datasets`` (tracking.data_inputs)."""
-        from mlflow.entities import Param
-
-        run_id = self.run_id(trial_id)
-        if run_id is None:
-            base = {PARENT_TAG: self.record.parent_run_id, ROLE: TRIAL_ROLE, SWEEP: sweep, TRIAL_ID: trial_id}
-            run = self.client.create_run(
-                self.record.experiment_id, run_name=run_name, tags={**base, METHOD: method, **(tags or {})}
-            )
-            run_id = self._runs[trial_id] = run.info.run_id
-            self._started[trial_id] = run.info.start_time
-        self.client.log_batch(run_id, params=[Param(k, v) for k, v in params.items()])
-        log_datasets(self.client, run_id, datasets)
-
-    def _op_metrics(self, trial_id: str, metrics: list) -> None:
-        from mlflow.entities import Metric
-
-        self.client.log_batch(self._need(trial_id), metrics=[Metric(*m) for m in metrics])
-
-    def _op_tags(self, trial_id: str, tags: dict) -> None:
-        run_id = self._need(trial_id)
-        for key, value in tags.items():
-            self.client.set_tag(run_id, key, value)
-
-    def _op_delete_tags(self, trial_id: str, keys: list) -> None:
-        from mlflow.exceptions import MlflowException
-
-        run_id = self._need(trial_id)
-        for key in keys:
-            try:
-                self.client.delete_tag(run_id, key)
-            except MlflowException as error:  # the run has no such tag (never set, or deleted by an earlier try)
-                if error.error_code != "RESOURCE_DOES_NOT_EXIST":
-                    raise
-
-    def _op_run_status(self, trial_id: str, status: str) -> None:
-        run_id = self._need(trial_id)
-        if status == "RUNNING":
-            self.client.update_run(run_id, status="RUNNING")
-        else:
-            self.client.set_terminated(run_id, status=status)
-
-    def _op_finish(
-        self, trial_id: str, status: str, error: str | None, retries: int, best: list | None = None,
-        task_metrics: list | None = None,
-    ) -> None:  # fmt: skip
-        """The trial's end: its ``best`` metrics (best_epoch, best_<metric>, as the driver kept them), its status,
-        error and retries. ``task_metrics``: an operation queued by a peftune that read the best epoch back from the
-        record here; now ignored (without best_* the analysis finds the best epoch in the run's history)."""
-        from mlflow.entities import Metric
-
-        run_id = self._need(trial_id)
-        if best:
-            self.client.log_batch(run_id, metrics=[Metric(*m) for m in best])
-        tags = {STATUS: status, **({ERROR: error} if error is not None else {})}
-        if retries > 0:
-            tags[RETRIES] = str(retries)
-        for key, value in tags.items():
-            self.client.set_tag(run_id, key, value)
-        self.client.set_terminated(run_id, status="FAILED" if status == FAILED else "FINISHED")
-
-    def _op_artifact(self, trial_id: str, path: str, text: str) -> None:
-        """A text file as the run's artifact ``path`` (gzip-compressed when it ends in ``.gz``); replaces it."""
-        import gzip
-        import tempfile
-
-        run_id = self._need(trial_id)
-        directory, name = os.path.split(path)
-        with tempfile.TemporaryDirectory(prefix="peftune-artifact-") as tmp:
-            local = Path(tmp) / name
-            data = text.encode()
-            local.write_bytes(gzip.compress(data, mtime=0) if name.endswith(".gz") else data)
-            self.client.log_artifact(run_id, str(local), artifact_path=directory or None)
-
-    def _need(self, trial_id: str) -> str:
-        run_id = self.run_id(trial_id)
-        if run_id is None:  # its trial_run operation comes first in the order: this is not an outage
-            raise LookupError(f"no MLflow run for trial {trial_id} under parent run {self.record.parent_run_id}")
-        return run_id
-
-
-def log_datasets(client, run_id: str, datasets) -> None:
-    """``datasets`` (``peftune.tracking.data_inputs``) as the run's MLflow dataset inputs (the UI's Dataset column
-    and filter); logging one again changes nothing (MLflow keeps one input per dataset name and digest)."""
-    if not datasets:
-        return
-    from mlflow.data.dataset_source_registry import resolve_dataset_source
-    from mlflow.data.meta_dataset import MetaDataset
-    from mlflow.entities import Dataset, DatasetInput, InputTag
-
-    inputs = []
-    for item in datasets:
-        with warnings.catch_warnings():  # MLflow registers its local-file source twice ("" and file:): either fits
-            warnings.filterwarnings("ignore", message="The specified dataset source can be interpreted")
-            source = resolve_dataset_source(item["source"])
-        meta = MetaDataset(source, name=item["name"], digest=item["digest"]).to_dict()
-        entity = Dataset(meta["name"], meta["digest"], meta["source_type"], meta["source"],
-                         profile=json.dumps({"sha256": item["sha256"]}))  # fmt: skip
-        inputs.append(DatasetInput(entity, tags=[InputTag("mlflow.data.context", item["context"])]))
-    client.log_inputs(run_id, datasets=inputs)

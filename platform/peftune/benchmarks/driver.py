@@ -40,7 +40,7 @@ from types import SimpleNamespace
 
 from ray import tune
 
-from peftune import confirm, console, record, spaces, sweep, tracking, worker
+from peftune import confirm, console, record, record_reader, record_writer, spaces, sweep, trial_logger, worker
 from peftune.tasks import get_task
 
 SWEEP_NAME = "driver_bench"
@@ -152,7 +152,7 @@ class MlflowCalls:
         self._originals: dict[str, object] = {}
 
     def install(self) -> None:
-        from mlflow import MlflowClient
+        MlflowClient = record_reader.client_class()  # noqa: N806  the class whose methods are counted
 
         for name, function in list(vars(MlflowClient).items()):
             if inspect.isfunction(function) and not name.startswith("_"):
@@ -160,7 +160,7 @@ class MlflowCalls:
                 setattr(MlflowClient, name, self._counted(name, function))
 
     def uninstall(self) -> None:
-        from mlflow import MlflowClient
+        MlflowClient = record_reader.client_class()  # noqa: N806
 
         for name, function in self._originals.items():
             setattr(MlflowClient, name, function)
@@ -411,22 +411,17 @@ def record_reads(db: Path, definition, prepared, data_dir: Path, work: Path, cal
     """The MLflow calls of the reads that scale with the record, on a copy of it (see the module docstring): a
     resumed driver's (``RecordedResults.results``, ``TrialLogger.setup``), then the confirmation's opening reads
     and two rounds' reads; with the runs the record held."""
-    from mlflow import MlflowClient
-
-    from analysis.report import read_predictions
-
     uri = f"sqlite:///{db}"
-    client = MlflowClient(tracking_uri=uri)
-    experiment_id = tracking.find_experiment_id(client, definition.name)
-    parent = tracking.find_parent_run(client, experiment_id, definition.name)
-    sweep_record = tracking.SweepRecord(
-        uri, experiment_id, parent.info.run_id, True, tuple(tracking.data_inputs(prepared))
+    client = record_reader.client(uri)
+    experiment_id = record_reader.find_experiment_id(client, definition.name)
+    parent = record_reader.find_parent_run(client, experiment_id, definition.name)
+    sweep_record = record_writer.SweepRecord(
+        uri, experiment_id, parent.info.run_id, True, tuple(record_writer.data_inputs(prepared))
     )
     settings = sweep.trial_settings(definition, sweep.steps_per_run(definition, prepared), data_dir)
     storage = tempfile.mkdtemp(prefix="confirm-", dir=work)
     logger = sweep.open_trial_logger(definition, sweep_record, settings, prepared, storage, exists=True)
     examples = sweep.split_examples(prepared)
-    plan = definition.confirm
     out: dict = {"record": db.name}
 
     def counted(what: str, read):
@@ -438,37 +433,19 @@ def record_reads(db: Path, definition, prepared, data_dir: Path, work: Path, cal
 
     calls.install()
     try:
-        runs = tracking.child_runs(client, experiment_id, sweep_record.parent_run_id)
+        runs = record_reader.child_runs(client, experiment_id, sweep_record.parent_run_id)
         out["search_runs"] = sum(record.run_phase(r.data.tags) == record.SEARCH for r in runs)
 
-        def opening():  # run_confirmation: the driver's state, the candidates; Confirmation.run: the first todo
-            runs = logger.runs()
-            candidates = confirm.candidates_of(runs, plan)
-            searched = {c.config_key: c for c in map(confirm.candidate_of, runs) if c is not None}
-            first = [(c, s, "") for c in candidates for s in confirm.confirm_seeds(definition.seed, plan.seeds)]
-            confirmation = confirm.Confirmation(
-                definition,
-                sweep_record,
-                None,
-                client,
-                logger,
-                storage,
-                (),
-                0,
-                600.0,
-                read_predictions,
-                searched,
-                candidates,
-                {(record.run_config_key(r), r.data.tags.get(record.SEED)): r for r in runs
-                 if record.run_phase(r.data.tags) == record.CONFIRM},
-            )  # fmt: skip
+        def opening():  # run_confirmation's opening: the driver's state, the candidates; then the first todo
+            confirmation, first = confirm.open_confirmation(definition, sweep_record, None, trial_logger=logger,
+                                                            storage=storage, verbose=0)  # fmt: skip
             confirmation.wanted = list(first)
             return confirmation, confirmation.todo(first)
 
         # what a resumed driver reads before its first trial, in Tune's order: the restored scheduler's refill
-        # (tracking.RecordedResults: the logger reads every child run once, then every search run's rung
+        # (trial_logger.RecordedResults: the logger reads every child run once, then every search run's rung
         # histories), then TrialLogger.setup (the histories of the unfinished runs it has not read yet)
-        counted("resume_rungs", tracking.RecordedResults(sweep_record).results)
+        counted("resume_rungs", trial_logger.RecordedResults(sweep_record).results)
         counted("resume_logger", logger.setup)
         confirmation, todo = counted("opening", opening)
         out["confirm_runs"] = len(todo)

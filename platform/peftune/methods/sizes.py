@@ -1,5 +1,5 @@
 """A method's size as the papers' tables write it (``lora r=8``, ``adapter m=64``): one labelling for the
-MLflow run names (``peftune.tracking``) and the report's tables (``analysis.runs``), from the registry's
+MLflow run names (``peftune.record_writer``) and the report's tables (``analysis.runs``), from the registry's
 ``size_symbols`` of each method."""
 
 from __future__ import annotations

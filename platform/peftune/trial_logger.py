@@ -1,98 +1,61 @@
-"""MLflow record of a sweep: one parent run per sweep, one child run per trial, logged from the driver.
+"""The Tune callback that records a sweep's trials: one child run per trial, from the driver.
 
-Logging runs in the Tune driver (:class:`TrialLogger`, a ``tune.Callback``), so trials never touch the tracking
-store and an embedded SQLite store has a single writer. Its writes go through the durable, ordered write-ahead
-buffer of ``peftune.tracking_buffer``: a tracking-server outage holds up no trial, every write is applied exactly
-once, and writes still pending when the sweep ends are written by the next run of the sweep.
-
-Tracking URI: ``--tracking-uri``, else ``MLFLOW_TRACKING_URI``, else ``sqlite:///mlflow.db`` in the working
-directory. The record's schema (the experiment, the parent run, the child runs: their tags, params, metrics,
-datasets and artifacts, and how a resume continues them) is documented in docs/design.md, "The MLflow record".
-It is a contract with ``analysis/``; change it, and that page, only together with it.
+:class:`TrialLogger` turns Tune's events (a trial starts, reports, is retried, ends) into the writes of its run,
+each queued in the write buffer (``record_writer.TrialWrites``, which makes them) and applied at once to the driver's
+own state of the sweep (``peftune.sweep_state``); the record an earlier driver left is read once
+(``peftune.record_reader``). It imports no MLflow. The record's schema: docs/design.md, "The MLflow record".
 """
 
 from __future__ import annotations
 
-import functools
-import json
 import logging
 import math
 import re
-import subprocess
-import time
-from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import ClassVar
 
-import mlflow
-from mlflow.entities import Metric, Param
 from ray import tune
 
-from peftune import trial_spec
-from peftune.errors import DiskFullError, UserError
+from peftune import record_reader, record_writer, trial_spec
+from peftune.epoch_kept import improves
+from peftune.errors import DiskFullError
 from peftune.methods.sizes import size_label
 from peftune.record import (
-    BACKBONE,
-    BEST_SCORE,
     CARRIED_FROM,
-    CHECKPOINT_TAG,
-    CODE_VERSION,
     COMPLETED,
-    COMPLETED_WITH_FAILURES,
     CONFIG_KEY,
     CONFIRM,
     COUNT_METRICS,
-    DATA_FINGERPRINT,
     DECISION,
     DEFAULT,
-    DEFINITION_FINGERPRINT,
     DIVERGED,
     EARLY_STOPPED,
     EPOCH,
     ERROR,
     FAILED,
     HYPERPARAMETERS,
-    INTERRUPTED,
-    METHOD,
     PACK_SIZE,
     PACK_SIZE_RESULT,
-    PARENT_TAG,
     PARTIAL,
     PHASE,
     PRECISION,
-    RAY_EXPERIMENT_PATH,
     RETRIES,
-    ROLE,
-    RUNNING,
     SCORE,
     SEARCH,
-    SHARED_VIEW_TAG,
     SIZE_TAG,
     STATUS,
-    SWEEP,
-    SWEEP_ROLE,
-    TASKS_ARTIFACT,
     TRAIN_COMMAND,
     TRAINABLE_PER_TASK,
     TRIAL_ID,
-    TRIALS_VIEW_KEY,
-    UNFINISHED,
     config_key,
-    improves,
     param_text,
     predictions_artifact,
     predictions_csv,
     run_label,
     run_phase,
-    sqlite_path,
-    trials_address,
-    trials_view,
-    ui_base,
 )
 from peftune.sweep_state import SweepState
-from peftune.tasks import get_task
-from peftune.tracking_buffer import log_datasets
 
 log = logging.getLogger("peftune.tracking")
 
@@ -105,305 +68,7 @@ EPOCH_METRICS = (
 )
 # a report within an epoch (a data-fidelity rung), logged at step = examples seen: fidelity_score, ...
 PARTIAL_METRICS = (SCORE, "steps", "tokens_seen", "progress", "train_time_s", "eval_total_s", "startup_s")
-CHECKPOINT_ARTIFACTS = ("trainable.safetensors", "peftune.json")  # the optimizer state stays with Ray
 MAX_TAG_CHARS = 5000
-# the experiment's kind: MLflow 3.17's UI takes its view from the link's workflowType instead (record.TRAINING_VIEW);
-# the tag keeps the experiment marked as model training for other MLflow versions and clients
-EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
-DIGEST_CHARS = 12  # of a data file's sha256 (data_hashes.json) as its MLflow dataset digest (at most 36 there)
-TRAINING, DEV_CONTEXT = "training", "dev"  # the datasets' mlflow.data.context: what a run did with the file
-SUMMARY_STATUSES = (COMPLETED, EARLY_STOPPED, DIVERGED, FAILED, UNFINISHED)
-
-
-def ui_hint(uri: str, experiment_id: str | None = None) -> tuple[str, str | None]:
-    """(address of the sweep's trials in the runs table, command that serves it or None) for a tracking URI."""
-    base, command = ui_base(uri)
-    return (trials_address(uri, experiment_id) if experiment_id else f"{base}/"), command
-
-
-def data_inputs(prepared) -> list[dict[str, str]]:
-    """Every task's train and dev file as an MLflow dataset: {name (the file's name, as in ``data_hashes.json``),
-    digest (its sha256's first :data:`DIGEST_CHARS`), sha256, source (its path), context (training | dev)}."""
-    return [
-        {"name": Path(split.source).name, "digest": split.sha256[:DIGEST_CHARS], "sha256": split.sha256,
-         "source": str(Path(split.source).resolve()), "context": context}
-        for task in prepared.tasks.values()
-        for split, context in ((task.train, TRAINING), (task.dev, DEV_CONTEXT))
-    ]  # fmt: skip
-
-
-def inputs_of(phase: str, datasets) -> list[dict[str, str]]:
-    """What a run of ``phase`` read: a search trial trains on and selects in the train files (the selection
-    split is carved from them); a confirmation run also reads dev."""
-    return [d for d in datasets if phase == CONFIRM or d["context"] == TRAINING]
-
-
-def show_trials(client, experiment_id: str) -> None:
-    """The experiment's shared view of its trials (record.trials_view), which the printed link opens."""
-    view = json.dumps(trials_view(), separators=(",", ":"))
-    client.set_experiment_tag(experiment_id, SHARED_VIEW_TAG + TRIALS_VIEW_KEY, view)
-
-
-@functools.cache
-def code_version() -> str:
-    """Git commit of the peftune source tree (``-dirty`` with local changes), else the package version."""
-    root = Path(__file__).resolve().parents[2]
-    try:
-        sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=True
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=root,
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=True,
-        ).stdout.strip()
-        return sha + ("-dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        from importlib.metadata import PackageNotFoundError, version
-
-        try:
-            return f"peftune {version('peftune')}"
-        except PackageNotFoundError:
-            return "unknown"
-
-
-def _client(uri: str):
-    return mlflow.MlflowClient(tracking_uri=uri)
-
-
-def _now_ms() -> int:
-    return int(time.time() * 1000)
-
-
-def find_experiment_id(client, name: str) -> str | None:
-    experiment = client.get_experiment_by_name(name)
-    if experiment is None:
-        return None
-    if experiment.lifecycle_stage == "deleted":
-        raise UserError(
-            f"MLflow experiment {name!r} is deleted in this store: restore it "
-            f"(mlflow experiments restore) or pick another sweep name"
-        )
-    return experiment.experiment_id
-
-
-def find_parent_run(client, experiment_id: str, sweep: str):
-    runs = client.search_runs(
-        [experiment_id], filter_string=f"tags.`{ROLE}` = '{SWEEP_ROLE}' and tags.`{SWEEP}` = '{sweep}'", max_results=2
-    )
-    if len(runs) > 1:
-        raise UserError(f"MLflow experiment {sweep!r} holds more than one parent run; expected one per sweep")
-    return runs[0] if runs else None
-
-
-def has_parent_run(tracking_uri: str, sweep: str) -> bool:
-    """Whether the store records sweep ``sweep``; a SQLite file that does not exist is not created."""
-    path = sqlite_path(tracking_uri)
-    if path is not None and not path.is_file():
-        return False
-    client = _client(tracking_uri)
-    experiment = client.get_experiment_by_name(sweep)
-    return experiment is not None and find_parent_run(client, experiment.experiment_id, sweep) is not None
-
-
-def missing_record_error(sweep: str, tracking_uri: str, ray_experiment_path: str) -> str:
-    """Tune state without its MLflow record: the one-line refusal, naming both places and the ways out."""
-    return (
-        f"sweep {sweep!r} has Ray Tune state at {ray_experiment_path} but no record in {tracking_uri}: "
-        f"resume it with the --tracking-uri it started with, or start a new sweep with another --name "
-        f"or --storage-path"
-    )
-
-
-def child_runs(client, experiment_id: str, parent_run_id: str) -> list:
-    runs, token = [], None
-    while True:
-        page = client.search_runs(
-            [experiment_id],
-            filter_string=f"tags.`{PARENT_TAG}` = '{parent_run_id}'",
-            max_results=1000,
-            page_token=token,
-        )
-        runs.extend(page)
-        token = page.token
-        if not token:
-            return runs
-
-
-# ----------------------------------------------------------------------------- the parent run
-
-
-@dataclass
-class SweepRecord:
-    """The parent run of a sweep and the facts a resumed sweep is checked against."""
-
-    tracking_uri: str
-    experiment_id: str
-    parent_run_id: str
-    resumed: bool
-    datasets: tuple = ()  # the data files as MLflow datasets (data_inputs), logged on the parent and the trials
-
-
-def open_sweep(
-    tracking_uri: str,
-    definition,
-    *,
-    data_hashes: dict[str, str],
-    ray_experiment_path: str,
-    expect_existing: bool,
-    skipped_rows: list[dict] | None = None,
-    datasets: list[dict[str, str]] | None = None,
-    tasks: dict[str, dict] | None = None,
-) -> SweepRecord:
-    """Create the sweep's parent run, or find it again when the sweep resumes (and check it matches).
-
-    ``expect_existing``: Tune has state for this sweep (it resumes). A parent run without Tune state is
-    an error (the trials' state is gone; another name is needed); so is Tune state without a parent run
-    (another store: the trials already run would be missing from it; Tune state is only written after
-    the parent run is created).
-    ``skipped_rows``: the data rows dropped under ``invalid_rows: skip`` ({file, line, reason}); a new
-    parent run records their count (param ``skipped_rows``) and the list (``skipped_rows.json``).
-    ``datasets``: the data files as MLflow datasets (:func:`data_inputs`), logged on the parent run.
-    ``tasks``: each task's declaration, examples' hashes and rows per role (:func:`task_record`, ``tasks.json``).
-    Both a new and a resumed sweep (re)write the experiment's view of its trials (:func:`show_trials`).
-    """
-    client = _client(tracking_uri)
-    name = definition.name
-    experiment_id = find_experiment_id(client, name)
-    parent = find_parent_run(client, experiment_id, name) if experiment_id else None
-    fingerprints = {
-        DEFINITION_FINGERPRINT: definition.fingerprint(),
-        DATA_FINGERPRINT: fingerprint_hashes(data_hashes, getattr(definition, "invalid_rows", "raise")),
-    }
-    if parent is not None:
-        _check_resumed(parent, name, fingerprints, expect_existing, tracking_uri, ray_experiment_path)
-        client.update_run(parent.info.run_id, status="RUNNING")
-        client.set_tag(parent.info.run_id, STATUS, RUNNING)
-        show_trials(client, experiment_id)
-        log_datasets(client, parent.info.run_id, datasets)
-        return SweepRecord(tracking_uri, experiment_id, parent.info.run_id, True, tuple(datasets or ()))
-
-    if expect_existing:
-        raise UserError(missing_record_error(name, tracking_uri, ray_experiment_path))
-    if experiment_id is None:
-        experiment_id = client.create_experiment(name, artifact_location=_artifact_location(tracking_uri, name))
-    client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
-    show_trials(client, experiment_id)
-    tags = {ROLE: SWEEP_ROLE, SWEEP: name, BACKBONE: definition.model, CODE_VERSION: code_version(),
-            STATUS: RUNNING, **fingerprints, RAY_EXPERIMENT_PATH: ray_experiment_path}  # fmt: skip
-    run_id = client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
-    params = sweep_params(definition, len(skipped_rows or []))
-    client.log_batch(run_id, params=[Param(k, param_text(v)) for k, v in params.items()])
-    client.log_text(run_id, definition.to_yaml(), "sweep.yaml")
-    client.log_dict(run_id, dict(sorted(data_hashes.items())), "data_hashes.json")
-    if tasks:
-        client.log_dict(run_id, tasks, TASKS_ARTIFACT)
-    if skipped_rows:
-        client.log_dict(run_id, list(skipped_rows), "skipped_rows.json")
-    log_datasets(client, run_id, datasets)
-    return SweepRecord(tracking_uri, experiment_id, run_id, resumed=False, datasets=tuple(datasets or ()))
-
-
-def _check_resumed(parent, name: str, fingerprints: dict, expect_existing: bool, uri: str, ray_path: str) -> None:
-    """A found parent run may be resumed only with Tune's state, the same definition and the same data."""
-    if not expect_existing:
-        raise UserError(
-            f"sweep {name!r} is already recorded in {uri} (parent run {parent.info.run_id}) but Ray has no "
-            f"state for it at {ray_path}: pick another sweep name (--name) or point --storage-path at its Ray results"
-        )
-    tags = parent.data.tags
-    if tags.get(DEFINITION_FINGERPRINT) != fingerprints[DEFINITION_FINGERPRINT]:
-        raise UserError(
-            f"sweep {name!r} was started with another definition (methods, tasks, budget, spaces "
-            f"or settings differ): resume it with the same file and budget, or pick another name"
-        )
-    if tags.get(DATA_FINGERPRINT) != fingerprints[DATA_FINGERPRINT]:
-        raise UserError(
-            f"the data files differ from those sweep {name!r} started with: resume it on the same "
-            f"data, or pick another name"
-        )
-
-
-def task_record(prepared) -> dict[str, dict]:
-    """Per task: its declaration as read (class labels resolved, in id order), the hash of its train and dev
-    files' examples (the same in every format) and the rows each role got: what a report re-reads a user's task
-    from, and what says which data the answer is about."""
-    out = {}
-    for name, data in prepared.tasks.items():
-        splits = {role: getattr(data, role) for role in ("train", "selection", "decision", "dev")}
-        out[name] = {
-            "declaration": get_task(name).declaration(),
-            "examples_sha256": {"train": data.train.examples_sha256, "dev": data.dev.examples_sha256},
-            "rows": {role: len(split) for role, split in splits.items() if split is not None},
-        }
-    return out
-
-
-def sweep_params(definition, skipped_rows: int) -> dict[str, Any]:
-    """The parent run's params: the sweep's search, budget and data settings."""
-    budget, search = definition.budget, definition.search
-    return {
-        "tasks": definition.tasks,
-        "methods": definition.methods,
-        "num_samples": definition.search_trials,  # Tune's name: the search's trials in all (as before)
-        "scheduler": definition.scheduler.type,
-        "objective": search.objective,
-        "sampler": search.sampler,
-        "allocation": search.allocation,
-        "budget_unit": search.unit,
-        "asynchronous": search.asynchronous,
-        "seed": definition.seed,
-        "model": definition.model,
-        "budget": definition.budget_name,
-        "epochs": budget.epochs,
-        "batch_size": budget.batch_size,
-        "max_length": budget.max_length,
-        "max_train_examples": budget.max_train_examples,
-        "max_dev_examples": budget.max_dev_examples,
-        "selection_examples": budget.selection_examples,
-        "decision_examples": budget.decision_examples,
-        "decision_margin": definition.confirm.margin,
-        "confirm_seeds": definition.confirm.seeds,
-        "confirm_max_seeds": definition.confirm.max_seeds,
-        "invalid_rows": getattr(definition, "invalid_rows", "raise"),
-        "skipped_rows": skipped_rows,
-    }
-
-
-def _artifact_location(uri: str, name: str) -> str | None:
-    path = sqlite_path(uri)
-    return (path.parent / "mlruns" / name).as_uri() if path is not None else None
-
-
-def fingerprint_hashes(hashes: dict[str, str], invalid_rows: str = "raise") -> str:
-    """The data files' hashes, and the row policy when it drops rows (so a resume cannot change it)."""
-    import hashlib
-
-    items = sorted(hashes.items()) + ([["invalid_rows", invalid_rows]] if invalid_rows != "raise" else [])
-    return hashlib.sha256(json.dumps(items).encode()).hexdigest()[:16]
-
-
-def close_sweep(record: SweepRecord, status: str, runs: list | None = None) -> None:
-    """``status``: completed, completed_with_failures (FINISHED) | interrupted (KILLED) | failed (FAILED).
-
-    Also logs the summary metrics the runs table shows on the parent run before any click:
-    ``sweep_best_score``, ``sweep_trials`` and ``sweep_trials_<status>`` (``unfinished`` for trials
-    without a status) over the search trials, and ``sweep_confirm_runs``. ``runs``: the sweep's trial runs as the
-    driver knows them (``TrialLogger.runs``), else read from the record (a sweep closed after an error).
-    """
-    client = _client(record.tracking_uri)
-    log_sweep_summary(client, record, runs if runs is not None else _child_runs(record))
-    client.set_tag(record.parent_run_id, STATUS, status)
-    mlflow_status = {
-        COMPLETED: "FINISHED",
-        COMPLETED_WITH_FAILURES: "FINISHED",
-        INTERRUPTED: "KILLED",
-        FAILED: "FAILED",
-    }[status]
-    client.set_terminated(record.parent_run_id, status=mlflow_status)
 
 
 def search_tags(config: dict, method: str, sampled: dict) -> dict[str, str]:
@@ -428,7 +93,7 @@ class RecordedResults:
     refills its rungs from them. Pickled with the scheduler in Tune's state, so it holds only the record it names;
     the running driver's ``TrialLogger`` of that record answers (it reads an earlier driver's record once)."""
 
-    record: SweepRecord
+    record: record_writer.SweepRecord
 
     def results(self) -> dict[str, tuple[str, list[dict]]]:
         """Ray trial id -> (method, [{"epoch" or "progress", "score", "steps"}, ...] in the order they were reported)
@@ -437,118 +102,6 @@ class RecordedResults:
         if logger is None:
             raise RuntimeError(f"no trial logger of sweep run {self.record.parent_run_id} in this process")
         return logger.rung_results()
-
-
-def log_method_budgets(record: SweepRecord, runs: list) -> dict[str, dict[str, float]]:
-    """The budget each method received in the search, on the parent run.
-
-    Metrics ``budget_trials.<method>``, ``budget_steps.<method>`` (optimizer steps trained, summed over
-    its trials), ``budget_tokens.<method>`` (training tokens, summed) and ``budget_compute_s.<method>``
-    (training seconds, summed); returned as ``{method: {"trials", "steps", "tokens", "compute_s"}}``. A trial
-    stopped at a rung within an epoch counts the steps, tokens and seconds of that rung (its ``fidelity_``
-    metrics), not only its last full epoch's. ``runs``: the sweep's trial runs (``TrialLogger.runs``).
-    """
-    client = _client(record.tracking_uri)
-    budgets: dict[str, dict[str, float]] = {}
-    for run in runs:
-        tags, metrics = run.data.tags, run.data.metrics
-        if not tags.get(TRIAL_ID) or run_phase(tags) != SEARCH:
-            continue
-        empty = {"trials": 0, "steps": 0.0, "tokens": 0.0, "compute_s": 0.0}
-        budget = budgets.setdefault(tags.get(METHOD, ""), empty)
-        budget["trials"] += 1
-        budget["steps"] += max(metrics.get("steps", 0.0), metrics.get("fidelity_steps", 0.0))
-        budget["tokens"] += max(metrics.get("tokens_seen", 0.0), metrics.get("fidelity_tokens_seen", 0.0))
-        budget["compute_s"] += max(metrics.get("train_time_s", 0.0), metrics.get("fidelity_train_time_s", 0.0))
-    now = _now_ms()
-    client.log_batch(
-        record.parent_run_id,
-        metrics=[
-            Metric(f"budget_{key}.{method}", float(value), now, 0)
-            for method, budget in budgets.items()
-            for key, value in budget.items()
-        ],
-    )
-    return budgets
-
-
-def log_sweep_summary(client, record: SweepRecord, runs: list) -> None:
-    runs = trial_records(runs)
-    trials = [run for run in runs if run.phase == SEARCH]  # confirmation runs re-train, they are not trials
-    counts = Counter(trial.status or UNFINISHED for trial in trials)
-    values = {f"sweep_trials_{status}": float(counts.get(status, 0)) for status in SUMMARY_STATUSES}
-    values["sweep_trials"] = float(len(trials))
-    values["sweep_confirm_runs"] = float(len(runs) - len(trials))
-    scores = [t.best_score for t in trials if t.best_score is not None]
-    if scores:
-        values["sweep_best_score"] = max(scores)
-    now = int(time.time() * 1000)
-    client.log_batch(record.parent_run_id, metrics=[Metric(k, v, now, 0) for k, v in sorted(values.items())])
-
-
-@dataclass
-class TrialRecord:
-    trial_id: str
-    run_id: str
-    method: str
-    status: str | None  # completed | early_stopped | failed | None (running or interrupted)
-    best_score: float | None
-    params: dict = field(default_factory=dict)
-    phase: str = SEARCH  # search | confirm (the peftune.phase tag; untagged runs are search trials)
-
-
-def _child_runs(record: SweepRecord) -> list:
-    return child_runs(_client(record.tracking_uri), record.experiment_id, record.parent_run_id)
-
-
-def trial_records(runs: list) -> list[TrialRecord]:
-    """The sweep's trial runs (MLflow ``Run`` entities: ``TrialLogger.runs``, or the record's) as ``TrialRecord``."""
-    out = []
-    for run in runs:
-        tags = run.data.tags
-        out.append(
-            TrialRecord(
-                tags.get(TRIAL_ID, ""),
-                run.info.run_id,
-                run.data.params.get("method", ""),
-                tags.get(STATUS),
-                run.data.metrics.get(BEST_SCORE),
-                dict(run.data.params),
-                run_phase(tags),
-            )
-        )
-    return out
-
-
-def log_best_checkpoints(
-    record: SweepRecord, runs: list, checkpoints: dict[str, tuple[float, object]], per_method: int
-) -> list:
-    """Log the checkpoint of the best ``per_method`` trials of each method under ``checkpoint/``.
-
-    ``checkpoints``: Ray trial id -> (best score, ``tune.Checkpoint`` of that epoch). Returns the
-    trial ids whose checkpoint the record holds.
-    """
-    if per_method <= 0:
-        return []
-    client = _client(record.tracking_uri)
-    by_method: dict[str, list[TrialRecord]] = {}
-    for trial in trial_records(runs):
-        if trial.trial_id in checkpoints:
-            by_method.setdefault(trial.method, []).append(trial)
-    logged = []
-    for trials in by_method.values():
-        trials.sort(key=lambda t: checkpoints[t.trial_id][0], reverse=True)
-        for trial in trials[:per_method]:
-            if client.list_artifacts(trial.run_id, "checkpoint"):
-                logged.append(trial.trial_id)  # logged by an earlier run of this sweep
-                continue
-            with checkpoints[trial.trial_id][1].as_directory() as directory:
-                for name in CHECKPOINT_ARTIFACTS:
-                    if (Path(directory) / name).is_file():
-                        client.log_artifact(trial.run_id, str(Path(directory) / name), "checkpoint")
-            client.set_tag(trial.run_id, CHECKPOINT_TAG, "checkpoint/")
-            logged.append(trial.trial_id)
-    return logged
 
 
 # ----------------------------------------------------------------------------- the Tune callback
@@ -594,7 +147,7 @@ class TrialLogger(tune.Callback):
 
     def __init__(
         self,
-        record: SweepRecord,
+        record: record_writer.SweepRecord,
         settings,
         task_metrics: list[str],
         pending_path: str | Path | None = None,
@@ -645,9 +198,7 @@ class TrialLogger(tune.Callback):
         """Start the write buffer, first writing what an earlier run of the sweep left pending."""
         if self.buffer is not None:
             return
-        from peftune.tracking_buffer import WriteBuffer
-
-        self.buffer = WriteBuffer(self.record, self.pending_path)
+        self.buffer = record_writer.TrialWrites(self.record, self.pending_path)
         if not self.buffer.flush(timeout):
             if self.buffer.full is not None:
                 raise self.buffer.full
@@ -677,6 +228,12 @@ class TrialLogger(tune.Callback):
         record holds once every write queued reached it (flush first), without reading it back."""
         return self.state.runs(self.buffer.created if self.buffer is not None else lambda trial_id: None)
 
+    def delete(self, run_id: str) -> None:
+        """A partial run deleted from the record (a confirmation or carried trial trains again, in one run only), and
+        forgotten (:meth:`forget`)."""
+        record_writer.delete_run(self.record, run_id)
+        self.forget(run_id)
+
     def forget(self, run_id: str) -> None:
         """A run deleted from the record (the confirmation replaces a partial run): out of the state, and no write
         goes to it again (closing the open runs at an experiment's end)."""
@@ -688,7 +245,7 @@ class TrialLogger(tune.Callback):
     @property
     def client(self):
         if self._client is None:
-            self._client = _client(self.record.tracking_uri)
+            self._client = record_reader.client(self.record.tracking_uri)
         return self._client
 
     def setup(self, **info):
@@ -702,7 +259,7 @@ class TrialLogger(tune.Callback):
             return
         self.open_buffer()  # first the writes an earlier run left pending
         self._loaded = True
-        runs = child_runs(self.client, self.record.experiment_id, self.record.parent_run_id)
+        runs = record_reader.child_runs(self.client, self.record.experiment_id, self.record.parent_run_id)
         self.state = SweepState.from_runs(runs, self.record.parent_run_id, self.record.experiment_id)
         for run in runs:
             trial_id = run.data.tags.get(TRIAL_ID)
@@ -732,7 +289,7 @@ class TrialLogger(tune.Callback):
         return self.state.history(run_id, key, self._read_history)
 
     def _read_history(self, run_id: str, key: str) -> dict[int, float]:
-        return {int(m.step): m.value for m in self.client.get_metric_history(run_id, key)}
+        return record_reader.metric_history(self.client, run_id, key)
 
     def rung_results(self) -> dict[str, tuple[str, list[dict]]]:
         """Every search trial's results by rung (``SweepState.rung_results``): what a restored scheduler refills
@@ -767,7 +324,7 @@ class TrialLogger(tune.Callback):
         self._write(
             "trial_run", trial_id=trial_id, run_name=name, method=method, sweep=self.settings.sweep,
             params={k: param_text(v) for k, v in params.items()}, tags=tags,
-            datasets=inputs_of(phase, self.record.datasets),
+            datasets=record_writer.inputs_of(phase, self.record.datasets),
         )  # fmt: skip
         if rerunnable:  # the trial's specification, which `peftune train --spec` re-runs
             self._write("artifact", trial_id=trial_id, path=trial_spec.ARTIFACT, text=spec.to_json())
@@ -818,7 +375,7 @@ class TrialLogger(tune.Callback):
         epoch = int(result[EPOCH])
         if epoch <= self._last_epoch.get(trial.trial_id, 0):
             return  # logged before the sweep was interrupted; the resumed trial re-ran this epoch
-        now = _now_ms()  # sent with the metrics, so a re-sent batch is identical and MLflow keeps one copy
+        now = record_writer.now_ms()  # sent with the metrics, so a re-sent batch is identical and MLflow keeps one copy
         keys = [*self.task_metrics, *EPOCH_METRICS]
         metrics = [(k, float(result[k]), now, epoch) for k in keys if _finite(result.get(k))]
         if trial.trial_id not in self._counted:
@@ -862,7 +419,7 @@ class TrialLogger(tune.Callback):
         logged = self._partials.setdefault(trial_id, set())
         if seen in logged:
             return  # logged before the sweep was interrupted; the resumed trial re-ran this part of its epoch
-        now = _now_ms()
+        now = record_writer.now_ms()
         keys = [k for k in PARTIAL_METRICS if _finite(result.get(k))]
         metrics = [(f"fidelity_{k}", float(result[k]), now, seen) for k in keys]
         self._write("metrics", trial_id=trial_id, metrics=metrics)
@@ -918,7 +475,7 @@ class TrialLogger(tune.Callback):
         retries = trial.num_failures - (1 if status == FAILED else 0)
         self._write(
             "finish", trial_id=trial.trial_id, status=status, error=error, retries=retries,
-            best=self.state.best_metrics(trial.trial_id, self.task_metrics, _now_ms()),
+            best=self.state.best_metrics(trial.trial_id, self.task_metrics, record_writer.now_ms()),
         )  # fmt: skip
         marks = trial.config.get("peftune") or {}
         if marks.get("phase") == CONFIRM:
