@@ -11,6 +11,7 @@ import numpy as np
 import pandas as pd
 import pytest
 from scipy import special as sp
+from scipy import stats
 
 from peftune import decisions as d
 from peftune import simulate as sm
@@ -401,6 +402,20 @@ def test_the_pair_tables_df_count_each_seed_once():
     runs = dataclasses.replace(g, example_cov=np.zeros((6, 6)))  # the run parts alone: at most the seeds' 12 df
     for i, j in d.all_pairs(6):
         assert g.shared_pair_df(i, j) < g.pair_df(i, j) and runs.shared_pair_df(i, j) <= 12 * (1 + 1e-9)
+
+
+def test_the_answers_comparisons_take_the_pair_tables_df():
+    """The answer's bounds are t quantiles with the df that count each seed once (``shared_pair_df``), not
+    ``pair_df``'s, which count the prior's for each configuration of the pair (too narrow bounds, most at K = 2)."""
+    values = sm.README_JOB.draw([0.0, -0.02], 3, np.random.default_rng(6), [0.012, 0.03])
+    f = d.fit(values, ["c0", "c1"])
+    history = [{"c0": 3, "c1": 3}]
+    vs = d.versus_best_all(f, history, TOP)
+    z = d.boundary(d.fractions(f, 1, 0, history, TOP.max_seeds), TOP.alpha, d.SHAPES[d.NOT_WORSE])
+    df = f.shared_pair_df(1, 0)
+    assert df < f.pair_df(1, 0)
+    q = stats.t.ppf(sp.ndtr(z), df)
+    assert vs[1].low == pytest.approx(f.means[1] - f.means[0] - q * f.pair_se(1, 0), rel=1e-9)
 
 
 # ----------------------------------------------------------------------------- the report's own rates

@@ -454,9 +454,10 @@ def fractions(f: Fit, i: int, j: int, history: Sequence[Mapping[str, int]], max_
 
 def versus_best_all(f: Fit, history: Sequence[Mapping[str, int]], plan: Plan) -> list[VsBest]:
     """Every configuration of the fit against every other, at this look's alpha spent (``boundary``, each
-    comparison its own looks; a t quantile with the comparison's df): per configuration, its estimate against
-    the best of the others, the "not worse" lower bound and the "worse" upper bound (the smallest over the
-    others of each comparison's bound), whether it is better than every other, and the comparisons that bind."""
+    comparison its own looks; a t quantile with the df its seeds hold, each seed once: ``Fit.shared_pair_df``,
+    as the pair table's): per configuration, its estimate against the best of the others, the "not worse" lower
+    bound and the "worse" upper bound (the smallest over the others of each comparison's bound), whether it is
+    better than every other, and the comparisons that bind."""
     k = len(f.names)
     d = f.means[:, None] - f.means[None, :]
     se, df = np.ones((k, k)), np.zeros((k, k))
@@ -464,7 +465,7 @@ def versus_best_all(f: Fit, history: Sequence[Mapping[str, int]], plan: Plan) ->
     levels = {NOT_WORSE: plan.alpha, WORSE: plan.alpha, BETTER: plan.alpha / 2}
     for i, j in all_pairs(k):
         se[i, j] = se[j, i] = f.pair_se(i, j)
-        df[i, j] = df[j, i] = f.pair_df(i, j)
+        df[i, j] = df[j, i] = f.shared_pair_df(i, j)
         looks = fractions(f, i, j, history, plan.max_seeds)
         for word, table in z.items():
             timed = looks if CLOCKS[word] == "seeds" else tuple((t, t) for t, _ in looks)
