@@ -407,7 +407,7 @@ def _rows(x, members: int) -> tuple[torch.Tensor, ...]:
     as ``F.linear`` on the solo run's shapes: the solo run's very op, so the same sums to the bit. Batched as one bmm
     (ranks and bottlenecks zero-padded to the largest, or grouped by size) they were not: MKL picks another kernel
     for another width or batch, and some gradients summed in another order, so a member's loss drifted from its
-    solo run's within a few steps (docs/benchmarks.md, "Small figures").
+    solo run's within a few steps (docs/benchmarks.md, "Exactness on a CPU at MiniLM's shapes").
     On the CPU the loop costs a few microseconds a call, against the frozen matmuls' milliseconds."""
     return x.split(x.shape[0] // members)
 
