@@ -157,14 +157,14 @@ def add_evaluate_parser(sub) -> None:
     p.add_argument(
         "--data-dir",
         type=path_arg,
-        help="the directory the sweep trained on (its files are checked); not needed when every task is a task file "
-        "whose files lie beside it",
+        help="the directory the sweep's data files are in (they are checked against the record's hashes); for a "
+        "declared task, the folder holding its files: the record keeps its declaration, not where it lay",
     )
     p.add_argument(
         "--test-dir",
         type=path_arg,
         help="directory holding the labelled test files (ids-sst-test.csv, quora-test.csv, sts-test.csv: dev's "
-        "format; a task file's own `test` is read beside it); without it, dev only",
+        "format; for a declared task, the folder holding its `test` file or its one split file); without it, dev only",
     )
     p.add_argument(
         "--answer",
