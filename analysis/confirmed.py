@@ -19,7 +19,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import pareto
-from peftune import decisions, simulate
+from peftune import decisions, legacy, simulate
 from peftune.decisions import CANNOT_TELL, Configuration, Plan
 from peftune.record import BACKBONE_PARAMS, BUDGETS_PCT, COMPLETED, DECISION, STORED_PARAMS_PCT, is_report_run
 
@@ -201,6 +201,7 @@ def recommendations(
     decided: Decided | None = None,
     budgets_pct: Sequence[float] = BUDGETS_PCT,
     seconds_per_run: float = math.nan,
+    record_version: int = legacy.RECORD_VERSION,
 ) -> pd.DataFrame:
     """Per budget: the pick of the decision procedure (the cheapest configuration shown not worse than the best
     of the others under the budget by more than the margin; else the best), its decision (and the interval of
@@ -225,7 +226,7 @@ def recommendations(
         if (a is None or a.pick is None) and len(under):  # nothing to decide on: the best dev mean, said as undecided
             best = _ranked(under).iloc[0]["config_key"]
             a = decisions.Answer(budget, list(under["config_key"]), best=best, pick=best)
-            a.needs = "no decision-split predictions in the record (decision_examples: 0, or an older record)"
+            a.needs = legacy.undecided(record_version)
         if a is not None and a.pick is not None:
             pick, best = by_key.loc[a.pick], by_key.loc[a.best]
             fresh = int(pick.get("report_seeds", 0) or 0) > 0

@@ -203,7 +203,7 @@ def _quiet_downloads():
 
 
 def _artifact_text(client, run_id: str, path: str) -> str | None:
-    """A run's text artifact; None where it is absent (an older record)."""
+    """A run's text artifact; None where it is absent."""
     with _quiet_downloads():
         return record_reader.artifact_text(client, run_id, path)
 
@@ -327,6 +327,7 @@ class _EvaluationData:
     train_settings: dict  # the sweep definition's ``train`` section
     device: str  # as asked (a TrainConfig's device)
     torch_device: object  # as selected on this machine
+    version: int  # the sweep's record version (peftune.legacy): what old paths its runs take
     epochs: int | None = None  # each re-training's epochs (None: as recorded)
 
 
@@ -341,6 +342,7 @@ def _evaluation_data(sweep: SweepRuns, client, data_dir, test_dir, invalid_rows:
     model = str(p.get("model") or sweep.backbone)
     max_length = int(p.get("max_length") or DEFAULT_MAX_LENGTH)
     confirmed_rows = confirmation_train_rows(sweep, client)
+    selection_examples, decision_examples = legacy.split_sizes(p, sweep.record_version, sweep.parent_run_id)
     data = DataSettings(
         data_dir=str(data_dir) if data_dir is not None else None,
         model=model,
@@ -351,8 +353,8 @@ def _evaluation_data(sweep: SweepRuns, client, data_dir, test_dir, invalid_rows:
         seed=int(p.get("seed") or 0),
         invalid_rows=invalid_rows,
         # the sweep's own carving: the same train rows, and a selection split to keep each run's epoch on
-        selection_examples=p.get("selection_examples") if "selection_examples" in p else False,
-        decision_examples=int(p.get("decision_examples") or 0),
+        selection_examples=selection_examples,
+        decision_examples=decision_examples,
     )
     prepared = prepare(data, sweep.tasks)
     recorded = _artifact_text(client, sweep.parent_run_id, "data_hashes.json")
@@ -365,7 +367,7 @@ def _evaluation_data(sweep: SweepRuns, client, data_dir, test_dir, invalid_rows:
     check_data(prepared, json.loads(recorded) if recorded else None, test_hashes, data_dir)
     test_tasks = {t: TaskData(train=prepared.tasks[t].train, dev=tests[t]) for t in tests}
     return _EvaluationData(client, prepared, test_tasks, definition.get("train") or {}, device, select_device(device),
-                           epochs)  # fmt: skip
+                           sweep.record_version, epochs)  # fmt: skip
 
 
 def confirmation_train_rows(sweep: SweepRuns, client) -> int | None | bool:
@@ -375,10 +377,9 @@ def confirmation_train_rows(sweep: SweepRuns, client) -> int | None | bool:
     done = runs[runs["status"] == COMPLETED] if len(runs) else runs
     if not len(done):
         return False
-    value = record_reader.run_params(client, str(done["run_id"].iloc[0])).get("data.max_train_examples")
-    if value is None:
-        return False  # recorded before the data settings were params: the search's rows
-    return None if value == "None" else int(value)
+    run_id = str(done["run_id"].iloc[0])
+    value = record_reader.run_params(client, run_id).get("data.max_train_examples")
+    return legacy.confirmation_rows(run_id, value, sweep.record_version)
 
 
 def _evaluate_seed(data: _EvaluationData, trial: pd.Series, seed: int, restore: bool) -> list[dict]:
@@ -403,11 +404,12 @@ def _evaluate_seed(data: _EvaluationData, trial: pd.Series, seed: int, restore: 
     else:
         source = "retrained"
         selecting = next(iter(data.prepared.tasks.values())).selection is not None
-        stored = _artifact_text(data.client, trial["run_id"], trial_spec.ARTIFACT)  # None in an older record
+        stored = _artifact_text(data.client, trial["run_id"], trial_spec.ARTIFACT)
         if stored is not None:
             where = f"run {trial['run_id']}: {trial_spec.ARTIFACT}"
             config = recorded_config(stored, where, seed, data.device, selecting)
         else:
+            legacy.unspecified(trial["run_id"], record_reader.run_tags(data.client, trial["run_id"]), data.version)
             config = rerun_config(trial, seed, data.train_settings, data.device, selecting)
         if data.epochs is not None:
             config = dataclasses.replace(config, epochs=data.epochs, eval_splits=rerun_splits(data.epochs, selecting))

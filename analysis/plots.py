@@ -20,6 +20,7 @@ import pandas as pd
 from analysis import pareto
 from analysis.figure import Axis, FigureSpec, Key, Series, to_plotly, to_png
 from analysis.runs import EARLY_STOPPED, task_metric_names
+from peftune import legacy
 from peftune.record import BACKBONE_PARAMS, BEST_EPOCH, HYPERPARAMETERS, STORED_PARAMS, STORED_PARAMS_PCT, metric_task
 
 REFERENCE_LABEL = "AdaptBert Table 3: bert-base, published figures (another backbone)"
@@ -59,11 +60,6 @@ def metric_label(objective: str, tasks: Sequence[str] = (), split: str = "dev") 
         return f"{split} score" + (f" (mean of {', '.join(parts)})" if parts else "")
     task, metric = metric_task(objective)
     return f"{split} {task_name(task)} {'Pearson r' if metric == 'pearson' else metric}"
-
-
-def trials_split(trials: pd.DataFrame) -> str:
-    """The split the search trials' numbers come from: selection, or dev in a record written before it."""
-    return "selection" if "split" in trials and (trials["split"] == "selection").any() else "dev"
 
 
 def _short_metric(task: str) -> str:
@@ -154,11 +150,13 @@ def score_vs_params(
     backbone: str,
     tasks: Sequence[str],
     status_summary: str,
+    record_version: int,
     reference: pd.DataFrame | None = None,
     task_metrics: Sequence[str] = (),
 ) -> FigureSpec:
     """The plot of ``objective`` versus trainable parameters per task (see the module docstring), described once;
-    ``task_metrics``: the metrics a hover box lists besides the score."""
+    ``task_metrics``: the metrics a hover box lists besides the score; ``record_version``: the sweep's record's
+    (the split its trials were judged on: ``peftune.legacy.trials_split``)."""
     eligible, stopped, front = _plot_frame(trials, objective)
     ref = reference_points(reference, objective, tasks)
     floor = zero_floor(trials[PCT], ref[PCT] if ref is not None else None)
@@ -180,7 +178,7 @@ def score_vs_params(
         drawn = set(eligible["method"]) | set(stopped["method"])
         for method in pareto.ordered_methods([m for m in ref["method"] if m not in drawn]):
             keys.append(Key("reference", f"{method} (published only)", method_color(method)))
-    split = trials_split(trials)
+    split = legacy.trials_split(trials, record_version)
     sizes = [*eligible[PCT], *stopped[PCT], *(ref[PCT] if ref is not None else [])]
     return FigureSpec(
         title=plot_title(sweep, backbone, objective, tasks, status_summary, split),

@@ -313,6 +313,7 @@ def plot_context(report: Report) -> dict:
         "backbone": sweep.backbone,
         "tasks": sweep.tasks,
         "status_summary": sweep.status_summary(),
+        "record_version": sweep.record_version,
         "reference": report.reference,
     }
 

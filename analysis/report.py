@@ -24,6 +24,7 @@ import pandas as pd
 
 from analysis import confirmed, pareto, plots, slots, views
 from analysis.runs import SweepRuns, load_predictions
+from peftune import legacy
 from peftune.decisions import Plan
 from peftune.record import BEST_EPOCH, DECISION, STORED_PARAMS_PCT, metric_task
 from peftune.tasks import get_task
@@ -96,7 +97,8 @@ def build_report(sweep: SweepRuns, *, reference: bool = True) -> Report:
     decided = decide(sweep, configs)
     own_world, own_rates = confirmed.own_rates(decided)
     seconds = confirmed.seconds_per_confirmation_run(sweep)
-    recommendation = confirmed.recommendations(configs, decided, seconds_per_run=seconds)
+    recommendation = confirmed.recommendations(configs, decided, seconds_per_run=seconds,
+                                               record_version=sweep.record_version)  # fmt: skip
     return Report(
         sweep=sweep,
         trials=trials,
@@ -151,17 +153,19 @@ def adaptbert_table(
 
 def decide(sweep: SweepRuns, configs: pd.DataFrame) -> confirmed.Decided:
     """The decision procedure the confirmation ran, replayed on the sweep's record (decision split)."""
-    plan = plan_of(sweep.parent_params)
+    plan = plan_of(sweep.parent_params, sweep.record_version, sweep.parent_run_id)
     if not len(configs) or configs["source"].iloc[0] != "confirmed":
         return confirmed.decide(configs, pd.DataFrame(), {}, plan)
     kinds = {task: get_task(task).kind for task in sweep.tasks}
     return confirmed.decide(configs, load_predictions(sweep, splits=(DECISION,)), kinds, plan)
 
 
-def plan_of(params: dict) -> Plan:
-    """The decision plan a sweep ran with, from its parent run's params (the defaults for an older record):
-    ``Plan.from_params``, the sweep's own builder."""
-    return Plan.from_params(params)
+def plan_of(params: dict, version: int = legacy.RECORD_VERSION, run_id: str = "") -> Plan:
+    """The decision plan a sweep ran with, from its parent run's (``run_id``) params in a record of ``version``
+    (``peftune.legacy.plan_params``: an old record's defaults where one is missing), as ``Plan.from_params``, the
+    sweep's own builder, makes it."""
+    seeds, max_seeds, margin = legacy.plan_params(params, version, run_id)
+    return Plan(seeds=seeds, max_seeds=max_seeds, margin=margin)
 
 
 # ----------------------------------------------------------------------------- the published reference

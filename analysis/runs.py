@@ -20,7 +20,7 @@ from typing import Any
 
 import pandas as pd
 
-from peftune import record_reader
+from peftune import legacy, record_reader
 from peftune.epoch_kept import best_epoch
 from peftune.errors import UserError
 from peftune.record import (  # the record's names, shared with the writer (no Ray import)
@@ -51,8 +51,7 @@ from peftune.record import (  # the record's names, shared with the writer (no R
     TASKS_ARTIFACT,
     TRIAL_ID,
     best_metric,
-    run_config_key,
-    run_phase,
+    keeps_predictions,
     split_metric,
 )
 from peftune.stores import resolve_tracking_uri
@@ -80,6 +79,7 @@ class SweepRuns:
     tasks: list[str]
     parent_params: dict[str, Any]  # typed (see param_from_mlflow): num_samples, epochs, max_train_examples, ...
     parent_tags: dict[str, str]
+    record_version: int  # the parent run's record version (peftune.legacy.record_version): what old paths it takes
     trials: pd.DataFrame
     task_metrics: list[str] = field(default_factory=list)  # ["sst_accuracy", "para_accuracy", "sts_pearson"]
     confirmations: pd.DataFrame | None = None  # confirmation runs (peftune.confirm), the columns of ``trials``
@@ -113,14 +113,13 @@ def read_sweep_record(name: str, tracking_uri: str | None = None, *, client=None
 def _read_sweep_record(name: str, uri: str, client) -> SweepRuns:
     client = client or record_reader.client(uri)
     experiment_id, parent, children = record_reader.read_sweep(client, uri, name)
+    version = legacy.record_version(parent.data.tags, parent.info.run_id)
     params = {k: param_from_mlflow(v) for k, v in parent.data.params.items()}
-    tasks = _split_list(parent.data.params.get("tasks", ""))
-    if not tasks:  # an older or partial record: take the tasks the trials ran
-        tasks = next((_split_list(c.data.params["tasks"]) for c in children if c.data.params.get("tasks")), [])
+    tasks = legacy.recorded_tasks(parent, children, version)
     declare_recorded_tasks(client, parent.info.run_id, tasks)
     metrics = task_metric_names(tasks)
     histories = {run.info.run_id: _histories(client, run, metrics) for run in children}
-    frame = trials_frame(children, metrics, histories)
+    frame = trials_frame(children, metrics, histories, version=version)
     confirming = frame["phase"] == CONFIRM if len(frame) else pd.Series(dtype=bool)
     trials = frame[~confirming].reset_index(drop=True) if len(frame) else frame
     confirmations = frame[confirming].reset_index(drop=True) if len(frame) else frame
@@ -134,6 +133,7 @@ def _read_sweep_record(name: str, uri: str, client) -> SweepRuns:
         tasks=tasks,
         parent_params=params,
         parent_tags=dict(parent.data.tags),
+        record_version=version,
         trials=trials,
         task_metrics=metrics,
         confirmations=confirmations,
@@ -162,8 +162,8 @@ def declare_recorded_tasks(client, run_id: str, tasks: Sequence[str]) -> None:
 
 def load_predictions(sweep: SweepRuns, *, client=None, splits: Sequence[str] = (DECISION, DEV)) -> pd.DataFrame:
     """The per-example predictions of the sweep's completed confirmation runs on ``splits``, one frame: the
-    columns of ``PREDICTION_COLUMNS`` plus ``config_key``, ``run_id`` and ``split``. Runs without an artifact
-    (written before it existed) are left out of that split: their configurations are not decided on it."""
+    columns of ``PREDICTION_COLUMNS`` plus ``config_key``, ``run_id`` and ``split``. A run without them where the
+    sweep keeps them: ``peftune.legacy.missing_predictions`` (an old record's is left out of that split)."""
     runs = sweep.confirmations
     columns = [*PREDICTION_COLUMNS, "config_key", "run_id", "split"]
     if runs is None or not len(runs):
@@ -179,6 +179,9 @@ def load_predictions(sweep: SweepRuns, *, client=None, splits: Sequence[str] = (
                 frame = record_reader.run_predictions(client, sweep.tracking_uri, run.run_id, split, tmp)
                 if frame is not None:
                     frames.append(frame.assign(config_key=run.config_key, run_id=run.run_id, split=split))
+                else:
+                    kept = keeps_predictions(split, run.seed_reason, sweep.parent_params.get("decision_examples"))
+                    legacy.missing_predictions(run.run_id, split, sweep.record_version, kept)
     return pd.concat(frames, ignore_index=True)[columns] if frames else pd.DataFrame(columns=columns)
 
 
@@ -225,19 +228,25 @@ def task_metric_names(tasks: Iterable[str]) -> list[str]:
 
 
 def trials_frame(
-    runs: Sequence, task_metrics: Sequence[str], histories: dict[str, dict[str, dict[int, float]]] | None = None
+    runs: Sequence,
+    task_metrics: Sequence[str],
+    histories: dict[str, dict[str, dict[int, float]]] | None = None,
+    *,
+    version: int,
 ) -> pd.DataFrame:
-    """MLflow child runs -> one row per trial (columns in the module docstring), in start order."""
+    """MLflow child runs of a record of ``version`` -> one row per trial (columns in the module docstring), in start
+    order."""
     histories = histories or {}
-    rows = [trial_row(run, task_metrics, histories.get(run.info.run_id, {})) for run in runs]
+    rows = [trial_row(run, task_metrics, histories.get(run.info.run_id, {}), version) for run in runs]
     frame = pd.DataFrame(rows, columns=_column_order(rows, task_metrics))
     if len(frame):
         frame = frame.sort_values(["start_time", "run_id"], kind="stable").reset_index(drop=True)
     return frame
 
 
-def trial_row(run, task_metrics: Sequence[str], history: dict[str, dict[int, float]]) -> dict[str, Any]:
-    """One child run -> one row. Best-epoch metrics come from ``best_*``, else from the run's history."""
+def trial_row(run, task_metrics: Sequence[str], history: dict[str, dict[int, float]], version: int) -> dict[str, Any]:
+    """One child run of a record of ``version`` -> one row. Best-epoch metrics come from ``best_*``, else from the
+    run's history."""
     tags, metrics = run.data.tags, run.data.metrics
     params = {k: param_from_mlflow(v) for k, v in run.data.params.items()}
     method = str(params.get("method") or tags.get(METHOD) or "")
@@ -255,9 +264,9 @@ def trial_row(run, task_metrics: Sequence[str], history: dict[str, dict[int, flo
         "error": error.strip().splitlines()[0] if error and error.strip() else None,
         "mlflow_status": run.info.status,
         "epochs_run": max(history.get(SCORE, {}), default=0),
-        "phase": run_phase(tags),
+        "phase": legacy.run_phase(tags, version, run.info.run_id),
         "default": tags.get(DEFAULT) == "true",
-        "config_key": run_config_key(run),
+        "config_key": legacy.run_config_key(run, version),
         "seed_reason": tags.get(SEED_REASON, ""),
         "carried_from": tags.get(CARRIED_FROM, ""),  # a carried search trial (peftune.carry)
         "data.max_train_examples": run.data.params.get("data.max_train_examples"),  # the train rows it trained on
@@ -274,7 +283,7 @@ def trial_row(run, task_metrics: Sequence[str], history: dict[str, dict[int, flo
         row[SCORE] = scores[best] if best is not None else math.nan
         for key in task_metrics:
             row[key] = history.get(key, {}).get(best, math.nan) if best is not None else math.nan
-    row.update(split_numbers(metrics, row, task_metrics))
+    row.update(split_numbers(metrics, row, task_metrics, version, run.info.run_id))
     for key in COUNT_COLUMNS:
         row[key] = metrics.get(key, math.nan)
     for key in SETTINGS:
@@ -282,9 +291,7 @@ def trial_row(run, task_metrics: Sequence[str], history: dict[str, dict[int, flo
     row["tasks"] = run.data.params.get("tasks")
     row.update({k: v for k, v in sorted(params.items()) if k.startswith("method.")})
     row["train_time_s"] = _latest(metrics, "train_time_s")  # cumulative per epoch: the latest is the total
-    # every evaluation's seconds; records before eval_total_s hold the last epoch's evaluation only
-    evaluated = _latest(metrics, "eval_total_s")
-    row["eval_total_s"] = metrics.get("eval_time_s", math.nan) if math.isnan(evaluated) else evaluated
+    row["eval_total_s"] = legacy.eval_seconds(run.info.run_id, metrics, _latest(metrics, "eval_total_s"), version)
     row["startup_s"] = _latest(metrics, "startup_s")
     row["checkpoint_time_s"] = metrics.get("checkpoint_time_s", math.nan)  # cumulative
     row["start_time"] = _timestamp(run.info.start_time)
@@ -300,13 +307,15 @@ def _latest(metrics: dict[str, float], key: str) -> float:
     return max(values) if values else math.nan
 
 
-def split_numbers(metrics: dict[str, float], row: dict[str, Any], task_metrics: Sequence[str]) -> dict[str, Any]:
+def split_numbers(
+    metrics: dict[str, float], row: dict[str, Any], task_metrics: Sequence[str], version: int, run_id: str
+) -> dict[str, Any]:
     """Which split a run's ``score`` and task metrics come from, and what they are (see ``peftune.record``).
 
     A confirmation run that evaluated dev reports dev's numbers, at the epoch the selection split chose
     (its ``best_dev_*``), and keeps its selection score as ``selection_score`` (none when a one-epoch run
     had no epoch to choose and did not evaluate selection). A search trial's numbers are the selection
-    split's. A record written before the selection split existed selected on dev.
+    split's. Numbers of no named split: ``peftune.legacy.dev_judged`` (a record of ``version``).
     """
     selection_score = split_metric(SELECTION, SCORE)
     if best_metric(split_metric(DEV, SCORE)) in metrics:
@@ -314,7 +323,7 @@ def split_numbers(metrics: dict[str, float], row: dict[str, Any], task_metrics: 
         return {**dev, selection_score: metrics.get(best_metric(selection_score), math.nan), "split": DEV}
     if best_metric(selection_score) in metrics or selection_score in metrics:
         return {selection_score: row.get(SCORE, math.nan), "split": SELECTION}
-    return {selection_score: math.nan, "split": DEV}
+    return legacy.dev_judged(run_id, metrics, version)
 
 
 def trial_status(tag: str | None, mlflow_status: str) -> str:
@@ -385,10 +394,6 @@ def param_from_mlflow(raw: str) -> Any:
         return float(text)
     except ValueError:
         return raw
-
-
-def _split_list(raw: str) -> list[str]:
-    return [part.strip() for part in raw.split(",") if part.strip()]
 
 
 def size_label(method: str, params: dict[str, Any]) -> str:

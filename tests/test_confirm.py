@@ -21,7 +21,7 @@ import ray
 from ray import tune
 from ray.tune.search import Searcher
 
-from peftune import confirm, decisions, record, record_reader, spaces, sweep, train, trial_logger
+from peftune import confirm, decisions, legacy, record, record_reader, spaces, sweep, train, trial_logger
 from tiny_sweep import write_definition
 
 FROZEN = """\
@@ -108,7 +108,7 @@ def test_confirmation_trains_seeds_of_each_methods_best(local_ray, workdir, tiny
     assert set(best) == {"frozen", "top_k"}
     for method, trial in best.items():
         runs = [r for r in confirmed if r.data.params["method"] == method]
-        key = record.run_config_key(trial)  # the key recorded on the search trial it confirms
+        key = trial.data.tags[record.CONFIG_KEY]  # the key recorded on the search trial it confirms
         assert {r.data.tags[record.CONFIG_KEY] for r in runs} == {key}
         assert {r.data.tags[record.CONFIRMS] for r in runs} == {trial.info.run_id}
         assert sorted(r.data.tags[record.SEED] for r in runs) == ["4", "5"]  # new seeds: the search used 3
@@ -242,11 +242,11 @@ class AlwaysOpen:
         client = mlflow.MlflowClient(self.uri)
         parent = record_reader.find_parent_run(client, record_reader.find_experiment_id(client, self.name), self.name)
         search, confirmed = split(children(self.uri, parent.info.run_id))
-        key = record.run_config_key(best_of_method(search)[self.method])
+        key = best_of_method(search)[self.method].data.tags[record.CONFIG_KEY]
         seeds = sorted(
             int(r.data.tags[record.SEED])
             for r in confirmed
-            if record.run_config_key(r) == key and r.data.tags.get(record.STATUS) == record.COMPLETED
+            if r.data.tags[record.CONFIG_KEY] == key and r.data.tags.get(record.STATUS) == record.COMPLETED
         )
         answer = decisions.Answer(10.0, [key], best=key, pick=key)
         more = len(seeds) < settings.max_seeds
@@ -271,7 +271,7 @@ def test_an_open_decision_gets_seeds_up_to_the_cap_and_resume_keeps_the_count(
     assert second.confirmation["stopped_by"] == "max_seeds"
     seeds = seeds_by_config(uri, first.parent_run_id)
     search, confirmed = split(children(uri, first.parent_run_id))
-    best = {m: record.run_config_key(r) for m, r in best_of_method(search).items()}
+    best = {m: r.data.tags[record.CONFIG_KEY] for m, r in best_of_method(search).items()}
     assert seeds[best["top_k"]] == [4, 5, 6, 7]  # the open one: seeds 4, 5 then one a round up to max_seeds 4
     assert seeds[best["frozen"]] == [4, 5]  # decided (never open): its first seeds only
     added = [r for r in confirmed if r.data.tags.get("peftune.seed_reason")]
@@ -301,7 +301,7 @@ def test_the_time_cap_counts_from_the_first_rounds_end(local_ray, workdir, tiny_
     assert result.status == "completed" and result.confirmation["stopped_by"] == "max_seconds"
     search, _ = split(children(uri, result.parent_run_id))
     seeds = seeds_by_config(uri, result.parent_run_id)
-    assert seeds[record.run_config_key(best_of_method(search)["top_k"])] == [4, 5, 6]
+    assert seeds[best_of_method(search)["top_k"].data.tags[record.CONFIG_KEY]] == [4, 5, 6]
 
 
 @pytest.mark.slow
@@ -324,7 +324,8 @@ def test_the_report_replays_the_seeds_the_confirmation_used(local_ray, workdir, 
     assert frames and not reads, "a round read the record back"
     columns = ["config_key", "seed", "task", "example_id", "prediction", "label"]
     kept = frames[-1][columns].sort_values(columns).reset_index(drop=True)
-    recorded = read(uri, "adaptive_real")[columns].sort_values(columns).reset_index(drop=True)
+    held = runs.load_predictions(runs.read_sweep_record("adaptive_real", uri), splits=(record.DECISION,))
+    recorded = held[columns].sort_values(columns).reset_index(drop=True)
     assert len(kept) and kept.equals(recorded)
     built = report.build_report(runs.read_sweep_record("adaptive_real", uri), reference=False)
     outcome = built.decisions.outcome
@@ -393,7 +394,7 @@ def test_candidates_are_each_methods_best_distinct_configurations(tmp_path):
     experiment = client.get_run(parent).info.experiment_id
     children = client.search_runs([experiment], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'")
 
-    picked = confirm.select_candidates(children, top_k=3)
+    picked = confirm.select_candidates(children, top_k=3, version=legacy.UNTAGGED)  # sweep_record's: untagged
     assert [(c.method, c.run_id) for c in picked] == [
         ("lora", runs["b"]),
         ("lora", runs["a"]),
@@ -401,7 +402,7 @@ def test_candidates_are_each_methods_best_distinct_configurations(tmp_path):
         ("bitfit", runs["g"]),
         ("bitfit", runs["f"]),
     ]
-    with_default = confirm.select_candidates(children, top_k=1, defaults=True)
+    with_default = confirm.select_candidates(children, top_k=1, defaults=True, version=legacy.UNTAGGED)
     assert [c.run_id for c in with_default] == [runs["b"], runs["a"], runs["g"]]
     assert with_default[1].default and not with_default[0].default
 
@@ -470,18 +471,19 @@ def test_a_resume_counts_the_seeds_an_earlier_run_added(monkeypatch):
 
     def run(key: str, seed: int):
         tags = {record.CONFIG_KEY: key, record.SEED: str(seed), record.STATUS: record.COMPLETED}
-        return NS(data=NS(tags=tags), info=NS(run_id=f"{key}-{seed}"))
+        return NS(data=NS(tags=tags), info=NS(run_id=f"{key}-{seed}", start_time=seed))
 
     runs = [run("a", 1), run("a", 2), run("a", 3), run("b", 1), run("b", 2)]  # seed 3 of a: added before the fault
     final = {key: decisions.Values(seeds, {"sst": np.zeros((len(seeds), 4))}) for key, seeds in
              (("a", (1, 2, 3)), ("b", (1, 2)))}  # fmt: skip
     outcome = decisions.Outcome([], {"a": 3, "b": 2}, {}, {}, 2, "decided", final)
     monkeypatch.setattr(confirm, "decide_round", lambda *args: outcome)
-    monkeypatch.setattr(record_reader, "read_predictions", lambda uri, name: pd.DataFrame())
+    monkeypatch.setattr(record_reader, "read_predictions", lambda uri, runs: pd.DataFrame())
     candidates = {k: NS(config_key=k, seconds_per_run=1.0, label=k) for k in "ab"}
     settings = NS(max_seconds=None, report_seeds=0, max_seeds=4)
     confirmation = confirm.Confirmation(
-        definition=NS(confirm=settings, tasks=("sst",), seed=0, name="s"), record=NS(tracking_uri=""),
+        definition=NS(confirm=settings, tasks=("sst",), seed=0, name="s", budget=NS(decision_examples=4)),
+        record=NS(tracking_uri="", version=legacy.UNTAGGED),  # a record whose predictions may be missing: an old one
         runnable=None, trial_logger=NS(flush=lambda wait_s: True, confirmed={}), storage="",
         callbacks=(), verbose=0, flush_s=0.0,
         searched=candidates, candidates=list(candidates.values()),
@@ -516,11 +518,12 @@ def test_each_budget_confirms_its_best_contenders_of_any_method_and_the_anchors(
     client = mlflow.MlflowClient(uri)
     experiment = client.get_run(parent).info.experiment_id
     children = client.search_runs([experiment], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'")
-    picked = confirm.select_candidates(children, contenders=2, anchors=True)
+    picked = confirm.select_candidates(children, contenders=2, anchors=True, version=legacy.UNTAGGED)
     ids = {v: k for k, v in runs.items()}
     # <= 0.1%: ia3, r1; <= 1%: r8, ia3; <= 10%: r64, r8; then the anchors
     assert [ids[c.run_id] for c in picked] == ["ia3", "r1", "r8", "r64", "frozen", "full"]
-    assert [ids[c.run_id] for c in confirm.select_candidates(children, contenders=1)] == ["ia3", "r8", "r64"]
+    one = confirm.select_candidates(children, contenders=1, version=legacy.UNTAGGED)
+    assert [ids[c.run_id] for c in one] == ["ia3", "r8", "r64"]
     # the confirmation's log names them as the report does, by method and size
     assert [c.label for c in picked] == ["ia3", "lora r=1", "lora r=8", "lora r=64", "frozen", "full"]
 

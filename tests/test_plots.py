@@ -52,6 +52,7 @@ def score_spec(sweep):
         backbone=sweep.backbone,
         tasks=sweep.tasks,
         status_summary=sweep.status_summary(),
+        record_version=sweep.record_version,
         reference=load_reference(),
         task_metrics=sweep.task_metrics,
     )
@@ -166,7 +167,8 @@ def test_confirmed_plot_draws_the_same_bars_in_both(sweep):
 
 
 def test_the_png_and_html_wrappers_draw_the_description(tmp_path, sweep, score_spec):
-    common = dict(sweep=sweep.name, backbone=sweep.backbone, tasks=sweep.tasks, status_summary=sweep.status_summary())
+    common = dict(sweep=sweep.name, backbone=sweep.backbone, tasks=sweep.tasks, status_summary=sweep.status_summary(),
+                  record_version=sweep.record_version)  # fmt: skip
     path = plots.score_vs_params_png(sweep.trials, tmp_path / "plot.png", reference=load_reference(), **common)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 20_000
     html = plots.score_vs_params_figure(

@@ -19,7 +19,7 @@ import ray
 import yaml
 from ray import tune
 
-from peftune import checkpoint, record_reader, search, spaces, stores, sweep
+from peftune import checkpoint, legacy, record_reader, search, spaces, stores, sweep
 from tiny_sweep import FROZEN_AND_TOP_K, write_definition
 
 # frozen with a vanishing lr cannot learn: it scores below top_k after epoch 1, so ASHA stops it
@@ -132,6 +132,7 @@ def test_sweep_records_parent_and_every_trial(local_ray, workdir, tracking_uri, 
     assert parent["tags.mlflow.runName"] == "record" and parent["tags.peftune.sweep"] == "record"
     assert parent["tags.peftune.backbone"] == "all-minilm-l6-v2" and parent["tags.peftune.code_version"]
     assert parent["tags.peftune.status"] == "completed_with_failures"
+    assert parent["tags.peftune.record_version"] == str(legacy.RECORD_VERSION)  # the record says its version
     expected = {
         "tasks": "sst",
         "methods": "frozen,top_k",

@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from peftune import legacy
 from peftune.epoch_kept import best_epoch
 from peftune.trial_logger import TrialLogger
 
@@ -32,7 +33,7 @@ class Buffer:
 
 def logger_with(trial_id: str) -> TrialLogger:
     settings = SimpleNamespace(epochs=9, seed=0)
-    record = SimpleNamespace(parent_run_id="parent", experiment_id="1")
+    record = SimpleNamespace(parent_run_id="parent", experiment_id="1", version=legacy.RECORD_VERSION)
     logger = TrialLogger(record=record, settings=settings, task_metrics=["sst_accuracy", "dev_score"])
     logger.buffer = Buffer()
     logger.state.apply("trial_run", {"trial_id": trial_id, "run_name": trial_id, "method": "lora", "sweep": "s",
@@ -122,7 +123,7 @@ class Record:
 
 def resumed_logger(client) -> TrialLogger:
     settings = SimpleNamespace(epochs=3, seed=0)
-    record = SimpleNamespace(parent_run_id="parent", experiment_id="1")
+    record = SimpleNamespace(parent_run_id="parent", experiment_id="1", version=legacy.RECORD_VERSION)
     logger = TrialLogger(record=record, settings=settings, task_metrics=["sst_accuracy"])
     logger.buffer, logger._client = Buffer(), client
     return logger

@@ -22,7 +22,7 @@ from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
-from peftune import console, methods
+from peftune import console, legacy, methods
 from peftune.backbone import BertModel, read_config, resolve_model_dir
 from peftune.confirm import Candidate, Rounds, candidate_of, fit_rounds, rank
 from peftune.methods.options import options_from_params
@@ -38,8 +38,6 @@ from peftune.record import (
     SEARCH,
     STATUS,
     config_key,
-    run_config_key,
-    run_phase,
 )
 from peftune.spaces import Choice, Fixed, IntRange, SweepDefinition
 from peftune.tasks import parse_tasks
@@ -79,13 +77,14 @@ def trainable_pct_of(model: str, tasks: Sequence[str]) -> Callable[[str, Mapping
 
 
 def carried(definition: SweepDefinition, runs: Sequence, pct: Callable[[str, Mapping], float],
-            budgets: Sequence[float] = BUDGETS_PCT) -> list[dict]:  # fmt: skip
-    """The Ray trial configs of the carried trials (module docstring), from the sweep's search trials ``runs``."""
+            budgets: Sequence[float] = BUDGETS_PCT, *, version: int) -> list[dict]:  # fmt: skip
+    """The Ray trial configs of the carried trials (module docstring), from the sweep's search trials ``runs`` (of a
+    record of ``version``, ``peftune.legacy``)."""
     best: dict[str, Candidate] = {}
     tried: set[str] = set()
     for run in runs:
-        candidate = candidate_of(run)
-        tried.add(run_config_key(run))
+        candidate = candidate_of(run, version)
+        tried.add(legacy.run_config_key(run, version))
         if candidate is None or run.data.tags.get(CARRIED_FROM):
             continue
         if candidate.method not in best or rank(candidate) < rank(best[candidate.method]):
@@ -119,12 +118,12 @@ def run_carried(definition: SweepDefinition, runnable, trial_logger, storage: st
     """Train the carried trials not yet finished in the record (a partial run of one is replaced); return whether
     the user stopped them (Ctrl-C: the sweep is then interrupted). They are search trials: the trial logger records
     them, the confirmation reads them as candidates."""
-    runs = trial_logger.runs()
-    searched = [r for r in runs if run_phase(r.data.tags) == SEARCH]
+    runs, version = trial_logger.runs(), trial_logger.record.version
+    searched = [r for r in runs if legacy.run_phase(r.data.tags, version, r.info.run_id) == SEARCH]
     wanted = carried(definition, [r for r in searched if not r.data.tags.get(CARRIED_FROM)],
-                     trainable_pct_of(definition.model, definition.tasks))  # fmt: skip
+                     trainable_pct_of(definition.model, definition.tasks), version=version)  # fmt: skip
     ended = (COMPLETED, EARLY_STOPPED, FAILED)
-    earlier = {run_config_key(r): r for r in searched if r.data.tags.get(CARRIED_FROM)}
+    earlier = {legacy.run_config_key(r, version): r for r in searched if r.data.tags.get(CARRIED_FROM)}
     todo = []
     for config in wanted:
         run = earlier.get(config["peftune"]["config_key"])

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from ray import tune
 from ray.tune.search import Searcher
 
-from peftune import console, decisions, record_reader
+from peftune import console, decisions, legacy, record_reader
 from peftune.methods.options import options_from_params
 from peftune.methods.sizes import size_label
 from peftune.record import (
@@ -32,6 +32,7 @@ from peftune.record import (
     BUDGETS_PCT,
     COMPLETED,
     CONFIRM,
+    DECISION,
     DEFAULT,
     EARLY_STOPPED,
     FAILED,
@@ -43,12 +44,12 @@ from peftune.record import (
     SCORE,
     SEARCH,
     SEED,
+    SEED_REASON,
     STATUS,
     TRAINABLE_PER_TASK_PCT,
     TRIAL_ROLE,
     is_report_run,
-    run_config_key,
-    run_phase,
+    keeps_predictions,
     trial_name,
 )
 from peftune.resume import CheckpointPruner
@@ -92,8 +93,10 @@ def select_candidates(
     *,
     contenders: int = 0,
     anchors: bool = False,
+    version: int,
 ) -> list[Candidate]:
-    """The configurations to confirm, among the search trials ``runs`` (MLflow child runs): under each parameter
+    """The configurations to confirm, among the search trials ``runs`` (MLflow child runs of a record of
+    ``version``, ``peftune.legacy``): under each parameter
     budget of ``budgets_pct`` (% of the backbone trained per task), its ``contenders`` best configurations of any
     method (what that budget's decision compares); with ``anchors``, frozen's and full fine-tuning's best; each
     method's best ``top_k``; with ``defaults``, each method's default.
@@ -103,7 +106,7 @@ def select_candidates(
     """
     by_method: dict[str, dict[str, Candidate]] = {}
     for run in sorted(runs, key=lambda r: (r.info.start_time or 0, r.info.run_id)):
-        candidate = candidate_of(run)
+        candidate = candidate_of(run, version)
         if candidate is None:
             continue
         known = by_method.setdefault(candidate.method, {})
@@ -123,16 +126,17 @@ def select_candidates(
     return list({c.config_key: c for c in picked}.values())  # each once, in the order picked
 
 
-def candidate_of(run) -> Candidate | None:
-    """A finished search trial with a finite score, as a candidate; None for anything else."""
+def candidate_of(run, version: int) -> Candidate | None:
+    """A finished search trial (of a record of ``version``) with a finite score, as a candidate; None for anything
+    else."""
     tags, metrics = run.data.tags, run.data.metrics
-    if tags.get(ROLE, TRIAL_ROLE) != TRIAL_ROLE or run_phase(tags) != SEARCH:
+    if tags.get(ROLE, TRIAL_ROLE) != TRIAL_ROLE or legacy.run_phase(tags, version, run.info.run_id) != SEARCH:
         return None
     score, status = metrics.get(BEST_SCORE), tags.get(STATUS)
     if status not in (COMPLETED, EARLY_STOPPED) or score is None or not math.isfinite(score):
         return None
     return Candidate(
-        run_config_key(run),
+        legacy.run_config_key(run, version),
         run.data.params.get("method") or tags.get(METHOD, ""),
         run.info.run_id,
         float(score),
@@ -287,20 +291,23 @@ def open_confirmation(
     seed, why), which ``Confirmation.run`` takes. The benchmark driver measures this opening's reads."""
     settings = definition.confirm
     runs = trial_logger.runs()  # the record as the driver holds it (the search's writes flushed): not read back
-    candidates = candidates_of(runs, settings)
+    version = record.version
+    candidates = candidates_of(runs, settings, version)
     first = [(c, s, "") for c in candidates for s in confirm_seeds(definition.seed, settings.seeds)]
     log.info("confirmation: %d configuration(s) x %d seed(s)", len(candidates), settings.seeds)
-    searched = {c.config_key: c for c in map(candidate_of, runs) if c is not None}
-    earlier = {(run_config_key(r), r.data.tags.get(SEED)): r for r in runs if run_phase(r.data.tags) == CONFIRM}
+    searched = {c.config_key: c for c in (candidate_of(r, version) for r in runs) if c is not None}
+    earlier = {(legacy.run_config_key(r, version), r.data.tags.get(SEED)): r for r in runs
+               if legacy.run_phase(r.data.tags, version, r.info.run_id) == CONFIRM}  # fmt: skip
     confirmation = Confirmation(definition, record, runnable, trial_logger, storage, callbacks, verbose, flush_s,
                                 searched, candidates, earlier)  # fmt: skip
     return confirmation, first
 
 
-def candidates_of(runs: Sequence, settings) -> list[Candidate]:
-    """The configurations a sweep's ``confirm`` settings confirm, among its search trials ``runs``."""
+def candidates_of(runs: Sequence, settings, version: int) -> list[Candidate]:
+    """The configurations a sweep's ``confirm`` settings confirm, among its search trials ``runs`` (of a record of
+    ``version``)."""
     return select_candidates(runs, settings.top_k, settings.defaults, contenders=settings.contenders,
-                             anchors=settings.anchors)  # fmt: skip
+                             anchors=settings.anchors, version=version)  # fmt: skip
 
 
 def plan_of(settings) -> decisions.Plan:
@@ -512,15 +519,18 @@ class Confirmation:
         import pandas as pd
 
         if self.earlier_predictions is None:
-            done = {(key, int(seed)) for (key, seed), run in self.earlier.items()
-                    if run.data.tags.get(STATUS) == COMPLETED}  # fmt: skip
-            read = (
-                record_reader.read_predictions(self.record.tracking_uri, self.definition.name)
-                if done
-                else pd.DataFrame()
-            )
-            if len(read):  # the record holds this run's pairs too by now: they are the trial logger's
-                read = read[[(k, int(s)) in done for k, s in zip(read["config_key"], read["seed"], strict=True)]]
+            done = sorted(
+                ((run, key) for (key, _), run in self.earlier.items() if run.data.tags.get(STATUS) == COMPLETED),
+                key=lambda item: (item[0].info.start_time or 0, item[0].info.run_id),
+            )  # the report's order: started
+            uri = self.record.tracking_uri
+            read = record_reader.read_predictions(uri, {r.info.run_id: k for r, k in done}) if done else pd.DataFrame()
+            found = set(read["run_id"]) if len(read) else set()
+            for run, _ in done:
+                if run.info.run_id not in found:
+                    decided = self.definition.budget.decision_examples
+                    kept = keeps_predictions(DECISION, run.data.tags.get(SEED_REASON), decided)
+                    legacy.missing_predictions(run.info.run_id, DECISION, self.record.version, kept)
             self.earlier_predictions = read
         frames = [self.earlier_predictions] if len(self.earlier_predictions) else []
         for (key, _), pair in self.trial_logger.confirmed.items():
@@ -596,6 +606,7 @@ def reachable_margin_line(definition, prepared) -> str | None:
     )
 
 
-def search_run_ids(runs) -> set[str]:
-    """Run ids of the sweep's search trials among its trial ``runs`` (every one that is not a confirmation trial)."""
-    return {r.info.run_id for r in runs if run_phase(r.data.tags) == SEARCH}
+def search_run_ids(runs, version: int) -> set[str]:
+    """Run ids of the sweep's search trials among its trial ``runs`` (every one that is not a confirmation trial) of a
+    record of ``version``."""
+    return {r.info.run_id for r in runs if legacy.run_phase(r.data.tags, version, r.info.run_id) == SEARCH}

@@ -27,6 +27,11 @@ class UnknownNameError(PeftuneError, KeyError):
         return str(self.args[0]) if self.args else ""
 
 
+class RecordError(UserError):
+    """A sweep's record that is not what its version says: a version tag this peftune did not write, or a piece a
+    record of its version always holds missing (a record that lost a piece, not an old one); names the run."""
+
+
 class StoreError(UserError):
     """A tracking store that refuses or cannot be reached (MLflow's error, named and kept as the cause)."""
 

@@ -30,6 +30,9 @@ SWEEP_ROLE, TRIAL_ROLE = "sweep", "trial"  # the values of ROLE: the sweep's par
 BACKBONE, CODE_VERSION = "peftune.backbone", "peftune.code_version"
 DEFINITION_FINGERPRINT, DATA_FINGERPRINT = "peftune.definition_fingerprint", "peftune.data_fingerprint"
 RAY_EXPERIMENT_PATH = "peftune.ray_experiment_path"
+# the parent run's tag of the record's version (``peftune.legacy.RECORD_VERSION``), written when the sweep begins:
+# what the report tells an old record by; a sweep begun before it has none, and a resume adds none
+RECORD_VERSION_TAG = "peftune.record_version"
 # a trial run's tags of how it ran: its method, the precision it trained in, the retries Ray gave it
 METHOD, PRECISION, RETRIES = "peftune.method", "peftune.precision", "peftune.retries"
 PACK_SIZE = "peftune.pack_size"  # the members of the pack it trained in (peftune.packing); its times are the pack's
@@ -78,6 +81,15 @@ def predictions_artifact(split: str) -> str:
 
 PREDICTIONS_ARTIFACT = predictions_artifact(DEV)
 PREDICTION_COLUMNS = ("task", "example_id", "seed", "prediction", "label")
+
+
+def keeps_predictions(split: str, seed_reason, decision_examples) -> bool:
+    """Whether a completed confirmation run keeps its predictions on ``split`` (what ``peftune.worker`` asks of it):
+    on dev, and on the decision split where the sweep carves one (``decision_examples``), unless it is a report run,
+    which decides nothing."""
+    if is_report_run(seed_reason):
+        return False
+    return split == DEV or (split == DECISION and bool(decision_examples))
 
 
 def split_metric(split: str, name: str) -> str:
@@ -178,24 +190,10 @@ COUNT_METRICS = (
 )
 
 
-def run_phase(tags: Mapping[str, str]) -> str:
-    """A child run's phase; runs written before the tag existed are search trials."""
-    return tags.get(PHASE) or SEARCH
-
-
 def config_key(method: str, params: Mapping[str, Any]) -> str:
     """A stable short hash of a configuration: the same method and parameters give the same key."""
     text = json.dumps({"method": method, "params": params}, sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
-
-
-def run_config_key(run) -> str:
-    """The run's ``peftune.config_key`` tag (see :func:`config_key`).
-
-    A run without the tag (written before it existed) is its own configuration: re-hashing logged
-    params would not give the key the search computed from the sampled ones.
-    """
-    return run.data.tags.get(CONFIG_KEY) or f"run:{run.info.run_id}"
 
 
 # ----------------------------------------------------------------------------- what the MLflow UI shows

@@ -10,25 +10,21 @@ from __future__ import annotations
 
 import contextlib
 import tempfile
+from collections.abc import Mapping
 from pathlib import Path
 from urllib.parse import urlparse
 
 from peftune.errors import StoreError, UserError
 from peftune.record import (
-    COMPLETED,
-    CONFIRM,
     DECISION,
     PARENT_TAG,
     PREDICTION_COLUMNS,
     ROLE,
-    STATUS,
     SWEEP,
     SWEEP_ROLE,
     TRIAL_ID,
     TRIAL_ROLE,
     predictions_artifact,
-    run_config_key,
-    run_phase,
 )
 from peftune.stores import sqlite_path
 from peftune.ui_links import DEFAULT_UI
@@ -161,6 +157,11 @@ def run_params(store, run_id: str) -> dict[str, str]:
     return dict(store.get_run(run_id).data.params)
 
 
+def run_tags(store, run_id: str) -> dict[str, str]:
+    """A run's tags."""
+    return dict(store.get_run(run_id).data.tags)
+
+
 def metric_history(store, run_id: str, key: str) -> dict[int, float]:
     """A metric's values by step."""
     return {int(m.step): m.value for m in store.get_metric_history(run_id, key)}
@@ -225,23 +226,21 @@ def run_predictions(store, tracking_uri: str, run_id: str, split: str, directory
     return _PREDICTIONS[key]
 
 
-def read_predictions(tracking_uri: str, name: str):
-    """The decision-split predictions of sweep ``name``'s completed confirmation runs: what the confirmation's
-    decision procedure (``peftune.decisions``) reads after each round. One frame of ``PREDICTION_COLUMNS`` (``seed``
-    an integer) plus ``config_key``, ``run_id`` and ``split``; reading only: nothing is decided here."""
+def read_predictions(tracking_uri: str, runs: Mapping[str, str]):
+    """The decision-split predictions of completed confirmation runs ``runs`` (run id -> config key, in that order):
+    what the confirmation's decision procedure (``peftune.decisions``) reads after each round. One frame of
+    ``PREDICTION_COLUMNS`` (``seed`` an integer) plus ``config_key``, ``run_id`` and ``split``; a run without them
+    is left out (the caller says whether it may be). Reading only: nothing is decided here."""
     import pandas as pd
 
     columns = [*PREDICTION_COLUMNS, "config_key", "run_id", "split"]
     store = client(tracking_uri)
     frames = []
     with store_errors(tracking_uri), tempfile.TemporaryDirectory(prefix="peftune-predictions-") as directory:
-        _, _, runs = read_sweep(store, tracking_uri, name)
-        for run in sorted(runs, key=lambda r: (r.info.start_time, r.info.run_id)):  # the report's order: started
-            if run_phase(run.data.tags) != CONFIRM or run.data.tags.get(STATUS) != COMPLETED:
-                continue
-            frame = run_predictions(store, tracking_uri, run.info.run_id, DECISION, directory)
+        for run_id, key in runs.items():
+            frame = run_predictions(store, tracking_uri, run_id, DECISION, directory)
             if frame is not None:
-                frames.append(frame.assign(config_key=run_config_key(run), run_id=run.info.run_id, split=DECISION))
+                frames.append(frame.assign(config_key=key, run_id=run_id, split=DECISION))
     if not frames:
         return pd.DataFrame(columns=columns)
     frame = pd.concat(frames, ignore_index=True)[columns]

@@ -30,6 +30,7 @@ import mlflow
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param
 from mlflow.exceptions import MlflowException
 
+from peftune import legacy
 from peftune.errors import UserError
 from peftune.record import (
     BACKBONE,
@@ -50,6 +51,7 @@ from peftune.record import (
     NOTE_TAG,
     PARENT_TAG,
     RAY_EXPERIMENT_PATH,
+    RECORD_VERSION_TAG,
     RETRIES,
     ROLE,
     RUNNING,
@@ -64,7 +66,6 @@ from peftune.record import (
     TRIALS_VIEW_KEY,
     UNFINISHED,
     param_text,
-    run_phase,
 )
 from peftune.record_reader import child_runs, find_experiment_id, find_parent_run, trial_run
 from peftune.stores import sqlite_path
@@ -166,6 +167,9 @@ class SweepRecord:
     parent_run_id: str
     resumed: bool
     datasets: tuple = ()  # the data files as MLflow datasets (data_inputs), logged on the parent and the trials
+    # the record's version (peftune.legacy): a new sweep writes the current one; a resumed sweep keeps its own, and
+    # one begun before the version tag stays an old record (its untagged runs read as such)
+    version: int = legacy.RECORD_VERSION
 
 
 def open_sweep(
@@ -189,7 +193,8 @@ def open_sweep(
     parent run records their count (param ``skipped_rows``) and the list (``skipped_rows.json``).
     ``datasets``: the data files as MLflow datasets (:func:`data_inputs`), logged on the parent run.
     ``tasks``: each task's declaration, examples' hashes and rows per role (:func:`task_record`, ``tasks.json``).
-    Both a new and a resumed sweep (re)write the experiment's view of its trials (:func:`show_trials`).
+    Both a new and a resumed sweep (re)write the experiment's view of its trials (:func:`show_trials`). A new parent
+    run carries the record's version (``legacy.RECORD_VERSION``); a resumed one keeps what it has, no tag added.
     """
     client = _client(tracking_uri)
     name = definition.name
@@ -201,11 +206,12 @@ def open_sweep(
     }
     if parent is not None:
         _check_resumed(parent, name, fingerprints, expect_existing, tracking_uri, ray_experiment_path)
+        version = legacy.record_version(parent.data.tags, parent.info.run_id)
         client.update_run(parent.info.run_id, status="RUNNING")
         client.set_tag(parent.info.run_id, STATUS, RUNNING)
         show_trials(client, experiment_id)
         log_datasets(client, parent.info.run_id, datasets)
-        return SweepRecord(tracking_uri, experiment_id, parent.info.run_id, True, tuple(datasets or ()))
+        return SweepRecord(tracking_uri, experiment_id, parent.info.run_id, True, tuple(datasets or ()), version)
 
     if expect_existing:
         raise UserError(missing_record_error(name, tracking_uri, ray_experiment_path))
@@ -214,7 +220,8 @@ def open_sweep(
     client.set_experiment_tag(experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
     show_trials(client, experiment_id)
     tags = {ROLE: SWEEP_ROLE, SWEEP: name, BACKBONE: definition.model, CODE_VERSION: code_version(),
-            STATUS: RUNNING, **fingerprints, RAY_EXPERIMENT_PATH: ray_experiment_path}  # fmt: skip
+            RECORD_VERSION_TAG: str(legacy.RECORD_VERSION), STATUS: RUNNING, **fingerprints,
+            RAY_EXPERIMENT_PATH: ray_experiment_path}  # fmt: skip
     run_id = client.create_run(experiment_id, run_name=name, tags=tags).info.run_id
     params = sweep_params(definition, len(skipped_rows or []))
     client.log_batch(run_id, params=[Param(k, param_text(v)) for k, v in params.items()])
@@ -340,7 +347,7 @@ def log_method_budgets(record: SweepRecord, runs: list) -> dict[str, dict[str, f
     budgets: dict[str, dict[str, float]] = {}
     for run in runs:
         tags, metrics = run.data.tags, run.data.metrics
-        if not tags.get(TRIAL_ID) or run_phase(tags) != SEARCH:
+        if not tags.get(TRIAL_ID) or legacy.run_phase(tags, record.version, run.info.run_id) != SEARCH:
             continue
         empty = {"trials": 0, "steps": 0.0, "tokens": 0.0, "compute_s": 0.0}
         budget = budgets.setdefault(tags.get(METHOD, ""), empty)
@@ -361,7 +368,7 @@ def log_method_budgets(record: SweepRecord, runs: list) -> dict[str, dict[str, f
 
 
 def log_sweep_summary(client, record: SweepRecord, runs: list) -> None:
-    runs = trial_records(runs)
+    runs = trial_records(runs, record.version)
     trials = [run for run in runs if run.phase == SEARCH]  # confirmation runs re-train, they are not trials
     counts = Counter(trial.status or UNFINISHED for trial in trials)
     values = {f"sweep_trials_{status}": float(counts.get(status, 0)) for status in SUMMARY_STATUSES}
@@ -382,15 +389,16 @@ class TrialRecord:
     status: str | None  # completed | early_stopped | failed | None (running or interrupted)
     best_score: float | None
     params: dict = field(default_factory=dict)
-    phase: str = SEARCH  # search | confirm (the peftune.phase tag; untagged runs are search trials)
+    phase: str = SEARCH  # search | confirm (the peftune.phase tag: legacy.run_phase)
 
 
 def _child_runs(record: SweepRecord) -> list:
     return child_runs(_client(record.tracking_uri), record.experiment_id, record.parent_run_id)
 
 
-def trial_records(runs: list) -> list[TrialRecord]:
-    """The sweep's trial runs (MLflow ``Run`` entities: ``TrialLogger.runs``, or the record's) as ``TrialRecord``."""
+def trial_records(runs: list, version: int) -> list[TrialRecord]:
+    """The sweep's trial runs (MLflow ``Run`` entities: ``TrialLogger.runs``, or the record's, of ``version``) as
+    ``TrialRecord``."""
     out = []
     for run in runs:
         tags = run.data.tags
@@ -402,7 +410,7 @@ def trial_records(runs: list) -> list[TrialRecord]:
                 tags.get(STATUS),
                 run.data.metrics.get(BEST_SCORE),
                 dict(run.data.params),
-                run_phase(tags),
+                legacy.run_phase(tags, version, run.info.run_id),
             )
         )
     return out
@@ -420,7 +428,7 @@ def log_best_checkpoints(
         return []
     client = _client(record.tracking_uri)
     by_method: dict[str, list[TrialRecord]] = {}
-    for trial in trial_records(runs):
+    for trial in trial_records(runs, record.version):
         if trial.trial_id in checkpoints:
             by_method.setdefault(trial.method, []).append(trial)
     logged = []

@@ -366,8 +366,8 @@ def run_sweep(
         if not trial_logger.flush(tracking_wait_s):
             return _unrecorded(definition, record, *where, trial_logger, len(grid))
         runs = trial_logger.runs()  # the record as the driver holds it: every write reached it (flushed)
-        searched = confirm.search_run_ids(runs)
-        trials = [t for t in record_writer.trial_records(runs) if t.run_id in searched]
+        searched = confirm.search_run_ids(runs, record.version)
+        trials = [t for t in record_writer.trial_records(runs, record.version) if t.run_id in searched]
         # a Ctrl-C Tune took stops the sweep, even with every trial done
         complete = not ctrl_c.pressed and search_over(definition, grid, budgets)
         complete = complete and len([t for t in trials if t.status]) >= len(grid)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from peftune import legacy
 from peftune.epoch_kept import best_epoch, improves
 from peftune.record import (
     BEST_EPOCH,
@@ -37,7 +38,6 @@ from peftune.record import (
     TRIAL_ID,
     TRIAL_ROLE,
     best_metric,
-    run_phase,
 )
 from peftune.record_reader import run_entity
 
@@ -71,8 +71,11 @@ class TrialRun:
 class SweepState:
     """Every trial run of the sweep, by Ray trial id (see the module docstring)."""
 
-    def __init__(self, parent_run_id: str | None = None, experiment_id: str | None = None):
+    def __init__(
+        self, parent_run_id: str | None = None, experiment_id: str | None = None, version: int = legacy.RECORD_VERSION
+    ):
         self.parent_run_id, self.experiment_id = parent_run_id, experiment_id
+        self.version = version  # the record's (peftune.legacy): a resumed old sweep's runs may lack their phase
         self.trials: dict[str, TrialRun] = {}
         # trial id -> the epoch kept so far (epoch_kept.improves on the scores logged: the best, the earliest on a tie)
         # and that epoch's metrics as logged: written as best_* when the trial ends, not read back from the record
@@ -82,9 +85,9 @@ class SweepState:
         self.histories: dict[tuple[str, str], dict[int, float]] = {}
 
     @classmethod
-    def from_runs(cls, runs, parent_run_id: str | None, experiment_id: str | None) -> SweepState:
-        """The state of a sweep's record: its child runs (MLflow ``Run`` entities) with a trial id."""
-        state = cls(parent_run_id, experiment_id)
+    def from_runs(cls, runs, parent_run_id: str | None, experiment_id: str | None, version: int) -> SweepState:
+        """The state of a sweep's record of ``version``: its child runs (MLflow ``Run`` entities) with a trial id."""
+        state = cls(parent_run_id, experiment_id, version)
         for run in runs:
             trial_id = run.data.tags.get(TRIAL_ID)
             if not trial_id:
@@ -165,7 +168,9 @@ class SweepState:
         ``progress`` at step = epoch. The histories come through :meth:`history` (read once)."""
         out = {}
         for trial_id, run in self.trials.items():
-            if run_phase(run.tags) != SEARCH or SCORE not in run.metrics or run.run_id is None:
+            if run.run_id is None or legacy.run_phase(run.tags, self.version, run.run_id) != SEARCH:
+                continue
+            if SCORE not in run.metrics:
                 continue
             metric = {key: self.history(run.run_id, key, read) for key in RUNG_HISTORIES}
             inf = float("inf")

@@ -17,7 +17,7 @@ from typing import ClassVar
 
 from ray import tune
 
-from peftune import record_reader, record_writer, trial_spec
+from peftune import legacy, record_reader, record_writer, trial_spec
 from peftune.epoch_kept import improves
 from peftune.errors import DiskFullError
 from peftune.methods.sizes import size_label
@@ -53,7 +53,6 @@ from peftune.record import (
     predictions_artifact,
     predictions_csv,
     run_label,
-    run_phase,
 )
 from peftune.sweep_state import SweepState
 
@@ -177,7 +176,7 @@ class TrialLogger(tune.Callback):
         self._decision: dict[str, str] = {}  # trial id -> those predictions on the decision split (CSV text)
         self._full: DiskFullError | None = None  # a trial's write refused for space: the sweep stops on it
         # every trial run as the record holds it once the buffer drains: what the sweep decides on (SweepState)
-        self.state = SweepState(self.record.parent_run_id, self.record.experiment_id)
+        self.state = SweepState(self.record.parent_run_id, self.record.experiment_id, self.record.version)
 
     def __getstate__(self):  # Ray pickles callbacks with the experiment; the client is rebuilt in setup()
         return {
@@ -260,12 +259,15 @@ class TrialLogger(tune.Callback):
         self.open_buffer()  # first the writes an earlier run left pending
         self._loaded = True
         runs = record_reader.child_runs(self.client, self.record.experiment_id, self.record.parent_run_id)
-        self.state = SweepState.from_runs(runs, self.record.parent_run_id, self.record.experiment_id)
+        self.state = SweepState.from_runs(
+            runs, self.record.parent_run_id, self.record.experiment_id, self.record.version
+        )
         for run in runs:
             trial_id = run.data.tags.get(TRIAL_ID)
             if not trial_id:
                 continue
-            searched = run_phase(run.data.tags) == SEARCH  # confirmation has its own resume
+            # confirmation has its own resume
+            searched = legacy.run_phase(run.data.tags, self.record.version, run.info.run_id) == SEARCH
             if searched and not run.data.tags.get(STATUS) and run.data.tags.get(CONFIG_KEY):
                 self._unfinished[run.data.tags[CONFIG_KEY]] = (trial_id, run.info.run_id)
             if TRAINABLE_PER_TASK in run.data.metrics:

@@ -40,7 +40,7 @@ from types import SimpleNamespace
 
 from ray import tune
 
-from peftune import confirm, console, record, record_reader, record_writer, spaces, sweep, trial_logger, worker
+from peftune import confirm, console, legacy, record, record_reader, record_writer, spaces, sweep, trial_logger, worker
 from peftune.tasks import get_task
 
 SWEEP_NAME = "driver_bench"
@@ -415,8 +415,9 @@ def record_reads(db: Path, definition, prepared, data_dir: Path, work: Path, cal
     client = record_reader.client(uri)
     experiment_id = record_reader.find_experiment_id(client, definition.name)
     parent = record_reader.find_parent_run(client, experiment_id, definition.name)
+    version = legacy.record_version(parent.data.tags, parent.info.run_id)
     sweep_record = record_writer.SweepRecord(
-        uri, experiment_id, parent.info.run_id, True, tuple(record_writer.data_inputs(prepared))
+        uri, experiment_id, parent.info.run_id, True, tuple(record_writer.data_inputs(prepared)), version
     )
     settings = sweep.trial_settings(definition, sweep.steps_per_run(definition, prepared), data_dir)
     storage = tempfile.mkdtemp(prefix="confirm-", dir=work)
@@ -434,7 +435,7 @@ def record_reads(db: Path, definition, prepared, data_dir: Path, work: Path, cal
     calls.install()
     try:
         runs = record_reader.child_runs(client, experiment_id, sweep_record.parent_run_id)
-        out["search_runs"] = sum(record.run_phase(r.data.tags) == record.SEARCH for r in runs)
+        out["search_runs"] = sum(legacy.run_phase(r.data.tags, version, r.info.run_id) == record.SEARCH for r in runs)
 
         def opening():  # run_confirmation's opening: the driver's state, the candidates; then the first todo
             confirmation, first = confirm.open_confirmation(definition, sweep_record, None, trial_logger=logger,
