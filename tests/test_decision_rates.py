@@ -52,3 +52,18 @@ def test_an_equal_cheaper_contender_is_claimed_and_the_clearly_worse_ones_stop_e
     print(claimed, shown, oracle, sep="\n")
     assert claimed.rate >= oracle.rate - 0.08, f"{claimed}; {oracle}"
     assert shown.rate >= 0.75 and float(shown.what.split("mean seeds ")[1].split()[0]) <= 5.5, str(shown)
+
+
+def test_the_stated_chance_of_being_within_the_margin_is_not_above_what_holds():
+    """K = 2 through the real loop, the cheapest the margin, half of it, twice it or nothing below (seed sd 0.03
+    against 0.012): in every band of the stated P(pick - best >= -δ) with 50 answers or more, the share whose
+    pick truly lies within δ of the best (exactly δ counts as outside) reaches the band's floor within its
+    Wilson 95% interval (``simulate.within_calibration``)."""
+    calibration = sm.within_calibration(WORLD, PLAN, 2, 300, cheap_sd=CHEAP_SD, others_sd=OTHERS_SD,
+                                        only=("boundary", "half", "two", "equal"))  # fmt: skip
+    edges = (0.0, 0.5, 0.8, 0.95, 0.99, 1.0)
+    bands = calibration.bins(edges)
+    print(calibration.above(0.95), *(rate for _, rate in bands), sep="\n")
+    for floor, (_, rate) in zip(edges[:-1], bands, strict=True):
+        if rate.n >= 50:
+            assert upper(rate) >= floor, str(rate)

@@ -586,7 +586,7 @@ def answer(budget: float, f: Fit, costs: Mapping[str, float], plan: Plan,
     out.pick = names[pick]
     out.diff, out.ci_low, out.ci_high = vs[pick].diff, vs[pick].low, vs[pick].high
     if posterior:
-        out.p_best, out.p_within, out.regret, out.regret_high = _posterior(f, pick, margin)
+        out.p_best, out.p_within, out.regret, out.regret_high = chances(f, pick, margin)
     if chosen is not None:
         # better: the best estimate above every other, or every other shown worse by more than the margin (>= 0)
         others_worse = all(out.claims.get(names[j], Claim("", 0, 0, 0, 0, 0)).word == WORSE for j in by_cost
@@ -708,7 +708,7 @@ def estimate_errors(f: Fit, rng: np.random.Generator, draws: int) -> np.ndarray:
     return z + rng.standard_normal((draws, k)) * np.sqrt(f.run_var[None, :] * inflation / f.seeds[None, :])
 
 
-def _posterior(f: Fit, pick: int, margin: float, draws: int = 4000) -> tuple[dict[str, float], float, float, float]:
+def chances(f: Fit, pick: int, margin: float, draws: int = 4000) -> tuple[dict[str, float], float, float, float]:
     """P(best) of each configuration, P(pick - the best of the others >= -margin), and the pick's expected regret
     (and its 95% bound): the true scores drawn around the estimates (``estimate_errors``; flat prior)."""
     rng = _stream("posterior", f.names, f.means.tobytes())

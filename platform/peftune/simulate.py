@@ -8,7 +8,9 @@ added seeds, futility stops and answer) with every seed up to ``max_seeds`` pres
 95% intervals. Every rate counts claims only: "not worse" or "better" said, never a pick left at "cannot tell".
 The logistic reference worlds (``W1``, ``W2``) serve the tests; ``peftune decide --simulate`` runs
 :func:`scenario_rates` on a :class:`Measured` world (the README job's components, ``README_JOB``, or a record's
-own), which also gives the report its own rates.
+own), which also gives the report its own rates. :func:`within_calibration` (through the loop) and
+:func:`stated_at_the_margin` (one look, the truth on the margin) hold the answers' stated P(pick - best >=
+-margin) against the truth.
 """
 
 from __future__ import annotations
@@ -362,6 +364,102 @@ def scenario_rates(world: Measured, plan: Plan, k: int, sims: int, *, cheap_sd: 
         rates.append(Rate(f"{world.name} K={k}, those {k - 2} cheaper: shown worse (mean seeds "
                           f"{f.seeds[: k - 2].mean():.1f} each)", shown, sims * (k - 2)))  # fmt: skip
     return rates
+
+
+def scenario_truth(name: str, k: int, margin: float, cheap_sd: float, others_sd: float
+                   ) -> tuple[list[float], list[float]]:  # fmt: skip
+    """The true score offsets and seed sds of :func:`scenario_rates`' world ``name`` at K configurations (cost
+    order): the cheapest the margin ("boundary"), half of it ("half"), twice ("two") or nothing ("equal") below
+    the others; "power": K - 2 twice the margin below, then two equal, every seed sd ``others_sd``."""
+    gaps = {"boundary": margin, "half": 0.5 * margin, "two": 2 * margin, "equal": 0.0}
+    if name == "power":
+        return [-2 * margin] * (k - 2) + [0.0, 0.0], [others_sd] * k
+    return [-gaps[name]] + [0.0] * (k - 1), [cheap_sd] + [others_sd] * (k - 1)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Simulated answers' stated P(pick - best >= -margin) against the truth: per answer the stated probability
+    and the pick's true score minus the best true score of the others (``gap``)."""
+
+    what: str
+    margin: float
+    stated: np.ndarray  # (n,)
+    gap: np.ndarray  # (n,)
+
+    @property
+    def within(self) -> np.ndarray:
+        """Whether the pick truly lies within the margin of the best. A truth exactly on the margin (the
+        boundary world's cheapest) counts as outside: the claims' convention, where "not worse" there is an
+        error; it is the side on which a too sure probability shows."""
+        return self.gap > -self.margin + 1e-12
+
+    def above(self, p: float = 0.95) -> Rate:
+        """Among the answers that state at least ``p``: how often the pick truly was within the margin."""
+        chosen = self.stated >= p
+        share = f" ({chosen.mean():.0%} of answers)" if len(chosen) else ""
+        return Rate(f"{self.what}: stated P >= {p:g}{share}, truly within", int(self.within[chosen].sum()),
+                    int(chosen.sum()))  # fmt: skip
+
+    def bins(self, edges: Sequence[float] = (0.0, 0.5, 0.8, 0.95, 0.99, 1.0)) -> list[tuple[float, Rate]]:
+        """Per bin of the stated probability (the last closed): its mean and how often the truth was within."""
+        out = []
+        for low, high in zip(edges[:-1], edges[1:], strict=True):
+            chosen = (self.stated >= low) & ((self.stated < high) | (high >= edges[-1]))
+            mean = float(self.stated[chosen].mean()) if chosen.any() else math.nan
+            out.append((mean, Rate(f"{self.what}: stated P in [{low:g}, {high:g}] (mean {mean:.3f}), truly within",
+                                   int(self.within[chosen].sum()), int(chosen.sum()))))  # fmt: skip
+        return out
+
+    def __add__(self, other: Calibration) -> Calibration:
+        return Calibration(f"{self.what}; {other.what}", self.margin, np.concatenate([self.stated, other.stated]),
+                           np.concatenate([self.gap, other.gap]))  # fmt: skip
+
+
+def within_calibration(world: Measured, plan: Plan, k: int, sims: int, *, cheap_sd: float, others_sd: float,
+                       seed: int = 0, only: Sequence[str] = SCENARIOS) -> Calibration:  # fmt: skip
+    """Whether the answer's P(pick - best >= -margin) is calibrated: ``sims`` confirmations of each world of
+    ``only`` (:func:`scenario_truth`, known truth) through the real loop with its looks and its summaries (the
+    probability is one of them), each answer's stated probability kept with its pick's true gap to the best
+    (:class:`Calibration`: compare ``bins`` or ``above``; the rate depends on the mix of worlds, as any
+    calibration does on the truths it is checked on)."""
+    one = Plan(plan.seeds, plan.max_seeds, plan.margin, plan.alpha, (100.0,))
+    configurations = [Configuration(f"c{i}", f"m{i}", 0.01 * (i + 1)) for i in range(k)]
+    stated, gap = [], []
+    names = [n for n in SCENARIOS if n in only and (n != "power" or k >= 3)]
+    for name in names:
+        shifts, sds = scenario_truth(name, k, plan.margin, cheap_sd, others_sd)
+        rng = np.random.default_rng([seed, k, SCENARIOS.index(name), int(cheap_sd * 1e5), int(others_sd * 1e5), 43])
+        for _ in range(sims):
+            a = decisions.replay(world.draw(shifts, one.max_seeds, rng, sds), configurations, one).answers[0]
+            pick = int(a.pick[1:])
+            stated.append(a.p_within)
+            gap.append(shifts[pick] - max(s for i, s in enumerate(shifts) if i != pick))
+    what = (f"{world.name} K={k}, seed sd {cheap_sd:.3f} (cheapest) / {others_sd:.3f}, {', '.join(names)}, "
+            f"{sims} each")  # fmt: skip
+    return Calibration(what, plan.margin, np.array(stated), np.array(gap))
+
+
+def stated_at_the_margin(world: Measured, k: int, plan: Plan, sims: int, *, cheap_sd: float, others_sd: float,
+                         rival_seeds: int | None = None, seed: int = 0) -> Rate:  # fmt: skip
+    """The stated P(pick - best >= -margin) where the truth lies on the margin itself: the cheapest exactly
+    ``plan.margin`` below K - 1 equal others, ``plan.seeds`` seeds for it and ``rival_seeds`` (default the
+    same) for each other, one look, no selection, its probability as an answer would state it were it the pick
+    (``decisions.chances``). Returns the share of draws that state 0.95 or more: a calibrated probability does
+    so in about 5% (for one comparison the flat prior's P(theta >= -margin) is one minus the p-value of theta
+    <= -margin, uniform at the margin; with K - 1 others their best is drawn above the truth, and less)."""
+    names = [f"c{i}" for i in range(k)]
+    shifts, sds = scenario_truth("boundary", k, plan.margin, cheap_sd, others_sd)
+    rivals = plan.seeds if rival_seeds is None else rival_seeds
+    rng = np.random.default_rng([seed, k, plan.seeds, rivals, int(cheap_sd * 1e5), int(others_sd * 1e5), 47])
+    hits = 0
+    for _ in range(sims):
+        values = world.draw(shifts, max(plan.seeds, rivals), rng, sds)
+        values = {n: v.first(plan.seeds if n == "c0" else rivals) for n, v in values.items()}
+        hits += decisions.chances(decisions.fit(values, names), 0, plan.margin)[1] >= 0.95
+    return Rate(f"{world.name} K={k}, {plan.seeds} seeds (the others {rivals}), the cheapest (seed sd "
+                f"{cheap_sd:.3f}, the others {others_sd:.3f}) exactly the margin below: stated P(it - best >= "
+                "-margin) >= 0.95", hits, sims)  # fmt: skip
 
 
 def rerun_rate(world: Measured, plan: Plan, sims: int, *, gap: float = 0.0, seed_sd: float = CHEAP_SD,
