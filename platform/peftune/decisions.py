@@ -698,14 +698,42 @@ def _stream(*parts) -> np.random.Generator:
     return np.random.default_rng(int.from_bytes(hashlib.sha256(text).digest()[:8], "little"))
 
 
+def run_variances(f: Fit, rng: np.random.Generator, draws: int) -> np.ndarray:
+    """(draws, K) draws of each configuration's run variance from its fiducial law, each seed's df counted once.
+
+    A moderated variance ``(d0 s0^2 + d s^2) / (d0 + d)`` is a sum of the pooled configurations' own mean
+    squares, the prior s0^2 the same ones for every configuration (``Fit.shared_pair_df`` counts the df so).
+    So each pooled configuration's own variance is drawn once per draw from its own law (``s^2 d /
+    chi-square(d)``), the prior's part is made of those draws (common to every configuration) and each
+    configuration adds its own draw. Drawing each moderated variance alone with ``d0 + d`` df, as before
+    2026-12-05, took the pool's df once per configuration, and a noisy configuration at few seeds, moderated
+    toward rivals with many, looked surer than its own seeds allow: P(pick - best >= -margin) too high
+    (docs/benchmarks.md, "The decision procedure's error rates"). Without the pool (a fit built by hand): each
+    with its ``run_df``."""
+    k = len(f.names)
+    if f.pool_var is None or f.pool_df is None:
+        df = np.where(f.run_df > 0, f.run_df, 1.0)
+        inflation = np.where(f.run_df[None, :] > 0, df[None, :] / rng.chisquare(df, size=(draws, k)), 1.0)
+        return f.run_var[None, :] * inflation
+    v, d, d0 = f.pool_var, f.pool_df, f.prior_df
+    held = d > 0  # the pooled configurations with a variance of their own
+    own = np.tile(v, (draws, 1))  # (draws, P)
+    own[:, held] = v[held] * d[held] / rng.chisquare(d[held], size=(draws, int(held.sum())))
+    # the prior moves with the pool it is made of (at its point value ``moderation``'s, however d0 was set)
+    pooled = float((v * d)[held].sum())
+    prior = f.prior_var * (own[:, held] @ d[held]) / pooled if pooled > 0 else np.full(draws, f.prior_var)
+    weight = d0 + d[:k]
+    moderated = (d0 * prior[:, None] + d[:k] * own[:, :k]) / np.where(weight > 0, weight, 1.0)
+    return np.where(weight[None, :] > 0, moderated, f.run_var[None, :])  # no df at all: not estimable, kept
+
+
 def estimate_errors(f: Fit, rng: np.random.Generator, draws: int) -> np.ndarray:
     """(draws, K) draws of the estimates' errors: the example part normal with its covariance, each run part
-    normal with its variance drawn from its fiducial law (``run_var * df / chi-square(df)``)."""
+    normal with its variance drawn from its fiducial law (``run_variances``)."""
     k = len(f.names)
     z = rng.multivariate_normal(np.zeros(k), f.example_cov + 1e-15 * np.eye(k), size=draws, method="eigh")
-    df = np.where(f.run_df > 0, f.run_df, 1.0)
-    inflation = np.where(f.run_df[None, :] > 0, df[None, :] / rng.chisquare(df, size=(draws, k)), 1.0)
-    return z + rng.standard_normal((draws, k)) * np.sqrt(f.run_var[None, :] * inflation / f.seeds[None, :])
+    var = run_variances(f, rng, draws)  # (draws, K)
+    return z + rng.standard_normal((draws, k)) * np.sqrt(var / f.seeds[None, :])
 
 
 def chances(f: Fit, pick: int, margin: float, draws: int = 4000) -> tuple[dict[str, float], float, float, float]:
