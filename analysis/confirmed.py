@@ -2,7 +2,7 @@
 
 Every number here is a dev number of confirmation runs (a record without them: search trials, marked). A
 configuration (``config_key``) confirmed with S seeds has its seed mean, sample std and t-based 95% interval per
-metric. The decisions are ``peftune.decisions``'s, replayed on the record's decision-split predictions; the
+metric. The decisions are ``peftune.stats.decisions``'s, replayed on the record's decision-split predictions; the
 recommendation per budget is the pick with its decision, P(best), the expected regret and the dev score, reported
 only; ``own_rates`` replays the procedure on records simulated from this sweep's own variance components. The
 fairness table gives per method the search budget it received, its default's score, its best tuned seed mean, the
@@ -19,9 +19,17 @@ import numpy as np
 import pandas as pd
 
 from analysis import pareto
-from peftune import decisions, legacy, simulate
-from peftune.decisions import CANNOT_TELL, Configuration, Plan
-from peftune.record import BACKBONE_PARAMS, BUDGETS_PCT, COMPLETED, DECISION, STORED_PARAMS_PCT, is_report_run
+from peftune.base.record_names import (
+    BACKBONE_PARAMS,
+    BUDGETS_PCT,
+    COMPLETED,
+    DECISION,
+    STORED_PARAMS_PCT,
+    is_report_run,
+)
+from peftune.record import legacy
+from peftune.stats import decisions, simulate
+from peftune.stats.decisions import CANNOT_TELL, Configuration, Plan
 
 ALPHA = 0.05
 OWN_SIMULATIONS = 400  # per rate: a rate near 5% gets a Monte-Carlo interval of about +-2.2 points
@@ -111,7 +119,7 @@ def configurations(sweep) -> pd.DataFrame:
 
 
 def decide(configs: pd.DataFrame, frame: pd.DataFrame, kinds: Mapping[str, str], plan: Plan) -> Decided:
-    """The decision procedure (``peftune.decisions.replay``, the one the confirmation ran) on the confirmation
+    """The decision procedure (``peftune.stats.decisions.replay``, the one the confirmation ran) on the confirmation
     runs' decision-split predictions (``frame``: ``analysis.runs.load_predictions``'s rows of that split).
     Without such predictions (a record from before the decision split, or ``decision_examples: 0``) nothing is
     decided: every answer is "cannot tell", said as such."""
@@ -135,7 +143,7 @@ def decide(configs: pd.DataFrame, frame: pd.DataFrame, kinds: Mapping[str, str],
 
 def own_rates(decided: Decided, sims: int = OWN_SIMULATIONS) -> tuple[str, pd.DataFrame]:
     """The procedure's error rates and power at this sweep's own sizes, simulated from its own measured
-    components (``peftune.simulate.own_characteristics``): the world measured and one row per rate. Empty
+    components (``peftune.stats.simulate.own_characteristics``): the world measured and one row per rate. Empty
     with the reason where nothing can be simulated."""
     empty = pd.DataFrame(columns=OWN_RATE_COLUMNS)
     outcome = decided.outcome
@@ -317,7 +325,7 @@ def _mean_frontier(configs: pd.DataFrame) -> pd.DataFrame:
 def setting_mark(default: bool, carried: bool, tuned_beside: bool = False) -> str:
     """What a configuration's setting was, where the search did not tune it at that size: a method's default is
     its untuned setting (``tuned_beside``: it beat tuned trials of its size), a carried trial the method's tuned
-    setting moved to this size (peftune.carry). Said so that no reader takes a default for the method tuned."""
+    setting moved to this size (peftune.sweep.carry). Said so that no reader takes a default for the method tuned."""
     if default:
         return " (default, best of its size)" if tuned_beside else " (untuned default)"
     return " (tuned setting carried to this size)" if carried else ""

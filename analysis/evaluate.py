@@ -30,21 +30,8 @@ from analysis import confirmed, pareto, plots
 from analysis.publish import ARTIFACT_PATH
 from analysis.render import to_markdown
 from analysis.runs import SweepRuns, read_sweep_record
-from peftune import legacy, record_reader, record_writer, trial_spec
-from peftune.backbone import load_tokenizer, resolve_model_dir
-from peftune.checkpoint import CheckpointError, load_checkpoint, load_trainable
-from peftune.data import (
-    DEFAULT_MAX_LENGTH,
-    DataError,
-    DataSettings,
-    TaskData,
-    encode_split,
-    read_task_file,
-    task_path,
-)
-from peftune.epoch_kept import improves
-from peftune.errors import UserError
-from peftune.record import (
+from peftune.base.errors import UserError
+from peftune.base.record_names import (
     COMPLETED,
     DEV,
     EARLY_STOPPED,
@@ -53,13 +40,27 @@ from peftune.record import (
     SELECTION,
     metric_task,
 )
-from peftune.tasks import get_task, overall_score
-from peftune.train import TrainConfig, evaluate, prepare, run_trial, select_device
-from peftune.trial_spec import TrialSpec
+from peftune.core import trial_spec
+from peftune.core.checkpoint import CheckpointError, load_checkpoint, load_trainable
+from peftune.core.train import TrainConfig, evaluate, prepare, run_trial, select_device
+from peftune.core.trial_spec import TrialSpec
+from peftune.inputs.backbone import load_tokenizer, resolve_model_dir
+from peftune.inputs.data import (
+    DEFAULT_MAX_LENGTH,
+    DataError,
+    DataSettings,
+    TaskData,
+    encode_split,
+    read_task_file,
+    task_path,
+)
+from peftune.inputs.tasks import get_task, overall_score
+from peftune.record import legacy, reader, writer
+from peftune.record.epoch_kept import improves
 
 log = logging.getLogger("analysis.evaluate")
 
-# the summary's rows per configuration, in order (not peftune.data.SPLITS): the trial's figure on the split it
+# the summary's rows per configuration, in order (not peftune.inputs.data.SPLITS): the trial's figure on the split it
 # selected on, re-trained dev, test
 SUMMARY_SPLITS = ("selection (sweep)", "dev", "test")
 
@@ -180,7 +181,7 @@ def recorded_config(text: str, source: str, seed: int, device: str, selecting: b
 
 def rerun_config(row: pd.Series, seed: int, train_settings: dict, device: str, selecting: bool = True):
     """The ``TrainConfig`` a trial of a record without stored specifications trained, with another seed, evaluated
-    as a re-run is (:func:`rerun_splits`): ``peftune.legacy.rerun_config``."""
+    as a re-run is (:func:`rerun_splits`): ``peftune.record.legacy.rerun_config``."""
     return legacy.rerun_config(row, seed, train_settings, device, rerun_splits(int(row["epochs"]), selecting))
 
 
@@ -205,7 +206,7 @@ def _quiet_downloads():
 def _artifact_text(client, run_id: str, path: str) -> str | None:
     """A run's text artifact; None where it is absent."""
     with _quiet_downloads():
-        return record_reader.artifact_text(client, run_id, path)
+        return reader.artifact_text(client, run_id, path)
 
 
 def check_data(prepared, recorded: dict[str, str] | None, test_hashes: dict[str, str], data_dir) -> None:
@@ -284,7 +285,7 @@ def evaluate_sweep(
     if epochs is not None and not 1 <= epochs <= 1_000:
         raise UserError(f"--epochs must be from 1 to 1000, got {epochs}")
     sweep = read_sweep_record(name, tracking_uri)
-    client = record_reader.client(sweep.tracking_uri)
+    client = reader.client(sweep.tracking_uri)
     configurations = answer_configurations(sweep) if answer else select_configurations(sweep, top)
     log.info(
         "evaluating %d configuration(s) of sweep %s with %d seed(s): %s",
@@ -313,7 +314,7 @@ def evaluate_sweep(
     write_evaluation(evaluation, test_dir=test_dir, seeds=seeds)
     if log_artifacts:
         uri, run_id = sweep.tracking_uri, sweep.parent_run_id
-        record_writer.log_report_files(uri, run_id, directory, f"{ARTIFACT_PATH}/evaluation")
+        writer.log_report_files(uri, run_id, directory, f"{ARTIFACT_PATH}/evaluation")
     return evaluation
 
 
@@ -321,13 +322,13 @@ def evaluate_sweep(
 class _EvaluationData:
     """What every re-training of a sweep's configurations shares: its data, the test split, the device."""
 
-    client: object  # the client of the sweep's store (record_reader.client)
-    prepared: object  # peftune.train.PreparedData: the sweep's training and dev data, its backbone
+    client: object  # the client of the sweep's store (reader.client)
+    prepared: object  # peftune.core.train.PreparedData: the sweep's training and dev data, its backbone
     test_tasks: dict  # task -> TaskData whose ``dev`` is the test split
     train_settings: dict  # the sweep definition's ``train`` section
     device: str  # as asked (a TrainConfig's device)
     torch_device: object  # as selected on this machine
-    version: int  # the sweep's record version (peftune.legacy): what old paths its runs take
+    version: int  # the sweep's record version (peftune.record.legacy): what old paths its runs take
     epochs: int | None = None  # each re-training's epochs (None: as recorded)
 
 
@@ -378,7 +379,7 @@ def confirmation_train_rows(sweep: SweepRuns, client) -> int | None | bool:
     if not len(done):
         return False
     run_id = str(done["run_id"].iloc[0])
-    value = record_reader.run_params(client, run_id).get("data.max_train_examples")
+    value = reader.run_params(client, run_id).get("data.max_train_examples")
     return legacy.confirmation_rows(run_id, value, sweep.record_version)
 
 
@@ -409,7 +410,7 @@ def _evaluate_seed(data: _EvaluationData, trial: pd.Series, seed: int, restore: 
             where = f"run {trial['run_id']}: {trial_spec.ARTIFACT}"
             config = recorded_config(stored, where, seed, data.device, selecting)
         else:
-            legacy.unspecified(trial["run_id"], record_reader.run_tags(data.client, trial["run_id"]), data.version)
+            legacy.unspecified(trial["run_id"], reader.run_tags(data.client, trial["run_id"]), data.version)
             config = rerun_config(trial, seed, data.train_settings, data.device, selecting)
         if data.epochs is not None:
             config = dataclasses.replace(config, epochs=data.epochs, eval_splits=rerun_splits(data.epochs, selecting))
@@ -451,7 +452,7 @@ def _restore(client, trial: pd.Series, prepared, device):
     """
 
     with tempfile.TemporaryDirectory(prefix="peftune-ckpt-") as directory, _quiet_downloads():
-        local = record_reader.download_artifact(client, trial["run_id"], "checkpoint", directory)
+        local = reader.download_artifact(client, trial["run_id"], "checkpoint", directory)
         try:
             model = load_checkpoint(local, backbone=prepared.backbone.build())
         except CheckpointError as error:

@@ -16,8 +16,8 @@ from collections.abc import Sequence
 import numpy as np
 import pandas as pd
 
-from peftune.errors import UserError
-from peftune.record import BACKBONE_PARAMS, COMPLETED, TRAINABLE_PER_TASK, TRAINABLE_PER_TASK_PCT
+from peftune.base.errors import UserError
+from peftune.base.record_names import BACKBONE_PARAMS, COMPLETED, TRAINABLE_PER_TASK, TRAINABLE_PER_TASK_PCT
 
 COST, COST_PCT = TRAINABLE_PER_TASK, TRAINABLE_PER_TASK_PCT  # the frontier's cost: the record's count
 FRONTIER_STATUSES = (COMPLETED,)

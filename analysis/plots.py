@@ -20,8 +20,15 @@ import pandas as pd
 from analysis import pareto
 from analysis.figure import Axis, FigureSpec, Key, Series, to_plotly, to_png
 from analysis.runs import EARLY_STOPPED, task_metric_names
-from peftune import legacy
-from peftune.record import BACKBONE_PARAMS, BEST_EPOCH, HYPERPARAMETERS, STORED_PARAMS, STORED_PARAMS_PCT, metric_task
+from peftune.base.record_names import (
+    BACKBONE_PARAMS,
+    BEST_EPOCH,
+    HYPERPARAMETERS,
+    STORED_PARAMS,
+    STORED_PARAMS_PCT,
+    metric_task,
+)
+from peftune.record import legacy
 
 REFERENCE_LABEL = "AdaptBert Table 3: bert-base, published figures (another backbone)"
 PCT = pareto.COST_PCT
@@ -33,8 +40,8 @@ FRONTIER_MARKS = {"equivalent": "=", "inconclusive": "?", "worse": "?"}
 
 
 def method_color(method: str) -> str:
-    """The registry's colour of a method; one it does not know, a stable colour (``peftune.legacy.method_color``)."""
-    from peftune.legacy import method_color  # deferred: the methods import torch
+    """The registry's colour of a method; one it does not know, a stable colour (``peftune.record.legacy.method_color``)."""
+    from peftune.record.legacy import method_color  # deferred: the methods import torch
 
     return method_color(method)
 
@@ -42,8 +49,8 @@ def method_color(method: str) -> str:
 def task_name(task: str, unknown: str | None = None) -> str:
     """A task as the report names it (its spec's ``display_name``: ``SST``, ``Quora``); one the registry does not
     know as ``unknown`` (default: its name)."""
-    from peftune.errors import UnknownNameError
-    from peftune.tasks import get_task
+    from peftune.base.errors import UnknownNameError
+    from peftune.inputs.tasks import get_task
 
     try:
         return get_task(task).display_name
@@ -63,7 +70,7 @@ def metric_label(objective: str, tasks: Sequence[str] = (), split: str = "dev") 
 
 
 def _short_metric(task: str) -> str:
-    from peftune.tasks import get_task
+    from peftune.inputs.tasks import get_task
 
     try:
         metric = get_task(task).metric
@@ -156,7 +163,7 @@ def score_vs_params(
 ) -> FigureSpec:
     """The plot of ``objective`` versus trainable parameters per task (see the module docstring), described once;
     ``task_metrics``: the metrics a hover box lists besides the score; ``record_version``: the sweep's record's
-    (the split its trials were judged on: ``peftune.legacy.trials_split``)."""
+    (the split its trials were judged on: ``peftune.record.legacy.trials_split``)."""
     eligible, stopped, front = _plot_frame(trials, objective)
     ref = reference_points(reference, objective, tasks)
     floor = zero_floor(trials[PCT], ref[PCT] if ref is not None else None)

@@ -1,7 +1,7 @@
 """The report of a sweep published: its files written into a directory, logged to the sweep's parent run.
 
 ``peftune report --sweep NAME`` calls :func:`report_sweep`; a sweep job can call :func:`on_sweep_finished` at its
-end (``peftune.sweep.run_sweep(..., on_finished=...)``). What the report says is :mod:`analysis.report`, how it
+end (``peftune.sweep.orchestrator.run_sweep(..., on_finished=...)``). What the report says is :mod:`analysis.report`, how it
 reads :mod:`analysis.render`; here: the files (written beside the directory, then moved into place), the PNG
 plots, the artifacts, metrics and description of the parent run. The directory (default ``reports/<sweep>/``) is
 also logged under ``report/`` in the sweep's parent run; its files, one by one: docs/report.md.
@@ -24,15 +24,16 @@ from analysis import confirmed, pareto, plots, views
 from analysis.render import answer_notes, display_table, html_report, markdown_report, plot_context, to_markdown
 from analysis.report import Report, build_report
 from analysis.runs import SweepRuns, read_sweep_record
-from peftune import decisions, record_writer
-from peftune.errors import UserError
-from peftune.record import (
+from peftune.base.errors import UserError
+from peftune.base.record_names import (
     BACKBONE_PARAMS,
     COMPLETED,
     REPORTS_DIR,
     metric_task,
 )
-from peftune.ui_links import artifact_route, compare_address, compare_route
+from peftune.record import writer
+from peftune.record.ui_links import artifact_route, compare_address, compare_route
+from peftune.stats import decisions
 
 log = logging.getLogger("analysis.report")  # the report's log lines, under the name they have always had
 
@@ -67,7 +68,7 @@ def report_sweep(
 
 
 def on_sweep_finished(result) -> Report | None:
-    """Hook for ``peftune.sweep.run_sweep(..., on_finished=on_sweep_finished)``: the report at the end of a job.
+    """Hook for ``peftune.sweep.orchestrator.run_sweep(..., on_finished=on_sweep_finished)``: the report at the end of a job.
 
     A report that fails must not turn a finished sweep into a failed job: the error is logged with
     the command that retries it.
@@ -221,7 +222,7 @@ def log_report(report: Report) -> None:
     click: ``sweep_frontier_size`` and ``sweep_hypervolume`` (all methods, the combined score).
     """
     sweep = report.sweep
-    record_writer.log_report_files(sweep.tracking_uri, sweep.parent_run_id, report.directory, ARTIFACT_PATH,
+    writer.log_report_files(sweep.tracking_uri, sweep.parent_run_id, report.directory, ARTIFACT_PATH,
                                    note=description(report), metrics=headline_frontier(report))  # fmt: skip
 
 

@@ -18,8 +18,9 @@ import pandas as pd
 from analysis import confirmed, pareto, plots, views
 from analysis.report import Report
 from analysis.runs import COUNT_COLUMNS, SweepRuns
-from peftune import decisions, legacy
-from peftune.record import BEST_EPOCH, CODE_VERSION, COMPLETED, HYPERPARAMETERS, metric_task
+from peftune.base.record_names import BEST_EPOCH, CODE_VERSION, COMPLETED, HYPERPARAMETERS, metric_task
+from peftune.record import legacy
+from peftune.stats import decisions
 
 # ----------------------------------------------------------------------------- the display form of the tables
 
@@ -276,7 +277,7 @@ def answer_notes(report: Report) -> dict[str, str]:
             f"`decisions.csv` has every pair's own simultaneous interval with the level used (it picks nothing); "
             f"`seeds.csv` the seeds each configuration got and why it stopped. The claim rates are simulated at "
             f"this sweep's own sizes below, and by `peftune decide --simulate`. Definitions: "
-            f"platform/peftune/decisions.py, docs/decisions.md."
+            f"platform/peftune/stats/decisions.py, docs/decisions.md."
         ),
         "own_rates": (
             f"The decision procedure replayed on {confirmed.OWN_SIMULATIONS} simulated records per row, drawn "

@@ -24,10 +24,10 @@ import pandas as pd
 
 from analysis import confirmed, pareto, plots, slots, views
 from analysis.runs import SweepRuns, load_predictions
-from peftune import legacy
-from peftune.decisions import Plan
-from peftune.record import BEST_EPOCH, DECISION, STORED_PARAMS_PCT, metric_task
-from peftune.tasks import get_task
+from peftune.base.record_names import BEST_EPOCH, DECISION, STORED_PARAMS_PCT, metric_task
+from peftune.inputs.tasks import get_task
+from peftune.record import legacy
+from peftune.stats.decisions import Plan
 
 REFERENCE_FILE = "adaptbert_table3.csv"
 
@@ -162,7 +162,7 @@ def decide(sweep: SweepRuns, configs: pd.DataFrame) -> confirmed.Decided:
 
 def plan_of(params: dict, version: int = legacy.RECORD_VERSION, run_id: str = "") -> Plan:
     """The decision plan a sweep ran with, from its parent run's (``run_id``) params in a record of ``version``
-    (``peftune.legacy.plan_params``: an old record's defaults where one is missing), as ``Plan.from_params``, the
+    (``peftune.record.legacy.plan_params``: an old record's defaults where one is missing), as ``Plan.from_params``, the
     sweep's own builder, makes it."""
     seeds, max_seeds, margin = legacy.plan_params(params, version, run_id)
     return Plan(seeds=seeds, max_seeds=max_seeds, margin=margin)

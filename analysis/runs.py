@@ -1,6 +1,6 @@
 """A sweep's MLflow record -> one pandas DataFrame, one row per trial.
 
-The record is the contract written by ``peftune.record_writer`` (its schema: docs/design.md, "The MLflow record").
+The record is the contract written by ``peftune.record.writer`` (its schema: docs/design.md, "The MLflow record").
 This module only reads it, from any tracking URI (a SQLite file, a directory, an ``http://`` server), and never
 imports Ray. Every trial is kept, marked with one of :data:`STATUSES`: the analysis decides which statuses enter
 a frontier (completed only, by default: :mod:`analysis.pareto`). The columns of :attr:`SweepRuns.trials`
@@ -20,10 +20,8 @@ from typing import Any
 
 import pandas as pd
 
-from peftune import legacy, record_reader
-from peftune.epoch_kept import best_epoch
-from peftune.errors import UserError
-from peftune.record import (  # the record's names, shared with the writer (no Ray import)
+from peftune.base.errors import UserError
+from peftune.base.record_names import (  # the record's names, shared with the writer (no Ray import)
     BACKBONE,
     BEST_EPOCH,
     BEST_SCORE,
@@ -54,7 +52,9 @@ from peftune.record import (  # the record's names, shared with the writer (no R
     keeps_predictions,
     split_metric,
 )
-from peftune.stores import resolve_tracking_uri
+from peftune.record import legacy, reader
+from peftune.record.epoch_kept import best_epoch
+from peftune.record.stores import resolve_tracking_uri
 
 log = logging.getLogger("analysis.runs")
 
@@ -79,10 +79,12 @@ class SweepRuns:
     tasks: list[str]
     parent_params: dict[str, Any]  # typed (see param_from_mlflow): num_samples, epochs, max_train_examples, ...
     parent_tags: dict[str, str]
-    record_version: int  # the parent run's record version (peftune.legacy.record_version): what old paths it takes
+    record_version: (
+        int  # the parent run's record version (peftune.record.legacy.record_version): what old paths it takes
+    )
     trials: pd.DataFrame
     task_metrics: list[str] = field(default_factory=list)  # ["sst_accuracy", "para_accuracy", "sts_pearson"]
-    confirmations: pd.DataFrame | None = None  # confirmation runs (peftune.confirm), the columns of ``trials``
+    confirmations: pd.DataFrame | None = None  # confirmation runs (peftune.sweep.confirm), the columns of ``trials``
     parent_metrics: dict[str, float] = field(default_factory=dict)  # budget_trials.<method>, dev_examples.<task>...
 
     def status_counts(self) -> dict[str, int]:
@@ -106,13 +108,13 @@ def read_sweep_record(name: str, tracking_uri: str | None = None, *, client=None
     Raises ``ValueError`` naming the store and what it does hold when the sweep is not there.
     """
     uri = resolve_tracking_uri(tracking_uri)
-    with record_reader.store_errors(uri):
+    with reader.store_errors(uri):
         return _read_sweep_record(name, uri, client)
 
 
 def _read_sweep_record(name: str, uri: str, client) -> SweepRuns:
-    client = client or record_reader.client(uri)
-    experiment_id, parent, children = record_reader.read_sweep(client, uri, name)
+    client = client or reader.client(uri)
+    experiment_id, parent, children = reader.read_sweep(client, uri, name)
     version = legacy.record_version(parent.data.tags, parent.info.run_id)
     params = {k: param_from_mlflow(v) for k, v in parent.data.params.items()}
     tasks = legacy.recorded_tasks(parent, children, version)
@@ -144,12 +146,12 @@ def _read_sweep_record(name: str, uri: str, client) -> SweepRuns:
 def declare_recorded_tasks(client, run_id: str, tasks: Sequence[str]) -> None:
     """Declare in this process the tasks a sweep ran that are not shipped ones, from its parent run's
     ``tasks.json`` (their declarations, labels resolved): a report of a user's task needs its file nowhere."""
-    from peftune.tasks import TaskSpec, declare, task_names
+    from peftune.inputs.tasks import TaskSpec, declare, task_names
 
     unknown = [task for task in tasks if task not in task_names()]
     if not unknown:
         return
-    text = record_reader.artifact_text(client, run_id, TASKS_ARTIFACT)
+    text = reader.artifact_text(client, run_id, TASKS_ARTIFACT)
     if text is None:
         raise UserError(
             f"task(s) {', '.join(unknown)} of this sweep are not shipped ones and its parent run {run_id} has "
@@ -163,20 +165,20 @@ def declare_recorded_tasks(client, run_id: str, tasks: Sequence[str]) -> None:
 def load_predictions(sweep: SweepRuns, *, client=None, splits: Sequence[str] = (DECISION, DEV)) -> pd.DataFrame:
     """The per-example predictions of the sweep's completed confirmation runs on ``splits``, one frame: the
     columns of ``PREDICTION_COLUMNS`` plus ``config_key``, ``run_id`` and ``split``. A run without them where the
-    sweep keeps them: ``peftune.legacy.missing_predictions`` (an old record's is left out of that split)."""
+    sweep keeps them: ``peftune.record.legacy.missing_predictions`` (an old record's is left out of that split)."""
     runs = sweep.confirmations
     columns = [*PREDICTION_COLUMNS, "config_key", "run_id", "split"]
     if runs is None or not len(runs):
         return pd.DataFrame(columns=columns)
-    client = client or record_reader.client(sweep.tracking_uri)
+    client = client or reader.client(sweep.tracking_uri)
     frames = []
     with (
-        record_reader.store_errors(sweep.tracking_uri),
+        reader.store_errors(sweep.tracking_uri),
         tempfile.TemporaryDirectory(prefix="peftune-predictions-") as tmp,
     ):
         for run in runs[runs["status"] == COMPLETED].itertuples():
             for split in splits:
-                frame = record_reader.run_predictions(client, sweep.tracking_uri, run.run_id, split, tmp)
+                frame = reader.run_predictions(client, sweep.tracking_uri, run.run_id, split, tmp)
                 if frame is not None:
                     frames.append(frame.assign(config_key=run.config_key, run_id=run.run_id, split=split))
                 else:
@@ -203,7 +205,7 @@ def _histories(client, run, metrics: Sequence[str]) -> dict[str, dict[int, float
         return _HISTORIES[key]
     names = [SCORE] if closed else [SCORE, *metrics]
     histories = {
-        name: record_reader.metric_history(client, run.info.run_id, name) for name in names if name in run.data.metrics
+        name: reader.metric_history(client, run.info.run_id, name) for name in names if name in run.data.metrics
     }
     if final:
         _HISTORIES[key] = histories
@@ -212,7 +214,7 @@ def _histories(client, run, metrics: Sequence[str]) -> dict[str, dict[int, float
 
 def task_metric_names(tasks: Iterable[str]) -> list[str]:
     """``["sst", "sts"]`` -> ``["sst_accuracy", "sts_pearson"]`` (the metric of each registered task)."""
-    from peftune.tasks import get_task
+    from peftune.inputs.tasks import get_task
 
     names = []
     for task in tasks:
@@ -268,7 +270,7 @@ def trial_row(run, task_metrics: Sequence[str], history: dict[str, dict[int, flo
         "default": tags.get(DEFAULT) == "true",
         "config_key": legacy.run_config_key(run, version),
         "seed_reason": tags.get(SEED_REASON, ""),
-        "carried_from": tags.get(CARRIED_FROM, ""),  # a carried search trial (peftune.carry)
+        "carried_from": tags.get(CARRIED_FROM, ""),  # a carried search trial (peftune.sweep.carry)
         "data.max_train_examples": run.data.params.get("data.max_train_examples"),  # the train rows it trained on
     }
     if BEST_SCORE in metrics:
@@ -302,7 +304,7 @@ def trial_row(run, task_metrics: Sequence[str], history: dict[str, dict[int, flo
 
 def _latest(metrics: dict[str, float], key: str) -> float:
     """A cumulative figure's last value: a trial stopped at a rung within an epoch last logged it as
-    ``fidelity_<key>`` (see ``peftune.record_writer``), later than its last epoch's ``<key>``."""
+    ``fidelity_<key>`` (see ``peftune.record.writer``), later than its last epoch's ``<key>``."""
     values = [metrics[name] for name in (key, f"fidelity_{key}") if name in metrics]
     return max(values) if values else math.nan
 
@@ -310,12 +312,12 @@ def _latest(metrics: dict[str, float], key: str) -> float:
 def split_numbers(
     metrics: dict[str, float], row: dict[str, Any], task_metrics: Sequence[str], version: int, run_id: str
 ) -> dict[str, Any]:
-    """Which split a run's ``score`` and task metrics come from, and what they are (see ``peftune.record``).
+    """Which split a run's ``score`` and task metrics come from, and what they are (see ``peftune.base.record_names``).
 
     A confirmation run that evaluated dev reports dev's numbers, at the epoch the selection split chose
     (its ``best_dev_*``), and keeps its selection score as ``selection_score`` (none when a one-epoch run
     had no epoch to choose and did not evaluate selection). A search trial's numbers are the selection
-    split's. Numbers of no named split: ``peftune.legacy.dev_judged`` (a record of ``version``).
+    split's. Numbers of no named split: ``peftune.record.legacy.dev_judged`` (a record of ``version``).
     """
     selection_score = split_metric(SELECTION, SCORE)
     if best_metric(split_metric(DEV, SCORE)) in metrics:

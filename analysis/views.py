@@ -25,7 +25,7 @@ from optuna.importance import PedAnovaImportanceEvaluator
 
 from analysis import pareto
 from analysis.plots import method_color, task_name, zero_floor
-from peftune.record import COMPLETED, EARLY_STOPPED, HYPERPARAMETERS, metric_task
+from peftune.base.record_names import COMPLETED, EARLY_STOPPED, HYPERPARAMETERS, metric_task
 
 log = logging.getLogger("analysis.views")
 

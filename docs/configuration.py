@@ -4,8 +4,8 @@
     python docs/configuration.py --check    # exit 1 when it is out of date (tests/test_docs.py does the same)
 
 Types, bounds, defaults, the required keys and each key's meaning (its field's docstring, the schema's description)
-come from the JSON Schema of ``peftune.spaces.SweepFile`` (what ``peftune schema`` prints); the keys of ``train:``
-from that of ``peftune.train.TrainConfig``. A key without a description stops the generator. Imports torch and
+come from the JSON Schema of ``peftune.sweep.spaces.SweepFile`` (what ``peftune schema`` prints); the keys of ``train:``
+from that of ``peftune.core.train.TrainConfig``. A key without a description stops the generator. Imports torch and
 pydantic, not Ray.
 """
 
@@ -45,7 +45,7 @@ required) and a `default:` block (its published setting and `source`: the method
 def schema() -> dict:
     from pydantic import TypeAdapter
 
-    from peftune import spaces
+    from peftune.sweep import spaces
 
     return TypeAdapter(spaces.SweepFile).json_schema()
 
@@ -105,11 +105,11 @@ def table(properties: dict, required: list[str], defs: dict, where: str) -> list
 
 
 def train_properties() -> dict:
-    """``train:``: the TrainConfig fields a sweep sets there (as ``peftune.spaces`` takes them), as schema rows."""
+    """``train:``: the TrainConfig fields a sweep sets there (as ``peftune.sweep.spaces`` takes them), as schema rows."""
     from pydantic import TypeAdapter
 
-    from peftune import spaces
-    from peftune.train import TrainConfig
+    from peftune.core.train import TrainConfig
+    from peftune.sweep import spaces
 
     properties = TypeAdapter(TrainConfig).json_schema()["properties"]
     fields = dataclasses.fields(TrainConfig)
@@ -142,7 +142,7 @@ def render() -> str:
         "",
         "## `train`",
         "",
-        "Settings every trial of the sweep trains with (`peftune.train.TrainConfig`'s own checks apply). The "
+        "Settings every trial of the sweep trains with (`peftune.core.train.TrainConfig`'s own checks apply). The "
         "searched ones (`lr`, `dropout`, `weight_decay`), the budget's (`epochs`, `batch_size`) and the top "
         "level's (`seed`) are refused here.",
         "",
@@ -153,10 +153,10 @@ def render() -> str:
 
 
 def task_file_section() -> list[str]:
-    """A task file's keys (``peftune.tasks.TaskFile``, what ``peftune schema --task`` prints), and its ``split``."""
+    """A task file's keys (``peftune.inputs.tasks.TaskFile``, what ``peftune schema --task`` prints), and its ``split``."""
     from pydantic import TypeAdapter
 
-    from peftune import tasks
+    from peftune.inputs import tasks
 
     full = TypeAdapter(tasks.TaskFile).json_schema()
     defs = full.get("$defs", {})

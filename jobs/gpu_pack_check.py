@@ -26,8 +26,8 @@ ROOT = Path(__file__).resolve().parents[1]
 if (ROOT / "platform" / "peftune").is_dir():  # the source tree this job came with (see jobs/sst_tuning.py)
     sys.path[:0] = [str(ROOT / "platform"), str(ROOT)]
 
-from peftune import cli  # noqa: E402
-from peftune.backbone import DEFAULT_MODEL  # noqa: E402
+from peftune.cli import commands  # noqa: E402
+from peftune.inputs.backbone import DEFAULT_MODEL  # noqa: E402
 
 
 def main() -> int:
@@ -41,8 +41,8 @@ def main() -> int:
     args = parser.parse_args()
     common = ["bench", "--device", args.device, "--data-dir", args.data_dir, "--model", args.model,
               "--examples", args.examples, "--repeats", args.repeats]  # fmt: skip
-    packed = cli.main([*common, "--pack", args.pack])
-    return max(packed or 0, cli.main(common) or 0)
+    packed = commands.main([*common, "--pack", args.pack])
+    return max(packed or 0, commands.main(common) or 0)
 
 
 if __name__ == "__main__":

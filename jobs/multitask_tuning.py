@@ -6,7 +6,7 @@ Run it as ``jobs/sst_tuning.py`` is run (its docstring gives the cluster and loc
     python jobs/multitask_tuning.py --data-dir ../shared/data --budget cpu    # sized for 2 CPU cores
 
 The score is the mean of the three tasks' dev metrics. It is ``jobs/tuning.py`` on its own definition
-(``--definition`` and ``--tasks`` replace it); all logic lives in the library (``peftune.sweep``).
+(``--definition`` and ``--tasks`` replace it); all logic lives in the library (``peftune.sweep.orchestrator``).
 """
 
 import sys

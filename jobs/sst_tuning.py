@@ -16,7 +16,7 @@ On a Ray cluster, from the repository root (token authentication on, dashboard a
 
 Running it again resumes the sweep; it ends by printing the MLflow parent run id, the MLflow UI
 address and where the report goes. It is ``jobs/tuning.py`` on its own definition (``--definition`` and
-``--tasks`` replace it); all logic lives in the library (``peftune.sweep``).
+``--tasks`` replace it); all logic lives in the library (``peftune.sweep.orchestrator``).
 Its run times on measured machines: docs/benchmarks.md.
 """
 

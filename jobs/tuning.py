@@ -12,7 +12,7 @@ A shipped definition on your own task (a task file; its data files beside it tra
 
 (absolute paths for what must outlive the job: a Ray job runs in a temporary copy of the working directory).
 ``jobs/sst_tuning.py`` and ``jobs/multitask_tuning.py`` are this job with their own definition. All logic lives in
-the library (``peftune.cli_sweep.job_main``, ``peftune.sweep``).
+the library (``peftune.cli.sweep_command.job_main``, ``peftune.sweep.orchestrator``).
 """
 
 import sys
@@ -24,12 +24,12 @@ ROOT = Path(__file__).resolve().parents[1]
 if (ROOT / "platform" / "peftune").is_dir():
     sys.path[:0] = [str(ROOT / "platform"), str(ROOT)]
 
-from peftune import cli  # noqa: E402
+from peftune.cli import commands  # noqa: E402
 
 
 def run(definition: str, description: str) -> int:
     """The job on ``definition`` (its default; ``--definition`` replaces it; "": ``--definition`` is required)."""
-    return cli.job_main(definition, description)
+    return commands.job_main(definition, description)
 
 
 if __name__ == "__main__":

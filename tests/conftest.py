@@ -12,7 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # tests never reach for the hub
 if "PYTEST_XDIST_WORKER_COUNT" in os.environ:  # `-n N`: the cores shared among the N workers, not N times each
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ["PYTEST_XDIST_WORKER_COUNT"])))
 
-from peftune.backbone import BertConfig, BertModel  # noqa: E402
+from peftune.inputs.backbone import BertConfig, BertModel  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = Path(os.environ.get("PEFTUNE_DATA_DIR", REPO.parent / "shared" / "data"))
@@ -51,7 +51,7 @@ def sweep_command(definition: Path, data_dir: Path, uri: str, work: Path, *extra
     """``peftune sweep`` in a subprocess, its Ray state and reports under ``work`` (a trial may fail: allowed)."""
     import sys
 
-    return [sys.executable, "-m", "peftune.cli", "sweep", str(definition), "--data-dir", str(data_dir),
+    return [sys.executable, "-m", "peftune.cli.commands", "sweep", str(definition), "--data-dir", str(data_dir),
             "--tracking-uri", uri, "--storage-path", str(work / "ray_results"), "--reports-dir", str(work / "reports"),
             "--allow-failures", *extra]  # fmt: skip
 
@@ -93,7 +93,7 @@ NEGATIVE = ["a dull , boring mess", "awful and tedious", "the worst plot ever", 
 @pytest.fixture(scope="session")
 def tokenizer():
     """The default model's own tokenizer (offline)."""
-    from peftune.backbone import DEFAULT_MODEL, load_tokenizer, resolve_model_dir
+    from peftune.inputs.backbone import DEFAULT_MODEL, load_tokenizer, resolve_model_dir
 
     return load_tokenizer(resolve_model_dir(DEFAULT_MODEL))
 
@@ -101,7 +101,7 @@ def tokenizer():
 @pytest.fixture
 def clean_data():
     """No tokenized split, read file or task declared by another test before or after this one."""
-    from peftune import data, tasks
+    from peftune.inputs import data, tasks
 
     data.clear_cache()
     yield
@@ -138,10 +138,10 @@ def tiny_data_dir(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def tiny_prepared(tiny_data_dir):
     """PreparedData on the toy files with the real tokenizer and a tiny random BERT (fast to train)."""
-    from peftune.backbone import DEFAULT_MODEL, load_tokenizer, resolve_model_dir
-    from peftune.data import DataSettings, load_tasks
-    from peftune.tasks import parse_tasks
-    from peftune.train import PreparedData, PretrainedBackbone
+    from peftune.core.train import PreparedData, PretrainedBackbone
+    from peftune.inputs.backbone import DEFAULT_MODEL, load_tokenizer, resolve_model_dir
+    from peftune.inputs.data import DataSettings, load_tasks
+    from peftune.inputs.tasks import parse_tasks
 
     tokenizer = load_tokenizer(resolve_model_dir(DEFAULT_MODEL))
     config = BertConfig(
@@ -219,7 +219,7 @@ def assert_peft_loads_the_export(model, hf, directory, export: bool = True) -> o
     import torch
     from safetensors.torch import load_file
 
-    from peftune.checkpoint import export_peft
+    from peftune.core.checkpoint import export_peft
 
     if export:
         export_peft(model, directory)

@@ -1,4 +1,4 @@
-"""Write a sweep's MLflow record by hand, exactly as ``peftune.record_writer`` writes it (the analysis' contract).
+"""Write a sweep's MLflow record by hand, exactly as ``peftune.record.writer`` writes it (the analysis' contract).
 
 Used by the report and evaluate tests: a real MLflow store (SQLite in tmp_path), no mocks, and no
 Ray run needed to get a parent run with completed, early-stopped and failed child runs.
@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from peftune.record import COUNT_METRICS as COUNT_KEYS
+from peftune.base.record_names import COUNT_METRICS as COUNT_KEYS
 
 
 @dataclass
@@ -37,7 +37,7 @@ class TrialSpec:
 
     def config_key(self) -> str:
         """The key the searcher tags a trial with: its method and sampled hyperparameters (not the seed)."""
-        from peftune.record import config_key
+        from peftune.base.record_names import config_key
 
         sampled = {"lr": self.lr, "dropout": self.dropout, "weight_decay": self.weight_decay, **self.options}
         return config_key(self.method, sampled)
@@ -184,10 +184,10 @@ def record_sweep(
 
 def log_predictions(client, run_id: str, predictions: dict, seed: int, scratch: Path) -> None:
     """The ``predictions/decision.csv.gz`` and ``predictions/dev.csv.gz`` artifacts (the same synthetic
-    predictions on both), in the writer's format (``peftune.record.predictions_csv``)."""
+    predictions on both), in the writer's format (``peftune.base.record_names.predictions_csv``)."""
     import gzip
 
-    from peftune.record import DECISION, DEV, predictions_artifact, predictions_csv
+    from peftune.base.record_names import DECISION, DEV, predictions_artifact, predictions_csv
 
     values = {task: list(p) for task, (_, p, _) in predictions.items()}
     examples = {task: (list(ids), list(labels)) for task, (ids, _, labels) in predictions.items()}

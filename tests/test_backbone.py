@@ -7,7 +7,7 @@ import torch
 import transformers
 
 from conftest import TINY, tiny_backbone
-from peftune.backbone import DEFAULT_MODEL, BertConfig, load_pretrained, load_tokenizer, resolve_model_dir
+from peftune.inputs.backbone import DEFAULT_MODEL, BertConfig, load_pretrained, load_tokenizer, resolve_model_dir
 
 
 def hf_twin(model):

@@ -24,8 +24,14 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from conftest import assert_peft_loads_the_export
-from peftune import cli, methods, pack, train
-from peftune.backbone import (
+from peftune import methods
+from peftune.base.errors import UserError
+from peftune.cli import commands
+from peftune.core import pack, train
+from peftune.core.checkpoint import CheckpointError, export_peft, load_checkpoint, read_meta, save_checkpoint
+from peftune.core.model import MultitaskModel
+from peftune.core.params import count_parameters
+from peftune.inputs.backbone import (
     FAMILIES,
     BertConfig,
     BertModel,
@@ -35,13 +41,9 @@ from peftune.backbone import (
     load_tokenizer,
     read_config,
 )
-from peftune.checkpoint import CheckpointError, export_peft, load_checkpoint, read_meta, save_checkpoint
-from peftune.data import DataSettings
-from peftune.errors import UserError
+from peftune.inputs.data import DataSettings
+from peftune.inputs.tasks import parse_tasks
 from peftune.methods.adapter import layernorm_parameter_count
-from peftune.model import MultitaskModel
-from peftune.params import count_parameters
-from peftune.tasks import parse_tasks
 
 SENTENCES = ["a short one", "a somewhat longer sentence to force padding here", "the cat sat on the mat"]
 PAIRS = (["a short one", "a somewhat longer sentence to force padding here"], ["b", "the cat"])
@@ -315,7 +317,7 @@ def test_prompt_vectors_start_as_tokens_the_electra_encoder_sees(checkpoints):
 
 @pytest.mark.parametrize("name", CHECKPOINTS)
 def test_methods_command_counts_each_family_as_a_direct_count(checkpoints, name, capsys):
-    assert cli.main(["methods", "--model", checkpoints[name], "--tasks", "sst,para"]) == 0
+    assert commands.main(["methods", "--model", checkpoints[name], "--tasks", "sst,para"]) == 0
     lines = {line.split()[0]: line.split() for line in capsys.readouterr().out.splitlines()[2:]}
     assert set(lines) == set(ALL_METHODS)
     for method in ALL_METHODS:

@@ -10,8 +10,10 @@ from pathlib import Path
 
 import pytest
 
-from peftune import methods, spaces, train
-from peftune.spaces import SpaceError
+from peftune import methods
+from peftune.core import train
+from peftune.sweep import spaces
+from peftune.sweep.spaces import SpaceError
 
 LORA = """\
 method: lora
@@ -216,8 +218,8 @@ def test_counts_have_an_upper_bound_named_in_the_message(sweep_dir, old, new, ke
 def test_a_search_space_the_backbone_cannot_hold_is_refused_before_ray(sweep_dir):
     """Issue 34 item 2: top_k's k up to 12 on the 6-layer default model is refused naming the space file and key,
     before Ray starts (``peftune train --k 7`` was refused; the sweep's space reached the trials)."""
-    from peftune import cli_sweep
-    from peftune.errors import UserError
+    from peftune.base.errors import UserError
+    from peftune.cli import sweep_command
 
     write(sweep_dir / "methods" / "top_k.yaml", """\
         method: top_k
@@ -229,9 +231,9 @@ def test_a_search_space_the_backbone_cannot_hold_is_refused_before_ray(sweep_dir
         """)  # fmt: skip
     definition = spaces.load_sweep(write(sweep_dir / "tiny.yaml", SWEEP.replace("[lora]", "[top_k]")))
     with pytest.raises(UserError, match=r"top_k\.yaml: options\.k: 12 does not fit the model .*6 layers"):
-        cli_sweep.check_spaces_against_model(definition)
+        sweep_command.check_spaces_against_model(definition)
     write(sweep_dir / "methods" / "top_k.yaml", (sweep_dir / "methods" / "top_k.yaml").read_text().replace("12", "6"))
-    cli_sweep.check_spaces_against_model(spaces.load_sweep(sweep_dir / "tiny.yaml"))  # 6 layers: fits
+    sweep_command.check_spaces_against_model(spaces.load_sweep(sweep_dir / "tiny.yaml"))  # 6 layers: fits
 
 
 # ----------------------------------------------------------------------------- issue 47: the last rough edges
@@ -303,8 +305,8 @@ def test_plain_yaml_numbers_still_read_as_numbers(sweep_dir):
 
 
 def test_a_nul_byte_in_a_data_path_is_a_data_error():
-    from peftune import data
-    from peftune.tasks import get_task
+    from peftune.inputs import data
+    from peftune.inputs.tasks import get_task
 
     for read in (lambda: data.read_task_file("data/a\0b.csv", get_task("sst")), lambda: data.file_sha256("a\0b")):
         with pytest.raises(data.DataError, match="a NUL byte"):
@@ -315,7 +317,7 @@ def test_a_nul_byte_in_a_data_path_is_a_data_error():
                                  "decision_examples", "max_length"])  # fmt: skip
 def test_a_bool_is_not_a_count(key):
     """``max_train_examples=True`` was taken as 1."""
-    from peftune.trial_spec import DataSettings
+    from peftune.core.trial_spec import DataSettings
 
     extra = {"selection_examples": 8} if key == "decision_examples" else {}
     with pytest.raises(ValueError, match=f"DataSettings.{key}: expected an integer, got True"):
@@ -323,8 +325,8 @@ def test_a_bool_is_not_a_count(key):
 
 
 def test_load_tasks_refuses_a_bool_for_a_count(tiny_data_dir):
-    from peftune import data
-    from peftune.backbone import DEFAULT_MODEL, load_tokenizer, resolve_model_dir
+    from peftune.inputs import data
+    from peftune.inputs.backbone import DEFAULT_MODEL, load_tokenizer, resolve_model_dir
 
     tokenizer = load_tokenizer(resolve_model_dir(DEFAULT_MODEL))
     with pytest.raises(ValueError, match="DataSettings.max_train_examples: expected an integer, got True"):

@@ -1,7 +1,7 @@
 """Bad input, kind by kind: each is refused before any work starts, in one stderr line naming the file, flag or
 key and what was expected, with exit status 2 and nothing written.
 
-Every test runs the real command line in-process (``peftune.cli.main``). Where the work a refusal must come
+Every test runs the real command line in-process (``peftune.cli.commands.main``). Where the work a refusal must come
 before is slow (reading the data, training, starting Ray, loading a benchmark), that work is replaced by a
 function that fails the test if it is ever called.
 """
@@ -16,14 +16,14 @@ import pytest
 import torch
 
 from conftest import REPO
-from peftune import cli
-from peftune.backbone import DEFAULT_MODEL, resolve_model_dir
+from peftune.cli import commands
+from peftune.inputs.backbone import DEFAULT_MODEL, resolve_model_dir
 
 
 def run(capsys, *argv) -> tuple[int, list[str]]:
     """(exit status, stderr's non-empty lines) of ``peftune <argv>``."""
     try:
-        code = cli.main([str(arg) for arg in argv])
+        code = commands.main([str(arg) for arg in argv])
     except SystemExit as exit_:  # argparse's own errors
         code = exit_.code
     err = capsys.readouterr().err
@@ -50,7 +50,7 @@ def must_not_run(what: str):
 @pytest.fixture
 def no_training(monkeypatch):
     """Training (and, by default, reading the data) fails the test."""
-    from peftune import train
+    from peftune.core import train
 
     monkeypatch.setattr(train, "run_trial", must_not_run("training"))
     monkeypatch.setattr(train, "prepare", must_not_run("reading the data"))
@@ -76,7 +76,7 @@ def test_kind1_model_without_its_tokenizer_is_refused_before_training(
     os.symlink(packaged / "model.safetensors", model / "model.safetensors")  # 90 MB: linked, not copied
     if tokenizer == "another vocabulary":  # 6 tokens for a model of 30,522: every word would be [UNK]
         (model / "vocab.txt").write_text("[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\n")
-    from peftune import train
+    from peftune.core import train
 
     monkeypatch.setattr(train, "run_trial", must_not_run("training"))
     if tokenizer == "none":  # refused before even the weights and the data are read
@@ -107,7 +107,7 @@ def test_kind2_option_that_a_flag_sets_is_refused(capsys, tmp_path, tiny_data_di
 
 @pytest.mark.parametrize("where, line", [("sentence", 3), ("header", 1)])
 def test_kind3_nul_in_a_sentence_or_header_is_refused(capsys, tmp_path, tiny_data_dir, monkeypatch, where, line):
-    from peftune import train
+    from peftune.core import train
 
     monkeypatch.setattr(train, "run_trial", must_not_run("training"))
     data = tmp_path / "data"
@@ -199,9 +199,9 @@ def test_kind5_method_sizes_beyond_the_backbone_are_refused_up_front(
 def test_kind6_sqlite_uri_naming_a_non_sqlite_file_is_refused_untouched(
     capsys, tmp_path, tiny_data_dir, monkeypatch, command, content
 ):
-    from peftune import sweep
+    from peftune.sweep import orchestrator
 
-    monkeypatch.setattr(sweep, "run_sweep", must_not_run("the sweep"))
+    monkeypatch.setattr(orchestrator, "run_sweep", must_not_run("the sweep"))
     monkeypatch.chdir(tmp_path)  # nothing a failed command might write lands in the repository
     notes = tmp_path / "notes.txt"
     notes.write_bytes(content)
@@ -298,9 +298,10 @@ budgets:
 def test_kind8_sweep_yaml_values_are_typed_and_bounded(
     capsys, tmp_path, tiny_data_dir, monkeypatch, file, old, new, key, expected
 ):
-    from peftune import stores, sweep
+    from peftune.record import stores
+    from peftune.sweep import orchestrator
 
-    monkeypatch.setattr(sweep, "run_sweep", must_not_run("the sweep (Ray)"))
+    monkeypatch.setattr(orchestrator, "run_sweep", must_not_run("the sweep (Ray)"))
     monkeypatch.setattr(stores, "check_tracking_uri", must_not_run("the store check, after the definition's"))
     monkeypatch.chdir(tmp_path)
     (tmp_path / "methods").mkdir()

@@ -5,8 +5,8 @@ import dataclasses
 import pytest
 import torch
 
+from peftune.base.errors import UserError
 from peftune.benchmarks import throughput as bench
-from peftune.errors import UserError
 
 CPU = torch.device("cpu")
 
@@ -16,7 +16,7 @@ def tiny_model_dir(tmp_path_factory, tiny_prepared):
     """A tiny random BERT in HF format (safetensors + tokenizer), with the weights of ``tiny_prepared``."""
     import transformers
 
-    from peftune.backbone import DEFAULT_MODEL, load_tokenizer, resolve_model_dir
+    from peftune.inputs.backbone import DEFAULT_MODEL, load_tokenizer, resolve_model_dir
 
     directory = tmp_path_factory.mktemp("tiny-bert")
     config = tiny_prepared.backbone.config
@@ -75,7 +75,7 @@ def test_each_ratio_comes_with_its_range_over_the_rounds():
 
 
 def test_flops_and_peak_are_plausible():
-    from peftune.backbone import BertConfig
+    from peftune.inputs.backbone import BertConfig
 
     minilm = BertConfig(hidden_size=384, num_hidden_layers=6, num_attention_heads=12, intermediate_size=1536)
     full = bench.flops_per_token(minilm, 25.0, lora=False)

@@ -41,14 +41,14 @@ def test_the_driver_benchmark_prints_a_row_per_window_and_the_confirmation_reads
 
 def test_the_driver_measures_through_the_sweeps_public_seams():
     """The benchmark patches nothing of the package: it runs the sweep with ``SweepHooks`` and times the write
-    buffer through ``around_apply`` (issue 47: it swapped in its own ``sweep._runnable`` and ``_trial_logger``)."""
+    buffer through ``around_apply`` (issue 47: it swapped in its own ``orchestrator._runnable`` and ``_trial_logger``)."""
     from types import SimpleNamespace
 
-    from peftune import sweep, worker
     from peftune.benchmarks import driver
-    from peftune.tracking_buffer import WriteBuffer
+    from peftune.record.tracking_buffer import WriteBuffer
+    from peftune.sweep import orchestrator, worker
 
-    assert sweep.SweepHooks().trainable is worker.trainable and sweep.SweepHooks().on_trial_logger is None
+    assert orchestrator.SweepHooks().trainable is worker.trainable and orchestrator.SweepHooks().on_trial_logger is None
     buffer = WriteBuffer(SimpleNamespace(tracking_uri="sqlite:///unused.db"), None)
     applied = []
     buffer._apply = applied.append  # the store, stood in for by a list (this test's own buffer)

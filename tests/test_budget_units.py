@@ -14,9 +14,9 @@ import pytest
 import ray
 from ray.tune.search import Searcher
 
-from peftune import search, spaces, sweep
-from peftune.errors import UserError
-from peftune.train import TrainConfig, run_trial
+from peftune.base.errors import UserError
+from peftune.core.train import TrainConfig, run_trial
+from peftune.sweep import orchestrator, search, spaces
 from tiny_sweep import FROZEN_AND_TOP_K, write_definition
 
 SPACES_DIR = spaces.SEARCH_SPACES_DIR / "methods"
@@ -187,7 +187,9 @@ def test_a_real_sweep_in_tokens_gives_a_long_prompt_fewer_trials_for_the_same_to
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     ray.init(address="local", num_cpus=2, include_dashboard=False)
     try:
-        result = sweep.run_sweep(definition, tiny_data_dir, uri, storage_path=tmp_path / "ray", reports_dir=tmp_path)
+        result = orchestrator.run_sweep(
+            definition, tiny_data_dir, uri, storage_path=tmp_path / "ray", reports_dir=tmp_path
+        )
     finally:
         ray.shutdown()
     assert result.status == "completed"

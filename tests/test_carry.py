@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import mlflow
 
-from peftune import carry, legacy, spaces
+from peftune.record import legacy
+from peftune.sweep import carry, spaces
 from sweep_record import TrialSpec, counts, record_sweep
 
 PCT = {1: 0.06, 2: 0.12, 4: 0.24, 8: 0.49, 16: 0.97, 32: 1.95, 64: 3.9}  # lora's rank -> trainable % per task

@@ -6,9 +6,9 @@ import transformers
 
 from conftest import TINY, assert_peft_loads_the_export, tiny_backbone
 from peftune import methods
-from peftune.checkpoint import CheckpointError, export_peft
-from peftune.model import MultitaskModel
-from peftune.tasks import parse_tasks
+from peftune.core.checkpoint import CheckpointError, export_peft
+from peftune.core.model import MultitaskModel
+from peftune.inputs.tasks import parse_tasks
 
 
 @pytest.mark.parametrize("targets", [["query", "key", "value"], ["query", "value", "output.dense"]])

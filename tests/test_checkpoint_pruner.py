@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pyarrow.fs
 import pytest
 
-from peftune.resume import CheckpointPruner, checkpoint_exists, delete_checkpoint
+from peftune.sweep.resume import CheckpointPruner, checkpoint_exists, delete_checkpoint
 
 
 def _checkpoint(path):
@@ -82,7 +82,7 @@ def test_real_tune_saves_on_its_period_and_the_best_checkpoint_is_the_one_kept(t
     import ray
     from ray import tune
 
-    from peftune.resume import RunCallbacks, installed
+    from peftune.sweep.resume import RunCallbacks, installed
 
     scores = {0: [0.1, 0.4, 0.3, 0.4, 0.2, 0.35], 1: [0.5, 0.2, 0.6, 0.1, 0.6, 0.0]}
 

@@ -3,11 +3,12 @@
 import pytest
 
 from conftest import SHARED_DATA, write_task_file
-from peftune import cli, methods
+from peftune import methods
+from peftune.cli import commands
 
 
 def run(capsys, *argv):
-    code = cli.main(list(argv))
+    code = commands.main(list(argv))
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -79,8 +80,8 @@ def test_train_ia3_and_vera_export_to_peft(capsys, tiny_data_dir, tmp_path, meth
     import transformers
 
     from conftest import assert_peft_loads_the_export
-    from peftune.backbone import DEFAULT_MODEL, resolve_model_dir
-    from peftune.checkpoint import load_checkpoint
+    from peftune.core.checkpoint import load_checkpoint
+    from peftune.inputs.backbone import DEFAULT_MODEL, resolve_model_dir
 
     options = ["--rank", "8"] if method == "vera" else []
     code, out, _ = run(

@@ -1,6 +1,6 @@
 """Issue 9: every user error on the command line ends in one line on stderr and exit 2, never a traceback.
 
-Table-driven: each row is a command with one mistake, run in-process through ``peftune.cli.main``.
+Table-driven: each row is a command with one mistake, run in-process through ``peftune.cli.commands.main``.
 Every mistake is caught before any training, sweep or store work starts.
 """
 
@@ -13,7 +13,8 @@ import shutil
 import pytest
 import torch
 
-from peftune import cli, lease
+from peftune.cli import commands
+from peftune.sweep import lease
 
 CASES = {
     "lr inf": ["train", "--lr", "inf"],
@@ -160,7 +161,7 @@ def test_user_error_is_one_line_and_exit_2(name, places, capsys, tmp_path, monke
         argv += ["--data-dir", places["data"], "--epochs" if "--epochs" not in argv else "--seed", "1"]
         argv += ["--max-train-examples", "8", "--max-dev-examples", "8"]
     try:
-        code = cli.main(argv)
+        code = commands.main(argv)
     except SystemExit as exit_:  # argparse's own errors (wrong type, bad choice)
         code = exit_.code
     _, err = capsys.readouterr()
@@ -186,7 +187,7 @@ def test_a_storage_uri_pyarrow_cannot_open_is_refused_before_the_lease_ray_or_re
     monkeypatch.setenv(lease.DIR_ENV, str(tmp_path / "leases"))  # where an object-storage URI's lease goes
     db = tmp_path / "m.db"
     argv = ["sweep", "smoke", "--data-dir", str(tiny_data_dir), "--name", "x", "--storage-path", "garbage://x"]
-    assert cli.main([*argv, "--tracking-uri", f"sqlite:///{db}"]) == 2
+    assert commands.main([*argv, "--tracking-uri", f"sqlite:///{db}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "Unrecognized filesystem type in URI: garbage://x" in err[0], err
     assert not (tmp_path / "leases").exists() and not db.exists() and not ray.is_initialized()
@@ -195,7 +196,7 @@ def test_a_storage_uri_pyarrow_cannot_open_is_refused_before_the_lease_ray_or_re
 
 def test_a_storage_uri_is_refused_before_any_data_is_read(tmp_path, tiny_data_dir, capsys, monkeypatch):
     """Issue 47: ``--storage-path garbage://x`` was refused in one line, but after the data was read and tokenized."""
-    from peftune import spaces
+    from peftune.sweep import spaces
 
     def reading(*args, **kwargs):
         raise AssertionError("the data was read before the storage path was checked")
@@ -203,7 +204,7 @@ def test_a_storage_uri_is_refused_before_any_data_is_read(tmp_path, tiny_data_di
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(spaces, "prepare_data", reading)
     argv = ["sweep", "smoke", "--data-dir", str(tiny_data_dir), "--storage-path", "garbage://x"]
-    assert cli.main([*argv, "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}"]) == 2
+    assert commands.main([*argv, "--tracking-uri", f"sqlite:///{tmp_path / 'm.db'}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--storage-path garbage://x: pyarrow (Ray Tune's storage) cannot open it" in err[0], err
 
@@ -211,15 +212,15 @@ def test_a_storage_uri_is_refused_before_any_data_is_read(tmp_path, tiny_data_di
 # what a one-line refusal must not wait for: seconds of imports on a 2-core machine (issue 34, item 12)
 HEAVY = ("ray", "mlflow", "optuna", "pandas", "pyarrow", "transformers", "analysis")
 REFUSED_LIGHT = {
-    "train flag": ["-m", "peftune.cli", "train", "--lr", "nan"],
-    "sweep data row": ["-m", "peftune.cli", "sweep", "smoke", "--data-dir", "{bad_data}"],
-    "sweep definition": ["-m", "peftune.cli", "sweep", "{bad_yaml}", "--data-dir", "{data}"],
+    "train flag": ["-m", "peftune.cli.commands", "train", "--lr", "nan"],
+    "sweep data row": ["-m", "peftune.cli.commands", "sweep", "smoke", "--data-dir", "{bad_data}"],
+    "sweep definition": ["-m", "peftune.cli.commands", "sweep", "{bad_yaml}", "--data-dir", "{data}"],
     "job flag": ["{repo}/jobs/sst_tuning.py", "--data-dir", "{data}", "--num-samples", "x"],
     "job data row": ["{repo}/jobs/sst_tuning.py", "--data-dir", "{bad_data}", "--smoke-test"],
-    "methods xlnet": ["-m", "peftune.cli", "methods", "--model", "{xlnet}"],
+    "methods xlnet": ["-m", "peftune.cli.commands", "methods", "--model", "{xlnet}"],
     "second driver": [
         "-m",
-        "peftune.cli",
+        "peftune.cli.commands",
         "sweep",
         "smoke",
         "--data-dir",

@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from conftest import sweep_command
-from peftune import record, services
+from peftune.base import record_names
+from peftune.cli import services
 from test_fresh_machine import free_ports
 
 pytestmark = pytest.mark.slow
@@ -45,7 +46,7 @@ def two_nodes(tmp_path_factory):
     worker_agent_port = free_ports(1)[0]
     flags = [f"--ray-port={ports.ray}", f"--dashboard-port={ports.dashboard}", f"--client-port={ports.client}",
              f"--mlflow-port={ports.mlflow}", f"--agent-port={ports.agent}"]  # fmt: skip
-    peftune = [sys.executable, "-m", "peftune.cli"]
+    peftune = [sys.executable, "-m", "peftune.cli.commands"]
     try:
         up = subprocess.run([*peftune, "up", *flags, "--num-cpus", "1", "--ray-only"], cwd=tmp_path, env=env,
                             capture_output=True, text=True)  # fmt: skip
@@ -79,7 +80,7 @@ def test_local_storage_path_is_refused_on_two_nodes(two_nodes, tiny_data_dir, tm
     assert alive_nodes(env, ports) == 2  # the worker node joined with the token
     work = tmp_path / "work"
     work.mkdir()
-    argv = [sys.executable, "-m", "peftune.cli", "sweep", "smoke", "--data-dir", str(tiny_data_dir),
+    argv = [sys.executable, "-m", "peftune.cli.commands", "sweep", "smoke", "--data-dir", str(tiny_data_dir),
             "--ray-address", f"127.0.0.1:{ports.ray}", "--tracking-uri", f"sqlite:///{work / 'mlflow.db'}",
             "--storage-path", str(work / "ray_results"), "--reports-dir", str(work / "reports")]  # fmt: skip
     done = subprocess.run(argv, cwd=work, env=env, capture_output=True, text=True)
@@ -126,8 +127,10 @@ def test_a_sweep_runs_trials_on_both_nodes(two_nodes, tiny_data_dir, tmp_path):
 
     client = mlflow.MlflowClient(uri)
     experiment = client.get_experiment_by_name("two_nodes")
-    trials = [r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get(record.ROLE) == "trial"]
-    assert sorted(Counter(r.data.tags[record.TRIAL_ID] for r in trials).values()) == [1, 1]  # once each
+    trials = [
+        r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get(record_names.ROLE) == "trial"
+    ]
+    assert sorted(Counter(r.data.tags[record_names.TRIAL_ID] for r in trials).values()) == [1, 1]  # once each
 
 
 KILL_SWEEP = """\
@@ -176,7 +179,7 @@ def test_killing_the_worker_node_mid_sweep_loses_and_duplicates_nothing(two_node
     work = tmp_path / "work"
     work.mkdir()
     uri = f"sqlite:///{work / 'mlflow.db'}"
-    argv = [sys.executable, "-m", "peftune.cli", "sweep", str(tmp_path / "node_kill.yaml"), "--data-dir",
+    argv = [sys.executable, "-m", "peftune.cli.commands", "sweep", str(tmp_path / "node_kill.yaml"), "--data-dir",
             str(tiny_data_dir), "--ray-address", f"127.0.0.1:{ports.ray}", "--tracking-uri", uri, "--storage-path",
             str(work / "ray_results"), "--reports-dir", str(work / "reports"), "--shared-storage"]  # fmt: skip
     raylets = [p for p in services.ray_processes(ports.ray) if p.name() == "raylet"]
@@ -192,9 +195,11 @@ def test_killing_the_worker_node_mid_sweep_loses_and_duplicates_nothing(two_node
 
     client = mlflow.MlflowClient(uri)
     experiment = client.get_experiment_by_name("node_kill")
-    trials = [r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get(record.ROLE) == "trial"]
-    assert sorted(Counter(r.data.tags[record.TRIAL_ID] for r in trials).values()) == [1, 1, 1, 1]
-    assert {r.data.tags.get(record.STATUS) for r in trials} == {"completed"}
+    trials = [
+        r for r in client.search_runs([experiment.experiment_id]) if r.data.tags.get(record_names.ROLE) == "trial"
+    ]
+    assert sorted(Counter(r.data.tags[record_names.TRIAL_ID] for r in trials).values()) == [1, 1, 1, 1]
+    assert {r.data.tags.get(record_names.STATUS) for r in trials} == {"completed"}
     retried = [r for r in trials if int(r.data.tags.get("peftune.retries", "0")) >= 1]
     assert retried  # the kill hit a running trial, and Ray ran it again on the head
     for run in trials:  # every epoch logged once, the retried trials' included

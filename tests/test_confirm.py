@@ -21,7 +21,11 @@ import ray
 from ray import tune
 from ray.tune.search import Searcher
 
-from peftune import confirm, decisions, legacy, record, record_reader, spaces, sweep, train, trial_logger
+from peftune.base import record_names
+from peftune.core import train
+from peftune.record import legacy, reader, trial_logger
+from peftune.stats import decisions
+from peftune.sweep import confirm, orchestrator, spaces
 from tiny_sweep import write_definition
 
 FROZEN = """\
@@ -80,8 +84,8 @@ def children(uri: str, parent_run_id: str) -> list:
 
 
 def split(runs) -> tuple[list, list]:
-    search = [r for r in runs if r.data.tags.get(record.PHASE, "search") == "search"]
-    return search, [r for r in runs if r.data.tags.get(record.PHASE) == "confirm"]
+    search = [r for r in runs if r.data.tags.get(record_names.PHASE, "search") == "search"]
+    return search, [r for r in runs if r.data.tags.get(record_names.PHASE) == "confirm"]
 
 
 def best_of_method(search: list) -> dict:
@@ -97,7 +101,7 @@ def best_of_method(search: list) -> dict:
 def test_confirmation_trains_seeds_of_each_methods_best(local_ray, workdir, tiny_data_dir):
     uri = f"sqlite:///{workdir / 'mlflow.db'}"
     spec = definition(workdir / "defs", "confirmed", concurrency=2)
-    result = sweep.run_sweep(spec, tiny_data_dir, uri, storage_path=workdir / "ray_results", verbose=0)
+    result = orchestrator.run_sweep(spec, tiny_data_dir, uri, storage_path=workdir / "ray_results", verbose=0)
     assert result.status == "completed" and result.num_trials == 4  # the search's trials only
     assert result.confirmation["wanted"] == result.confirmation["finished"] == 4
     assert "confirmation: 4/4 seed runs" in result.summary()
@@ -108,12 +112,12 @@ def test_confirmation_trains_seeds_of_each_methods_best(local_ray, workdir, tiny
     assert set(best) == {"frozen", "top_k"}
     for method, trial in best.items():
         runs = [r for r in confirmed if r.data.params["method"] == method]
-        key = trial.data.tags[record.CONFIG_KEY]  # the key recorded on the search trial it confirms
-        assert {r.data.tags[record.CONFIG_KEY] for r in runs} == {key}
-        assert {r.data.tags[record.CONFIRMS] for r in runs} == {trial.info.run_id}
-        assert sorted(r.data.tags[record.SEED] for r in runs) == ["4", "5"]  # new seeds: the search used 3
+        key = trial.data.tags[record_names.CONFIG_KEY]  # the key recorded on the search trial it confirms
+        assert {r.data.tags[record_names.CONFIG_KEY] for r in runs} == {key}
+        assert {r.data.tags[record_names.CONFIRMS] for r in runs} == {trial.info.run_id}
+        assert sorted(r.data.tags[record_names.SEED] for r in runs) == ["4", "5"]  # new seeds: the search used 3
         for run in runs:
-            assert run.data.params["seed"] == run.data.tags[record.SEED]
+            assert run.data.params["seed"] == run.data.tags[record_names.SEED]
             # the same configuration, on the confirmation's rows (every train row not held out) with its own seed
             same = {k: v for k, v in trial.data.params.items() if k not in ("seed", "data.max_train_examples")}
             assert {k: run.data.params[k] for k in same} == same, "a confirmation trains another configuration"
@@ -144,7 +148,7 @@ def test_confirmation_trains_seeds_of_each_methods_best(local_ray, workdir, tiny
     predictions = runs.load_predictions(runs.read_sweep_record("confirmed", uri))
     for run in confirmed:
         mine = predictions[predictions["run_id"] == run.info.run_id]
-        assert len(mine) == 32 and set(mine["seed"]) == {int(run.data.tags[record.SEED])}  # the 32 dev rows
+        assert len(mine) == 32 and set(mine["seed"]) == {int(run.data.tags[record_names.SEED])}  # the 32 dev rows
         accuracy = (mine["prediction"] == mine["label"]).mean()
         assert accuracy == pytest.approx(run.data.metrics["best_dev_sst_accuracy"])
     # search trials select on the selection split and never see dev
@@ -188,19 +192,19 @@ def test_interrupted_confirmation_resumes_exactly_once(local_ray, workdir, tiny_
     spec = definition(workdir / "defs", "confirm_resume", concurrency=1)
     storage = workdir / "ray_results"
     interrupter = InterruptAfterConfirmation()
-    first = sweep.run_sweep(spec, tiny_data_dir, uri, storage_path=storage, callbacks=[interrupter], verbose=0)
+    first = orchestrator.run_sweep(spec, tiny_data_dir, uri, storage_path=storage, callbacks=[interrupter], verbose=0)
     assert interrupter.fired and first.status == "interrupted"
     search, confirmed = split(children(uri, first.parent_run_id))
     assert len(search) == 4
     done = {
-        (r.data.tags[record.CONFIG_KEY], r.data.tags[record.SEED]): r.info.run_id
+        (r.data.tags[record_names.CONFIG_KEY], r.data.tags[record_names.SEED]): r.info.run_id
         for r in confirmed
         if r.data.tags.get("peftune.status") == "completed"
     }
     assert 1 <= len(done) < 4
 
     recorder = Recorder()
-    second = sweep.run_sweep(spec, tiny_data_dir, uri, storage_path=storage, callbacks=[recorder], verbose=0)
+    second = orchestrator.run_sweep(spec, tiny_data_dir, uri, storage_path=storage, callbacks=[recorder], verbose=0)
     assert second.status == "completed" and second.parent_run_id == first.parent_run_id
     started = {(c.get("config_key"), str(c.get("seed"))) for c in recorder.started}
     assert all(c.get("phase") == "confirm" for c in recorder.started), "a search trial ran again"
@@ -208,15 +212,15 @@ def test_interrupted_confirmation_resumes_exactly_once(local_ray, workdir, tiny_
 
     search_after, confirmed = split(children(uri, first.parent_run_id))
     assert sorted(r.info.run_id for r in search_after) == sorted(r.info.run_id for r in search)
-    pairs = [(r.data.tags[record.CONFIG_KEY], r.data.tags[record.SEED]) for r in confirmed]
+    pairs = [(r.data.tags[record_names.CONFIG_KEY], r.data.tags[record_names.SEED]) for r in confirmed]
     assert len(pairs) == 4 and len(set(pairs)) == 4, "a confirmation trial has two child runs"
     assert all(r.data.tags.get("peftune.status") == "completed" for r in confirmed)
-    kept = {(r.data.tags[record.CONFIG_KEY], r.data.tags[record.SEED]): r.info.run_id for r in confirmed}
+    kept = {(r.data.tags[record_names.CONFIG_KEY], r.data.tags[record_names.SEED]): r.info.run_id for r in confirmed}
     assert all(kept[pair] == run_id for pair, run_id in done.items()), "a completed run was replaced"
 
     # a third run finds everything done: nothing trains
     third = Recorder()
-    again = sweep.run_sweep(spec, tiny_data_dir, uri, storage_path=storage, callbacks=[third], verbose=0)
+    again = orchestrator.run_sweep(spec, tiny_data_dir, uri, storage_path=storage, callbacks=[third], verbose=0)
     assert again.status == "completed" and not third.started
     assert len(split(children(uri, first.parent_run_id))[1]) == 4
 
@@ -227,7 +231,7 @@ def test_interrupted_confirmation_resumes_exactly_once(local_ray, workdir, tiny_
 def seeds_by_config(uri: str, parent_run_id: str) -> dict[str, list[int]]:
     out: dict[str, list[int]] = {}
     for run in split(children(uri, parent_run_id))[1]:
-        out.setdefault(run.data.tags[record.CONFIG_KEY], []).append(int(run.data.tags[record.SEED]))
+        out.setdefault(run.data.tags[record_names.CONFIG_KEY], []).append(int(run.data.tags[record_names.SEED]))
     return {key: sorted(seeds) for key, seeds in out.items()}
 
 
@@ -240,13 +244,14 @@ class AlwaysOpen:
 
     def __call__(self, frame, tasks, candidates, settings) -> decisions.Outcome:
         client = mlflow.MlflowClient(self.uri)
-        parent = record_reader.find_parent_run(client, record_reader.find_experiment_id(client, self.name), self.name)
+        parent = reader.find_parent_run(client, reader.find_experiment_id(client, self.name), self.name)
         search, confirmed = split(children(self.uri, parent.info.run_id))
-        key = best_of_method(search)[self.method].data.tags[record.CONFIG_KEY]
+        key = best_of_method(search)[self.method].data.tags[record_names.CONFIG_KEY]
         seeds = sorted(
-            int(r.data.tags[record.SEED])
+            int(r.data.tags[record_names.SEED])
             for r in confirmed
-            if r.data.tags[record.CONFIG_KEY] == key and r.data.tags.get(record.STATUS) == record.COMPLETED
+            if r.data.tags[record_names.CONFIG_KEY] == key
+            and r.data.tags.get(record_names.STATUS) == record_names.COMPLETED
         )
         answer = decisions.Answer(10.0, [key], best=key, pick=key)
         more = len(seeds) < settings.max_seeds
@@ -264,20 +269,20 @@ def test_an_open_decision_gets_seeds_up_to_the_cap_and_resume_keeps_the_count(
     monkeypatch.setattr(confirm, "decide_round", AlwaysOpen("top_k", uri, "adaptive"))
     interrupter = InterruptAfterConfirmation(added_only=True)
     run = {"storage_path": storage, "verbose": 0}
-    first = sweep.run_sweep(spec, tiny_data_dir, uri, callbacks=[interrupter], **run)
+    first = orchestrator.run_sweep(spec, tiny_data_dir, uri, callbacks=[interrupter], **run)
     assert interrupter.fired and first.status == "interrupted"  # stopped inside a round of added seeds
-    second = sweep.run_sweep(spec, tiny_data_dir, uri, **run)
+    second = orchestrator.run_sweep(spec, tiny_data_dir, uri, **run)
     assert second.status == "completed"
     assert second.confirmation["stopped_by"] == "max_seeds"
     seeds = seeds_by_config(uri, first.parent_run_id)
     search, confirmed = split(children(uri, first.parent_run_id))
-    best = {m: r.data.tags[record.CONFIG_KEY] for m, r in best_of_method(search).items()}
+    best = {m: r.data.tags[record_names.CONFIG_KEY] for m, r in best_of_method(search).items()}
     assert seeds[best["top_k"]] == [4, 5, 6, 7]  # the open one: seeds 4, 5 then one a round up to max_seeds 4
     assert seeds[best["frozen"]] == [4, 5]  # decided (never open): its first seeds only
     added = [r for r in confirmed if r.data.tags.get("peftune.seed_reason")]
-    assert sorted(int(r.data.tags[record.SEED]) for r in added) == [6, 7]
+    assert sorted(int(r.data.tags[record_names.SEED]) for r in added) == [6, 7]
     assert all("still open" in r.data.tags["peftune.seed_reason"] for r in added)
-    pairs = [(r.data.tags[record.CONFIG_KEY], r.data.tags[record.SEED]) for r in confirmed]
+    pairs = [(r.data.tags[record_names.CONFIG_KEY], r.data.tags[record_names.SEED]) for r in confirmed]
     assert len(pairs) == len(set(pairs)), "a (configuration, seed) pair has two child runs"
     # the second run's two rounds (seed 6 again, then 7) ran in one Tune experiment, as the first run's did
     assert len(list(storage.glob("adaptive-confirm-*"))) == 2
@@ -297,11 +302,11 @@ def test_the_time_cap_counts_from_the_first_rounds_end(local_ray, workdir, tiny_
         return always_open(frame, tasks, candidates, settings)
 
     monkeypatch.setattr(confirm, "decide_round", slow_after_the_first)
-    result = sweep.run_sweep(spec, tiny_data_dir, uri, storage_path=workdir / "ray_results", verbose=0)
+    result = orchestrator.run_sweep(spec, tiny_data_dir, uri, storage_path=workdir / "ray_results", verbose=0)
     assert result.status == "completed" and result.confirmation["stopped_by"] == "max_seconds"
     search, _ = split(children(uri, result.parent_run_id))
     seeds = seeds_by_config(uri, result.parent_run_id)
-    assert seeds[best_of_method(search)["top_k"].data.tags[record.CONFIG_KEY]] == [4, 5, 6]
+    assert seeds[best_of_method(search)["top_k"].data.tags[record_names.CONFIG_KEY]] == [4, 5, 6]
 
 
 @pytest.mark.slow
@@ -316,15 +321,15 @@ def test_the_report_replays_the_seeds_the_confirmation_used(local_ray, workdir, 
     spec = definition(workdir / "defs", "adaptive_real", concurrency=2, confirm=", max_seeds: 3")
     spec = dataclasses.replace(spec, budget=dataclasses.replace(spec.budget, decision_examples=16))
     reads, frames = [], []
-    decide, read = confirm.decide_round, record_reader.read_predictions
+    decide, read = confirm.decide_round, reader.read_predictions
     monkeypatch.setattr(confirm, "decide_round", lambda frame, *args: frames.append(frame) or decide(frame, *args))
-    monkeypatch.setattr(record_reader, "read_predictions", lambda *where: reads.append(where) or read(*where))
-    result = sweep.run_sweep(spec, tiny_data_dir, uri, storage_path=workdir / "ray_results", verbose=0)
+    monkeypatch.setattr(reader, "read_predictions", lambda *where: reads.append(where) or read(*where))
+    result = orchestrator.run_sweep(spec, tiny_data_dir, uri, storage_path=workdir / "ray_results", verbose=0)
     assert result.status == "completed"
     assert frames and not reads, "a round read the record back"
     columns = ["config_key", "seed", "task", "example_id", "prediction", "label"]
     kept = frames[-1][columns].sort_values(columns).reset_index(drop=True)
-    held = runs.load_predictions(runs.read_sweep_record("adaptive_real", uri), splits=(record.DECISION,))
+    held = runs.load_predictions(runs.read_sweep_record("adaptive_real", uri), splits=(record_names.DECISION,))
     recorded = held[columns].sort_values(columns).reset_index(drop=True)
     assert len(kept) and kept.equals(recorded)
     built = report.build_report(runs.read_sweep_record("adaptive_real", uri), reference=False)
@@ -390,7 +395,7 @@ def test_candidates_are_each_methods_best_distinct_configurations(tmp_path):
     trials[2].lr = trials[1].lr
     _, parent, runs = record_sweep(uri, "select", ["sst"], trials, artifact_dir=tmp_path / "artifacts")
     client = mlflow.MlflowClient(uri)
-    client.set_tag(runs["a"], record.DEFAULT, "true")
+    client.set_tag(runs["a"], record_names.DEFAULT, "true")
     experiment = client.get_run(parent).info.experiment_id
     children = client.search_runs([experiment], filter_string=f"tags.`mlflow.parentRunId` = '{parent}'")
 
@@ -470,7 +475,7 @@ def test_a_resume_counts_the_seeds_an_earlier_run_added(monkeypatch):
     import pandas as pd
 
     def run(key: str, seed: int):
-        tags = {record.CONFIG_KEY: key, record.SEED: str(seed), record.STATUS: record.COMPLETED}
+        tags = {record_names.CONFIG_KEY: key, record_names.SEED: str(seed), record_names.STATUS: record_names.COMPLETED}
         return NS(data=NS(tags=tags), info=NS(run_id=f"{key}-{seed}", start_time=seed))
 
     runs = [run("a", 1), run("a", 2), run("a", 3), run("b", 1), run("b", 2)]  # seed 3 of a: added before the fault
@@ -478,7 +483,7 @@ def test_a_resume_counts_the_seeds_an_earlier_run_added(monkeypatch):
              (("a", (1, 2, 3)), ("b", (1, 2)))}  # fmt: skip
     outcome = decisions.Outcome([], {"a": 3, "b": 2}, {}, {}, 2, "decided", final)
     monkeypatch.setattr(confirm, "decide_round", lambda *args: outcome)
-    monkeypatch.setattr(record_reader, "read_predictions", lambda uri, runs: pd.DataFrame())
+    monkeypatch.setattr(reader, "read_predictions", lambda uri, runs: pd.DataFrame())
     candidates = {k: NS(config_key=k, seconds_per_run=1.0, label=k) for k in "ab"}
     settings = NS(max_seconds=None, report_seeds=0, max_seeds=4)
     confirmation = confirm.Confirmation(
@@ -487,11 +492,11 @@ def test_a_resume_counts_the_seeds_an_earlier_run_added(monkeypatch):
         runnable=None, trial_logger=NS(flush=lambda wait_s: True, confirmed={}), storage="",
         callbacks=(), verbose=0, flush_s=0.0,
         searched=candidates, candidates=list(candidates.values()),
-        earlier={(run.data.tags[record.CONFIG_KEY], run.data.tags[record.SEED]): run for run in runs},
+        earlier={(run.data.tags[record_names.CONFIG_KEY], run.data.tags[record_names.SEED]): run for run in runs},
     )  # fmt: skip
     result = confirmation.run([(candidates[k], seed, "") for k in "ab" for seed in (1, 2)])
     assert (result.wanted, result.finished, result.ran, result.added) == (5, 5, 0, 1)
-    assert result.status == record.COMPLETED and result.stopped_by == "decided"
+    assert result.status == record_names.COMPLETED and result.stopped_by == "decided"
 
 
 def test_each_budget_confirms_its_best_contenders_of_any_method_and_the_anchors(tmp_path):
@@ -530,7 +535,7 @@ def test_each_budget_confirms_its_best_contenders_of_any_method_and_the_anchors(
 
 def test_a_confirmation_trains_on_every_row_the_held_out_splits_leave(tiny_data_dir):
     """The search's train rows are a prefix of the confirmation's; both carve the same selection and decision rows."""
-    from peftune.trial_spec import DataSettings
+    from peftune.core.trial_spec import DataSettings
 
     search = DataSettings(str(tiny_data_dir), max_train_examples=8, selection_examples=6, decision_examples=6)
     full = dataclasses.replace(search, max_train_examples=None)
@@ -548,7 +553,7 @@ def test_a_confirmation_trains_on_every_row_the_held_out_splits_leave(tiny_data_
 def test_the_start_line_prints_the_margin_and_the_smallest_reachable_one():
     from types import SimpleNamespace
 
-    from peftune import spaces
+    from peftune.sweep import spaces
 
     definition = spaces.load_sweep(spaces.resolve_sweep_path("sst_tuning"), budget="cpu")
     prepared = SimpleNamespace(tasks={"sst": SimpleNamespace(decision=[0] * 2000)})
@@ -562,10 +567,10 @@ def test_the_start_line_prints_the_margin_and_the_smallest_reachable_one():
 def test_a_confirmation_runs_record_names_the_rows_it_trained_on(tmp_path):
     """The trial logger and the worker read a confirmation run's settings alike: its data settings are the
     confirmation's (every row not held out), so its params and trial_spec.json re-run what it trained."""
-    from peftune import spaces, sweep
+    from peftune.sweep import orchestrator, spaces
 
     definition = spaces.load_sweep(spaces.resolve_sweep_path("sst_tuning"), budget="cpu")
-    settings = sweep.trial_settings(definition, 100, tmp_path)
+    settings = orchestrator.trial_settings(definition, 100, tmp_path)
     search = settings.for_trial({"method": "ia3", "peftune": {"phase": "search"}})
     confirming = settings.for_trial({"method": "ia3", "peftune": {"phase": "confirm", "seed": 1}})
     assert search.data.max_train_examples == 1600 and confirming.data.max_train_examples is None

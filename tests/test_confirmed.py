@@ -18,7 +18,7 @@ import pandas as pd
 import pytest
 
 from analysis import confirmed, publish, render, report, runs
-from peftune import record_reader
+from peftune.record import reader
 from sweep_record import TrialSpec, counts, record_sweep
 
 BACKBONE = 1_000_000
@@ -293,7 +293,7 @@ def test_predictions_are_downloaded_once_per_run_however_often_the_confirmation_
     uri, _ = record
     sweep = runs.read_sweep_record("noise", uri)
     completed = int((sweep.confirmations["status"] == "completed").sum())
-    record_reader._PREDICTIONS.clear()
+    reader._PREDICTIONS.clear()
     first, again = CountingClient(uri), CountingClient(uri)
     frame = runs.load_predictions(sweep, client=first)
     assert first.downloads == 2 * completed > 0  # the decision split's and dev's
@@ -321,7 +321,7 @@ def test_the_report_says_how_far_the_searchs_order_held(built):
 
 def test_what_would_tell_is_costed_at_the_sweeps_speed():
     """An open budget that seeds would decide says how many runs that is and their slot-minutes."""
-    from peftune import decisions
+    from peftune.stats import decisions
 
     a = decisions.Answer(1.0, ["a", "b"], seeds_needed=10)
     assert confirmed._cost_of(a, 3, 60.0) == " (14 more runs: about 14 slot-minutes at this sweep's speed)"
@@ -332,7 +332,7 @@ def test_two_configurations_of_one_label_are_told_apart_in_what_would_decide():
     """Two frozen configurations (the default and a tuned one) left open name which is which, not "frozen" twice."""
     from types import SimpleNamespace
 
-    from peftune import decisions
+    from peftune.stats import decisions
 
     configs = pd.DataFrame({
         "config_key": ["f0000000aa", "f1111111bb", "ia3000000c"], "label": ["frozen", "frozen", "ia3"],
@@ -389,7 +389,7 @@ def test_a_claim_an_earlier_look_made_is_shown_with_the_interval_that_made_it():
     so "not worse (δ = 0.02)" never stands beside an interval that alone does not show it."""
     from types import SimpleNamespace
 
-    from peftune import decisions
+    from peftune.stats import decisions
 
     configs = pd.DataFrame({
         "config_key": ["ia3000000c", "dora00000d"], "label": ["ia3", "dora r=32"], "method": ["ia3", "dora"],

@@ -8,7 +8,7 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
-from peftune import console
+from peftune.sweep import console
 
 
 def trial(method: str, score: float | None, epoch: int = 1):
@@ -20,7 +20,7 @@ def test_a_progress_line_counts_estimates_what_is_left_and_names_the_best_per_me
     clock = iter([0.0, 60.0, 120.0, 180.0])
     monkeypatch.setattr(console.time, "monotonic", lambda: next(clock))
     progress = console.Progress("search", 6, epochs=2)
-    with caplog.at_level(logging.INFO, logger="peftune.console"):
+    with caplog.at_level(logging.INFO, logger="peftune.sweep.console"):
         progress.on_trial_complete(0, [], trial("lora", 0.41, epoch=2))
         progress.on_trial_complete(0, [], trial("frozen", 0.39, epoch=1))  # ASHA stopped it after epoch 1
         progress.on_trial_error(0, [], trial("prompt", None))
@@ -38,7 +38,7 @@ def test_trials_finishing_fast_get_a_line_at_the_first_each_tenth_a_failure_the_
     clock = iter([0.0, *range(1, 71), 190.0, 191.0])  # started; trials 1..70 at 1 s each; 71 at 190 s; 72
     monkeypatch.setattr(console.time, "monotonic", lambda: float(next(clock)))
     progress = console.Progress("search", 72, epochs=1)
-    with caplog.at_level(logging.DEBUG, logger="peftune.console"):
+    with caplog.at_level(logging.DEBUG, logger="peftune.sweep.console"):
         for i in range(72):
             if i == 30:
                 progress.on_trial_error(0, [], trial("prompt", None))
@@ -52,7 +52,7 @@ def test_trials_finishing_fast_get_a_line_at_the_first_each_tenth_a_failure_the_
 def test_a_phase_of_unknown_size_counts_without_an_estimate(caplog):
     planned = []
     progress = console.Progress("confirmation", lambda: len(planned) or None, epochs=1)
-    with caplog.at_level(logging.INFO, logger="peftune.console"):
+    with caplog.at_level(logging.INFO, logger="peftune.sweep.console"):
         progress.on_trial_complete(0, [], trial("lora", 0.4))
     line = caplog.records[-1].getMessage()
     assert line.startswith("confirmation 1 ") and "left" not in line
@@ -73,7 +73,7 @@ def test_durations_read_as_a_person_writes_them():
 def test_tunes_slow_step_warnings_show_once_per_kind_and_the_rest_in_one_line_at_the_end(caplog):
     from ray.tune.utils.util import warn_if_slow
 
-    from peftune.console import SlowLoopWarnings, slow_loop_warnings
+    from peftune.sweep.console import SlowLoopWarnings, slow_loop_warnings
 
     tune_log = logging.getLogger(SlowLoopWarnings.LOGGER)  # where Tune's warn_if_slow writes
     slow = [("on_trial_result", 0.61), ("on_trial_result", 0.93), ("process_trial_result", 0.55),
@@ -103,7 +103,7 @@ def test_a_quiet_sweep_s_tune_fit_prints_nothing_of_its_own(monkeypatch, capfd, 
     import ray
     from ray import tune
 
-    from peftune import sweep
+    from peftune.sweep import orchestrator
 
     name = console.TUNE_NEW_OUTPUT
     monkeypatch.setenv(name, "1")
@@ -113,7 +113,7 @@ def test_a_quiet_sweep_s_tune_fit_prints_nothing_of_its_own(monkeypatch, capfd, 
     console.quiet_tune(console.TUNE_TABLES)()
     assert name not in os.environ
     back = console.quiet_tune(console.TUNE_QUIET)
-    sweep.init_ray()
+    orchestrator.init_ray()
     try:
         capfd.readouterr()
         tune.Tuner(
@@ -159,7 +159,9 @@ def run_unraised_exit(install: str) -> subprocess.CompletedProcess:
 def test_an_exit_that_a_collection_callback_swallowed_is_not_printed_and_other_faults_still_are():
     without = run_unraised_exit("")
     assert "Exception ignored" in without.stderr and "SystemExit" in without.stderr  # the fault as it shows today
-    done = run_unraised_exit("from peftune import console; console.quiet_trial_logs(); console.quiet_trial_logs()")
+    done = run_unraised_exit(
+        "from peftune.sweep import console; console.quiet_trial_logs(); console.quiet_trial_logs()"
+    )
     assert done.returncode == 0 and "after the exit" in done.stdout
     assert "SystemExit" not in done.stderr
     assert "ValueError: a real fault in a callback" in done.stderr  # to the hook that was there, once

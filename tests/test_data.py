@@ -16,9 +16,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from peftune import data
-from peftune.data import DataError
-from peftune.tasks import get_task
+from peftune.inputs import data
+from peftune.inputs.data import DataError
+from peftune.inputs.tasks import get_task
 
 SST, STS, PARA = get_task("sst"), get_task("sts"), get_task("para")
 SENTENCE_HEADER = "\tid\tsentence\tsentiment\n"

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from peftune import simulate as sm
-from peftune.decisions import Plan
+from peftune.stats import simulate as sm
+from peftune.stats.decisions import Plan
 
 pytestmark = pytest.mark.slow
 

@@ -1,5 +1,5 @@
-"""The decision procedure (peftune.decisions): its parts, and its error rates and power measured by simulation
-through the real loop (peftune.simulate). The fast tier runs small simulations with loose bounds; the slow
+"""The decision procedure (peftune.stats.decisions): its parts, and its error rates and power measured by simulation
+through the real loop (peftune.stats.simulate). The fast tier runs small simulations with loose bounds; the slow
 tier runs the acceptance sizes (at least 500 simulations) with the bounds the sweep promises."""
 
 import dataclasses
@@ -13,8 +13,8 @@ import pytest
 from scipy import special as sp
 from scipy import stats
 
-from peftune import decisions as d
-from peftune import simulate as sm
+from peftune.stats import decisions as d
+from peftune.stats import simulate as sm
 
 # the shipped presets' seeds, at the margins they had before every preset took 0.02: kept so that these rates stay
 # comparable with the rates measured at them (docs/benchmarks.md and its archive)
@@ -203,7 +203,7 @@ def test_peftune_decide_replays_a_predictions_file_and_refuses_a_bad_one(tmp_pat
     pd.DataFrame(configs, columns=["config", "method", "trainable_pct", "default"]).to_csv(
         tmp_path / "c.csv", index=False
     )
-    cmd = [sys.executable, "-m", "peftune.cli", "decide", "--predictions", str(tmp_path / "p.csv"),
+    cmd = [sys.executable, "-m", "peftune.cli.commands", "decide", "--predictions", str(tmp_path / "p.csv"),
            "--configurations", str(tmp_path / "c.csv"), "--definition", "sst_tuning", "--budget", "cpu",
            "--output", str(tmp_path / "out")]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
@@ -224,7 +224,7 @@ def test_peftune_decide_replays_a_predictions_file_and_refuses_a_bad_one(tmp_pat
 
 
 def test_peftune_decide_simulates_the_scenarios_at_the_sizes_asked_and_refuses_bad_ones():
-    cmd = [sys.executable, "-m", "peftune.cli", "decide", "--definition", "sst_tuning", "--budget", "cpu",
+    cmd = [sys.executable, "-m", "peftune.cli.commands", "decide", "--definition", "sst_tuning", "--budget", "cpu",
            "--simulate", "2", "--sizes", "3", "--scenarios", "boundary", "two",
            "--seed-sds", "0.03", "0.012"]  # fmt: skip
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
@@ -507,7 +507,7 @@ def test_every_word_carries_its_margin_interval_and_the_chance_of_being_within_i
 
 def test_the_sweep_and_the_report_build_the_plan_alike():
     from analysis import report
-    from peftune import confirm, spaces
+    from peftune.sweep import confirm, spaces
 
     definition = spaces.load_sweep(spaces.resolve_sweep_path("sst_tuning"), budget="cpu")
     params = {"decision_margin": definition.confirm.margin, "confirm_seeds": definition.confirm.seeds,

@@ -2,7 +2,7 @@
 
 import pytest
 
-from peftune import spaces
+from peftune.sweep import spaces
 
 SHIPPED = sorted((spaces.SEARCH_SPACES_DIR / spaces.METHODS_SUBDIR).glob("*.yaml"))
 

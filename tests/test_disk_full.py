@@ -18,9 +18,11 @@ from pathlib import Path
 
 import pytest
 
-from peftune import cli_common, resume, trial_logger
-from peftune.errors import DiskFullError, disk_full, no_space
-from peftune.tracking_buffer import WriteBuffer
+from peftune.base.errors import DiskFullError, disk_full, no_space
+from peftune.cli import common
+from peftune.record import trial_logger
+from peftune.record.tracking_buffer import WriteBuffer
+from peftune.sweep import resume
 
 
 def enospc(path: str | Path | None = None) -> OSError:
@@ -73,7 +75,7 @@ def test_the_command_line_says_disk_full_in_one_line_and_exits_interrupted(raise
     def command():
         raise raised
 
-    assert cli_common.run_command("peftune sweep", command) == cli_common.EXIT_INTERRUPTED == 3
+    assert common.run_command("peftune sweep", command) == common.EXIT_INTERRUPTED == 3
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no space left" in err[0] and "/full/" in err[0], err
 
@@ -101,7 +103,7 @@ def test_a_pending_write_refused_for_space_stays_queued_and_leaves_no_line_cut_o
     def full(fd):
         raise enospc()
 
-    monkeypatch.setattr("peftune.tracking_buffer.os.fsync", full)
+    monkeypatch.setattr("peftune.record.tracking_buffer.os.fsync", full)
     buffer.put("note", value=2)  # the append is refused: no exception into Tune's callback, the line taken back
     assert path.read_text() == whole and buffer.pending() == 2
     assert isinstance(buffer.full, DiskFullError) and buffer.full.path == str(path) and buffer.full.needed > 0
@@ -233,7 +235,7 @@ def test_keeping_the_state_refused_for_space_leaves_the_previous_copy_and_no_tem
 
 
 def test_the_lease_renewal_refused_for_space_leaves_no_empty_file(tmp_path, monkeypatch):
-    from peftune import lease
+    from peftune.sweep import lease
 
     held = lease.Lease(tmp_path / "leases", "s")
     held.acquire()
@@ -259,13 +261,13 @@ def test_a_state_cut_at_tunes_first_save_is_said_and_not_taken_for_a_new_sweep(t
     of "already recorded ... but Ray has no state", which named no cause."""
     from types import SimpleNamespace
 
-    from peftune import sweep
-    from peftune.errors import UserError
+    from peftune.base.errors import UserError
+    from peftune.sweep import orchestrator
 
     experiment = tmp_path / "sweep"
     tune_state(experiment, "2026-01-01_00-00-00", trials=1)
     state = experiment / "experiment_state-2026-01-01_00-00-00.json"
     state.write_text('{"trial_data": [0, "unterminat')
     with pytest.raises(UserError, match="was cut off .a full disk.. before a complete copy of it was kept"):
-        sweep._check_resume(SimpleNamespace(name="s"), None, f"sqlite:///{tmp_path}/m.db", str(experiment))
+        orchestrator._check_resume(SimpleNamespace(name="s"), None, f"sqlite:///{tmp_path}/m.db", str(experiment))
     assert (experiment / (state.name + ".set-aside")).exists() and not (tmp_path / "m.db").exists()

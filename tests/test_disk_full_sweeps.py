@@ -116,7 +116,7 @@ def test_a_full_disk_interrupts_the_sweep_and_the_same_command_resumes_it(full, 
         write_definition(tmp_path / "defs", "diskfull", frozen, SWEEP, methods="frozen", seed=0, confirm="{seeds: 0}",
                          trials_per_method=samples, epochs=2)  # fmt: skip
         definition = tmp_path / "defs" / "diskfull.yaml"
-        command = [sys.executable, "-m", "peftune.cli", "-v", "sweep", str(definition), "--data-dir",
+        command = [sys.executable, "-m", "peftune.cli.commands", "-v", "sweep", str(definition), "--data-dir",
                    str(tiny_data_dir), "--tracking-uri", uri, "--storage-path", str(storage), "--reports-dir",
                    str(tmp_path / "reports")]  # fmt: skip
         ballast: list[Path] = []

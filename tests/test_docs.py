@@ -215,7 +215,7 @@ PACKAGE = REPO / "platform" / "peftune"
 
 def module_table() -> set[str]:
     """The names of docs/design.md's module table: the backticked words of the first column of the first table
-    after its heading "Modules and layers" (``cli.py``, ``benchmarks/driver.py``, ``methods/`` for a whole
+    after its heading "Modules and layers" (``cli/commands.py``, ``benchmarks/driver.py``, ``methods/`` for a whole
     subpackage)."""
     text = (DOCS / "design.md").read_text(encoding="utf-8")
     section = text[text.index("## Modules and layers") :]
@@ -225,13 +225,13 @@ def module_table() -> set[str]:
 
 
 def package_modules() -> list[str]:
-    """Every module of the package, as a path relative to it (``cli.py``, ``methods/lora.py``), but its own
+    """Every module of the package, as a path relative to it (``cli/commands.py``, ``methods/lora.py``), but its own
     ``__init__.py``."""
     return sorted(str(path.relative_to(PACKAGE)) for path in PACKAGE.rglob("*.py") if path != PACKAGE / "__init__.py")
 
 
 def test_the_design_pages_module_table_names_every_module_of_the_package():
-    """A module is named by its path in the package (``sweep.py``, ``benchmarks/driver.py``), or a subpackage's
+    """A module is named by its path in the package (``sweep/orchestrator.py``, ``benchmarks/driver.py``), or a subpackage's
     modules all at once by its directory (``methods/``); a subpackage's ``__init__.py`` by any row of its
     directory. A row naming no module is stale."""
     names = module_table()
@@ -340,9 +340,9 @@ def described(schema, where: str = "") -> dict[str, str]:
 def test_every_key_of_the_printed_schema_has_a_meaning_the_reference_shares(task, capsys):
     import json
 
-    from peftune import cli
+    from peftune.cli import commands
 
-    assert cli.main(["schema", *(["--task"] if task else [])]) == 0
+    assert commands.main(["schema", *(["--task"] if task else [])]) == 0
     printed = capsys.readouterr().out
     meanings = described(json.loads(printed))
     assert len(meanings) >= (19 if task else 60), sorted(meanings)

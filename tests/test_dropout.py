@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from peftune.dropout import Dropout, attention, dropout, keep_mask, member_dropout
+from peftune.inputs.dropout import Dropout, attention, dropout, keep_mask, member_dropout
 
 
 @pytest.mark.parametrize("p", [0.05, 0.1, 0.5, 0.9])

@@ -22,11 +22,11 @@ from safetensors.torch import save_file
 from analysis.evaluate import evaluate_sweep
 from analysis.runs import param_from_mlflow, read_sweep_record
 from conftest import NEGATIVE, POSITIVE, write_task_file
-from peftune.errors import UserError
-from peftune.legacy import method_params
+from peftune.base.errors import UserError
+from peftune.core.trial_spec import DataSettings
+from peftune.core.trial_spec import TrialSpec as Spec
 from peftune.methods.options import options_from_params
-from peftune.trial_spec import DataSettings
-from peftune.trial_spec import TrialSpec as Spec
+from peftune.record.legacy import method_params
 from sweep_record import COUNT_KEYS, TrialSpec, record_sweep
 
 TASKS = ["sst", "sts"]
@@ -36,7 +36,7 @@ SWEEP = "eval_sweep"
 @pytest.fixture(scope="module")
 def tiny_model_dir(tmp_path_factory) -> Path:
     """A local HF BERT directory: the packaged model's tokenizer files and a tiny random encoder in safetensors."""
-    from peftune.backbone import DEFAULT_MODEL, BertConfig, BertModel, resolve_model_dir
+    from peftune.inputs.backbone import DEFAULT_MODEL, BertConfig, BertModel, resolve_model_dir
 
     source = resolve_model_dir(DEFAULT_MODEL)
     directory = tmp_path_factory.mktemp("tiny-bert")
@@ -82,10 +82,10 @@ def data_dirs(tmp_path_factory) -> tuple[Path, Path]:
 
 @pytest.fixture(scope="module")
 def sweep_store(tmp_path_factory, tiny_model_dir, data_dirs):
-    """Three real trials (frozen, LoRA r=2, full) trained for 2 epochs, recorded as peftune.record_writer records a
+    """Three real trials (frozen, LoRA r=2, full) trained for 2 epochs, recorded as peftune.record.writer records a
     sweep."""
     from peftune import methods
-    from peftune.train import TrainConfig, prepare, run_trial
+    from peftune.core.train import TrainConfig, prepare, run_trial
 
     data, _ = data_dirs
     root = tmp_path_factory.mktemp("mlflow")
@@ -157,7 +157,7 @@ def test_a_trial_row_gives_back_the_options_it_trained():
 
 
 def test_evaluate_frontier_with_two_seeds(sweep_store, data_dirs, tmp_path):
-    """Note: peftune.checkpoint fingerprints a checkpoint's backbone from the *trained* embeddings, so a full
+    """Note: peftune.core.checkpoint fingerprints a checkpoint's backbone from the *trained* embeddings, so a full
     fine-tuning checkpoint is refused by the pretrained backbone; evaluate then re-trains that seed."""
     uri, parent_id = sweep_store
     data, test = data_dirs
@@ -216,7 +216,7 @@ def test_evaluate_frontier_with_two_seeds(sweep_store, data_dirs, tmp_path):
 
 
 def test_a_test_split_equal_to_a_dev_file_is_refused(sweep_store, data_dirs, tmp_path, capsys):
-    from peftune.cli import main
+    from peftune.cli.commands import main
 
     uri, _ = sweep_store
     data, test = data_dirs
@@ -232,7 +232,7 @@ def test_a_test_split_equal_to_a_dev_file_is_refused(sweep_store, data_dirs, tmp
 
 
 def test_missing_test_file_names_it(sweep_store, data_dirs, tmp_path, capsys):
-    from peftune.cli import main
+    from peftune.cli.commands import main
 
     uri, _ = sweep_store
     data, _ = data_dirs
@@ -255,7 +255,7 @@ def test_a_retrained_trial_is_its_own_method_kept_on_the_selection_split_as_the_
 
 def test_a_retrained_trial_with_a_stored_spec_trains_exactly_that_spec_with_the_new_seed(tmp_path):
     from analysis.evaluate import recorded_config
-    from peftune.train import TrainConfig
+    from peftune.core.train import TrainConfig
 
     trained = TrainConfig(
         method="lora", method_options={"rank": 4, "targets": ["query", "value"]}, tasks=["sst"], lr=3e-4,
@@ -276,7 +276,7 @@ def test_a_search_trial_judged_at_data_fidelity_rungs_re_trains_without_a_traceb
     """The shipped presets' search trials report at data-fidelity rungs (without a checkpoint): their re-run is
     judged at its epochs' ends only, so ``peftune evaluate`` runs on the record those presets make."""
     from analysis.evaluate import _retrain, recorded_config
-    from peftune.train import TrainConfig
+    from peftune.core.train import TrainConfig
 
     searched = TrainConfig(method="bitfit", tasks=["sst"], lr=1e-3, epochs=2, batch_size=8, seed=0,
                            report_fractions=[1 / 9, 1 / 3], eval_splits=["selection"])  # fmt: skip

@@ -31,7 +31,7 @@ def test_a_smoke_sweep_runs_on_each_encoder_family(family, tmp_path):
     definition.write_text(sweep)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "RAY_USAGE_STATS_ENABLED": "0"}
-    command = [sys.executable, "-m", "peftune.cli", "sweep", str(definition), "--smoke-test", "--model",
+    command = [sys.executable, "-m", "peftune.cli.commands", "sweep", str(definition), "--smoke-test", "--model",
                str(tmp_path / family), "--name", f"questions_{family}", "--tracking-uri", uri, "--storage-path",
                str(tmp_path / "ray_results"), "--reports-dir", str(tmp_path / "reports")]  # fmt: skip
     done = subprocess.run(command, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=1800)

@@ -25,8 +25,9 @@ import ray
 import torch
 from ray import tune
 
-from peftune import cli_sweep, spaces, sweep
-from peftune.train import DivergenceGuard, TrainConfig, TrainingDiverged
+from peftune.cli import sweep_command
+from peftune.core.train import DivergenceGuard, TrainConfig, TrainingDiverged
+from peftune.sweep import orchestrator, spaces
 
 # lr 10 (the largest a space accepts) blows the heads up: a deterministic divergence; top_k with k = 8 > the
 # 6 layers of MiniLM fails when the trial builds its model (a failure, retried once by max_failures: 1)
@@ -142,14 +143,14 @@ def test_divergence_is_a_non_finite_loss_or_one_grown_past_the_bound():
 )
 def test_sweep_status_tells_failures_apart(statuses, status):
     trials = [type("T", (), {"status": s})() for s in statuses]
-    assert sweep.sweep_status(trials) == status
+    assert orchestrator.sweep_status(trials) == status
 
 
 def test_exit_codes():
-    assert cli_sweep.exit_code("completed") == 0 and cli_sweep.exit_code("interrupted") == 3
-    assert cli_sweep.exit_code("completed_with_failures") == 4
-    assert cli_sweep.exit_code("completed_with_failures", allow_failures=True) == 0
-    assert cli_sweep.exit_code("failed", allow_failures=True) == 4  # never all
+    assert sweep_command.exit_code("completed") == 0 and sweep_command.exit_code("interrupted") == 3
+    assert sweep_command.exit_code("completed_with_failures") == 4
+    assert sweep_command.exit_code("completed_with_failures", allow_failures=True) == 0
+    assert sweep_command.exit_code("failed", allow_failures=True) == 4  # never all
 
 
 # ----------------------------------------------------------------------------- real sweeps
@@ -172,7 +173,7 @@ def test_diverged_trials_are_results_failed_ones_make_the_sweep_fail(local_ray, 
     )
     spec = spaces.load_sweep(path)
     view = RayView()
-    result = sweep.run_sweep(spec, tiny_data_dir, uri, storage_path=storage, callbacks=[view])
+    result = orchestrator.run_sweep(spec, tiny_data_dir, uri, storage_path=storage, callbacks=[view])
 
     parents, children = runs_of(uri, "faulty")
     assert len(parents) == 1 and len(children) == 3 and children["tags.peftune.trial_id"].is_unique
@@ -196,11 +197,11 @@ def test_diverged_trials_are_results_failed_ones_make_the_sweep_fail(local_ray, 
     assert parents.iloc[0]["tags.peftune.status"] == "completed_with_failures"
     assert parents.iloc[0]["status"] == "FINISHED"
     assert "trial(s) failed" in result.summary()
-    assert cli_sweep.exit_code(result.status) == 4
+    assert sweep_command.exit_code(result.status) == 4
 
     # a re-run does not run the diverged trials again (Ray retries the failed ones: resume_errored)
     again_view = RayView()
-    again = sweep.run_sweep(spec, tiny_data_dir, uri, storage_path=storage, callbacks=[again_view])
+    again = orchestrator.run_sweep(spec, tiny_data_dir, uri, storage_path=storage, callbacks=[again_view])
     diverged = set(children[children["tags.peftune.status"] == "diverged"]["tags.peftune.trial_id"])
     assert diverged and not diverged & set(again_view.started)
     assert again.status == "completed_with_failures" and again.num_trials == 3
@@ -208,7 +209,7 @@ def test_diverged_trials_are_results_failed_ones_make_the_sweep_fail(local_ray, 
     # the same Tune state with another tracking store: refused up front, naming both places, nothing created
     other = tmp_path / "other" / "mlflow.db"
     with pytest.raises(ValueError, match="no record in") as refused:
-        sweep.run_sweep(spec, tiny_data_dir, f"sqlite:///{other}", storage_path=storage)
+        orchestrator.run_sweep(spec, tiny_data_dir, f"sqlite:///{other}", storage_path=storage)
     assert str(storage / "faulty") in str(refused.value) and str(other) in str(refused.value)
     assert "--tracking-uri" in str(refused.value) and "--name" in str(refused.value)
     assert not other.exists()
@@ -225,7 +226,7 @@ def test_diverged_trials_are_results_failed_ones_make_the_sweep_fail(local_ray, 
         tmp_path / "fitting", "faulty", ["frozen", "bitfit"], trials_per_method=1, epochs=1, seed=1
     )
     capsys.readouterr()
-    assert cli_sweep.job_main(str(fitting), "a test job", argv=argv) == 2
+    assert sweep_command.job_main(str(fitting), "a test job", argv=argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "no record in" in err[0] and not other.exists()
 
@@ -264,7 +265,7 @@ def test_a_stopped_driver_closes_every_run_as_interrupted(tmp_path, tiny_data_di
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0"}
     env.pop("RAY_ADDRESS", None)
     # -v: the line per trial epoch (a trial mid-way through) is a debug line; the console's are per finished trial
-    command = [sys.executable, "-m", "peftune.cli", "-v", "sweep", str(path), "--data-dir", str(tiny_data_dir)]
+    command = [sys.executable, "-m", "peftune.cli.commands", "-v", "sweep", str(path), "--data-dir", str(tiny_data_dir)]
     command += ["--tracking-uri", uri, "--storage-path", str(tmp_path / "ray_results")]
     command += ["--reports-dir", str(tmp_path / "reports")]
     process = subprocess.Popen(
@@ -401,7 +402,7 @@ class Outage(tune.Callback):
 def test_a_tracking_server_outage_stops_no_trial_and_loses_or_duplicates_nothing(
     local_ray, tmp_path, tiny_data_dir, monkeypatch, caplog
 ):
-    for key in sweep.MLFLOW_FAIL_FAST:  # the driver's own bound on MLflow's retries is what is tested
+    for key in orchestrator.MLFLOW_FAIL_FAST:  # the driver's own bound on MLflow's retries is what is tested
         monkeypatch.delenv(key, raising=False)
     caplog.set_level(logging.WARNING, logger="peftune.tracking")
     server = MlflowServer(tmp_path)
@@ -410,7 +411,7 @@ def test_a_tracking_server_outage_stops_no_trial_and_loses_or_duplicates_nothing
         path = write_definition(tmp_path / "defs", "outage", ["bitfit"], trials_per_method=3, epochs=2)
         storage = tmp_path / "ray_results"
         view, outage = RayView(), Outage(server, down_for=3)
-        result = sweep.run_sweep(
+        result = orchestrator.run_sweep(
             spaces.load_sweep(path), tiny_data_dir, server.uri, storage_path=storage, callbacks=[view, outage]
         )
         assert server.starts == 2 and outage.while_down >= 3  # the trials reported on through the outage
@@ -440,7 +441,7 @@ def test_a_tracking_server_outage_stops_no_trial_and_loses_or_duplicates_nothing
 
 @pytest.mark.slow
 def test_writes_pending_at_the_end_stay_on_disk_and_are_replayed_exactly_once(tmp_path, monkeypatch):
-    from peftune.record_writer import SweepRecord, TrialWrites
+    from peftune.record.writer import SweepRecord, TrialWrites
 
     monkeypatch.setenv("MLFLOW_HTTP_REQUEST_MAX_RETRIES", "0")
     server = MlflowServer(tmp_path)
@@ -492,7 +493,7 @@ def test_writes_pending_at_the_end_stay_on_disk_and_are_replayed_exactly_once(tm
 
 
 def test_pending_writes_of_a_sweep_whose_ray_state_is_gone_are_set_aside_not_replayed(tmp_path):
-    from peftune.tracking_buffer import pending_path, set_aside_stale
+    from peftune.record.tracking_buffer import pending_path, set_aside_stale
 
     path = pending_path(str(tmp_path), "gone")
     path.write_text('{"seq": 1, "op": "tags", "trial_id": "t1", "tags": {}}\n')

@@ -25,7 +25,9 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, SHARED_DATA, copy_repository
-from peftune import record, services, spaces
+from peftune.base import record_names
+from peftune.cli import services
+from peftune.sweep import spaces
 from test_jobs import held_out_dir
 
 LOOPBACK = {"127.0.0.1", "::ffff:127.0.0.1", "::1"}
@@ -84,21 +86,21 @@ def check_the_job(output: str, ports: services.Ports, report: Path) -> None:
 
     client = mlflow.MlflowClient(f"http://127.0.0.1:{ports.mlflow}")
     parent = client.get_run(run_id)
-    assert parent.data.tags[record.ROLE] == "sweep" and parent.data.params["budget"] == "smoke"
-    assert parent.data.tags[record.STATUS] == "completed" and parent.info.status == "FINISHED"
+    assert parent.data.tags[record_names.ROLE] == "sweep" and parent.data.params["budget"] == "smoke"
+    assert parent.data.tags[record_names.STATUS] == "completed" and parent.info.status == "FINISHED"
     children = client.search_runs([parent.info.experiment_id], f"tags.mlflow.parentRunId = '{run_id}'")
     # smoke: each budget's best contender, 1 seed; the carried trials are search trials the search did not propose
-    confirmed = [r for r in children if r.data.tags[record.PHASE] == record.CONFIRM]
-    every = [r for r in children if r.data.tags[record.PHASE] == record.SEARCH]
-    searched = [r for r in every if not r.data.tags.get(record.CARRIED_FROM)]
-    assert all(r.data.tags[record.STATUS] == "completed" for r in confirmed)
+    confirmed = [r for r in children if r.data.tags[record_names.PHASE] == record_names.CONFIRM]
+    every = [r for r in children if r.data.tags[record_names.PHASE] == record_names.SEARCH]
+    searched = [r for r in every if not r.data.tags.get(record_names.CARRIED_FROM)]
+    assert all(r.data.tags[record_names.STATUS] == "completed" for r in confirmed)
     assert len(searched) == int(parent.data.params["num_samples"]) == 14
     # the smoke budget gives every method one trial: its published default
     methods = spaces.load_sweep(spaces.resolve_sweep_path("sst_tuning")).methods
     assert sorted(r.data.params["method"] for r in searched) == sorted(methods)
-    assert all(r.data.tags[record.DEFAULT] == "true" for r in searched)
-    assert 1 <= len(confirmed) == len({r.data.tags[record.CONFIG_KEY] for r in confirmed}) <= 3  # one per budget
-    assert {r.data.tags[record.STATUS] for r in searched} <= {"completed", "early_stopped"}
+    assert all(r.data.tags[record_names.DEFAULT] == "true" for r in searched)
+    assert 1 <= len(confirmed) == len({r.data.tags[record_names.CONFIG_KEY] for r in confirmed}) <= 3  # one per budget
+    assert {r.data.tags[record_names.STATUS] for r in searched} <= {"completed", "early_stopped"}
     assert all({"best_score", "trainable_params_per_task"} <= set(r.data.metrics) for r in searched)
 
 
@@ -117,7 +119,7 @@ def listening(processes) -> list[tuple[str, str, int]]:
 
 
 def test_up_refuses_bad_ports_and_a_port_held_by_something_else(capsys, tmp_path, monkeypatch):
-    from peftune.cli import main
+    from peftune.cli.commands import main
 
     monkeypatch.chdir(tmp_path)
     assert main(["up", "--ray-port", "5000", "--mlflow-port", "5000"]) == 2
@@ -160,7 +162,7 @@ def test_readme_first_command_on_a_fresh_machine(tmp_path):
         PYTHONPATH=f"{repo / 'platform'}{os.pathsep}{repo}",
         RAY_USAGE_STATS_ENABLED="0",
     )
-    down = [sys.executable, "-m", "peftune.cli", "down", "--ray-port", str(ports.ray), "--mlflow-port",
+    down = [sys.executable, "-m", "peftune.cli.commands", "down", "--ray-port", str(ports.ray), "--mlflow-port",
             str(ports.mlflow)]  # fmt: skip
     try:
         first = run(first_command, repo, env)

@@ -11,8 +11,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from peftune import train
-from peftune.backbone import Linear, LowPrecision, cast_frozen
+from peftune.core import train
+from peftune.inputs.backbone import Linear, LowPrecision, cast_frozen
 
 STEPS = 4
 CASES = {

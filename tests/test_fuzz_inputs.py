@@ -17,10 +17,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from peftune import data, spaces
-from peftune.data import DataError
-from peftune.spaces import SpaceError
-from peftune.tasks import get_task
+from peftune.inputs import data
+from peftune.inputs.data import DataError
+from peftune.inputs.tasks import get_task
+from peftune.sweep import spaces
+from peftune.sweep.spaces import SpaceError
 
 PARA = get_task("para")
 HEADER = "\tid\tsentence1\tsentence2\tis_duplicate\n"

@@ -14,7 +14,7 @@ import mlflow
 import pytest
 import ray
 
-from peftune import sweep
+from peftune.sweep import orchestrator
 from tiny_sweep import FROZEN_AND_TOP_K, write_definition
 
 pytestmark = pytest.mark.slow
@@ -42,8 +42,10 @@ def test_four_quarter_gpu_trials_share_one_declared_gpu_and_say_they_train_on_th
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     context = ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False)
     try:
-        assert sweep.trial_resources(definition.resources) == {"cpu": 0.5, "gpu": 0.25}
-        result = sweep.run_sweep(definition, tiny_data_dir, uri, storage_path=tmp_path / "ray", reports_dir=tmp_path)
+        assert orchestrator.trial_resources(definition.resources) == {"cpu": 0.5, "gpu": 0.25}
+        result = orchestrator.run_sweep(
+            definition, tiny_data_dir, uri, storage_path=tmp_path / "ray", reports_dir=tmp_path
+        )
         session = Path(context.address_info["session_dir"])
     finally:
         ray.shutdown()

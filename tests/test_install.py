@@ -25,7 +25,7 @@ from conftest import copy_repository
 
 CHECK_DATA = """
 import importlib.resources, sys
-from peftune import spaces
+from peftune.sweep import spaces
 assert spaces.SEARCH_SPACES_DIR.is_relative_to(sys.prefix), spaces.SEARCH_SPACES_DIR
 assert {"smoke.yaml", "sst_tuning.yaml", "methods/lora.yaml"} <= {
     str(p.relative_to(spaces.SEARCH_SPACES_DIR)) for p in spaces.shipped_files()}

@@ -39,7 +39,7 @@ def test_every_module_of_the_package_is_in_one_layer():
 
 # the record's two sides: the only modules of peftune and analysis that import MLflow (docs/design.md, "The MLflow
 # record"); every other module reads and writes the record through them
-MLFLOW_MODULES = {"peftune.record_reader", "peftune.record_writer"}
+MLFLOW_MODULES = {"peftune.record.reader", "peftune.record.writer"}
 
 
 def imported_roots(path) -> set[str]:

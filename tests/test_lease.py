@@ -1,4 +1,4 @@
-"""One driver per sweep: the lease on the storage path (``peftune.lease``).
+"""One driver per sweep: the lease on the storage path (``peftune.sweep.lease``).
 
 The rules on real files (a second holder refused naming the first, a lapsed lease taken over, a
 superseded holder told so, one winner of a race), then real driver processes of one sweep: the
@@ -25,7 +25,8 @@ import psutil
 import pytest
 
 from conftest import sweep_command
-from peftune import cli_common, lease
+from peftune.cli import common
+from peftune.sweep import lease
 from tiny_sweep import FROZEN_AND_TOP_K
 
 # ----------------------------------------------------------------------------- the rules, on files
@@ -87,7 +88,7 @@ def test_a_fresh_lease_of_a_silent_driver_is_not_taken_over(tmp_path):
 
 HOLD = """\
 import sys, time
-from peftune import lease
+from peftune.sweep import lease
 lease.Lease(sys.argv[1], "s", ttl=60).acquire()
 print("held", flush=True)
 time.sleep(600)
@@ -105,7 +106,7 @@ def test_the_lease_of_a_dead_driver_on_this_host_is_taken_over_at_once(tmp_path,
         holder.kill()
         os.waitid(os.P_PID, holder.pid, os.WEXITED | os.WNOWAIT)  # dead, not yet reaped: a zombie
         taker = lease.Lease(tmp_path, "s", ttl=60)
-        with caplog.at_level("WARNING", logger="peftune.lease"):
+        with caplog.at_level("WARNING", logger="peftune.sweep.lease"):
             taker.acquire()  # at once, 59 s before the dead driver's lease lapses
         taker.release()
         assert "whose process has ended" in caplog.text and f"pid {holder.pid}" in caplog.text
@@ -275,7 +276,7 @@ def test_two_drivers_of_one_sweep_the_second_refused_then_a_takeover_after_sigki
         ((refused_index, code),) = codes.items()  # one of them ended, the other runs on
         refused, running = (second, first) if refused_index == 1 else (first, second)
         refused.finish(30)
-        assert code == cli_common.EXIT_USER_ERROR, refused.output[-3000:]
+        assert code == common.EXIT_USER_ERROR, refused.output[-3000:]
         errors = [line for line in refused.output.splitlines() if "error" in line]
         assert len(errors) == 1 and f"pid {running.process.pid}, since " in errors[0], refused.output[-3000:]
         assert f"host {socket.gethostname()}" in errors[0] and "Traceback" not in refused.output

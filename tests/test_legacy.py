@@ -1,5 +1,5 @@
 """The record's version (issue 55): the sweep tags its parent run with it, the report reads it, and every old path
-(``peftune.legacy``) is taken by an untagged record only. A tagged record that lacks a piece, or a tag this peftune
+(``peftune.record.legacy``) is taken by an untagged record only. A tagged record that lacks a piece, or a tag this peftune
 cannot read, is refused in one line naming the run. Real MLflow stores (SQLite in tmp_path), no mocks."""
 
 from __future__ import annotations
@@ -10,10 +10,12 @@ import mlflow
 import pytest
 
 from analysis import report, runs
-from peftune import legacy, record, record_writer, spaces
-from peftune.cli import main
-from peftune.decisions import Plan
-from peftune.errors import RecordError
+from peftune.base import record_names
+from peftune.base.errors import RecordError
+from peftune.cli.commands import main
+from peftune.record import legacy, writer
+from peftune.stats.decisions import Plan
+from peftune.sweep import spaces
 from sweep_record import TrialSpec, counts, record_sweep
 
 # a confirmation run's predictions: task -> (example ids, predictions, labels)
@@ -30,18 +32,20 @@ def test_a_new_sweep_tags_its_version_and_a_resumed_old_one_stays_untagged(tmp_p
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     definition = spaces.load_sweep(spaces.resolve_sweep_path("sst_tuning"), budget="cpu")
     where = {"data_hashes": {}, "ray_experiment_path": str(tmp_path / "ray")}
-    opened = record_writer.open_sweep(uri, definition, expect_existing=False, **where)
+    opened = writer.open_sweep(uri, definition, expect_existing=False, **where)
     client = mlflow.MlflowClient(uri)
     tags = client.get_run(opened.parent_run_id).data.tags
-    assert tags[record.RECORD_VERSION_TAG] == str(legacy.RECORD_VERSION) and opened.version == legacy.RECORD_VERSION
-    resumed = record_writer.open_sweep(uri, definition, expect_existing=True, **where)
+    assert (
+        tags[record_names.RECORD_VERSION_TAG] == str(legacy.RECORD_VERSION) and opened.version == legacy.RECORD_VERSION
+    )
+    resumed = writer.open_sweep(uri, definition, expect_existing=True, **where)
     assert resumed.resumed and resumed.version == legacy.RECORD_VERSION
 
     # a sweep begun before the tag: resumed, it keeps none and stays an old record
-    client.delete_tag(opened.parent_run_id, record.RECORD_VERSION_TAG)
-    resumed = record_writer.open_sweep(uri, definition, expect_existing=True, **where)
+    client.delete_tag(opened.parent_run_id, record_names.RECORD_VERSION_TAG)
+    resumed = writer.open_sweep(uri, definition, expect_existing=True, **where)
     assert resumed.version == legacy.UNTAGGED
-    assert record.RECORD_VERSION_TAG not in client.get_run(opened.parent_run_id).data.tags
+    assert record_names.RECORD_VERSION_TAG not in client.get_run(opened.parent_run_id).data.tags
 
 
 def test_an_untagged_record_takes_the_old_paths(tmp_path):
@@ -53,13 +57,15 @@ def test_an_untagged_record_takes_the_old_paths(tmp_path):
     ]
     _, _, ids = record_sweep(uri, "old", ["sst"], specs, artifact_dir=tmp_path / "artifacts")
     client = mlflow.MlflowClient(uri)
-    client.delete_tag(ids["s"], record.CONFIG_KEY)
-    client.set_tag(ids["c"], record.PHASE, record.CONFIRM)
+    client.delete_tag(ids["s"], record_names.CONFIG_KEY)
+    client.set_tag(ids["c"], record_names.PHASE, record_names.CONFIRM)
 
     sweep = runs.read_sweep_record("old", uri)
     assert sweep.record_version == legacy.UNTAGGED
     trial = sweep.trials.set_index("trial_id").loc["s"]
-    assert trial["phase"] == record.SEARCH and trial["config_key"] == f"run:{ids['s']}" and trial["split"] == "dev"
+    assert (
+        trial["phase"] == record_names.SEARCH and trial["config_key"] == f"run:{ids['s']}" and trial["split"] == "dev"
+    )
     assert len(sweep.confirmations) == 1 and runs.load_predictions(sweep).empty  # no predictions: left out
     plan = report.plan_of(sweep.parent_params, sweep.record_version, sweep.parent_run_id)
     assert plan == Plan(seeds=3, max_seeds=3, margin=0.05)
@@ -77,13 +83,13 @@ def current_record(tmp_path, drop: str | None = None) -> tuple[str, str, dict[st
     budget = {"selection_examples": 8, "decision_examples": 3}
     _, parent, ids = record_sweep(uri, "current", ["sst"], specs, artifact_dir=tmp_path / "artifacts", budget=budget)
     client = mlflow.MlflowClient(uri)
-    client.set_tag(parent, record.RECORD_VERSION_TAG, str(legacy.RECORD_VERSION))
-    client.set_tag(ids["s"], record.PHASE, record.SEARCH)
-    client.set_tag(ids["c"], record.PHASE, record.CONFIRM)
+    client.set_tag(parent, record_names.RECORD_VERSION_TAG, str(legacy.RECORD_VERSION))
+    client.set_tag(ids["s"], record_names.PHASE, record_names.SEARCH)
+    client.set_tag(ids["c"], record_names.PHASE, record_names.CONFIRM)
     if drop != "selection_score":
-        client.log_metric(ids["s"], record.split_metric(record.SELECTION, record.SCORE), 0.40, step=1)
-    client.log_metric(ids["c"], record.split_metric(record.DEV, record.SCORE), 0.42, step=1)
-    if drop in (record.PHASE, record.CONFIG_KEY):
+        client.log_metric(ids["s"], record_names.split_metric(record_names.SELECTION, record_names.SCORE), 0.40, step=1)
+    client.log_metric(ids["c"], record_names.split_metric(record_names.DEV, record_names.SCORE), 0.42, step=1)
+    if drop in (record_names.PHASE, record_names.CONFIG_KEY):
         client.delete_tag(ids["s"], drop)
     return uri, parent, ids
 
@@ -93,12 +99,12 @@ def test_a_whole_current_record_takes_no_old_path(tmp_path):
     sweep = runs.read_sweep_record("current", uri)
     assert sweep.record_version == legacy.RECORD_VERSION
     trial = sweep.trials.set_index("trial_id").loc["s"]
-    assert trial["phase"] == record.SEARCH and not trial["config_key"].startswith("run:")
+    assert trial["phase"] == record_names.SEARCH and not trial["config_key"].startswith("run:")
     assert trial["split"] == "selection"
-    assert set(runs.load_predictions(sweep)["split"]) == {record.DECISION, record.DEV}
+    assert set(runs.load_predictions(sweep)["split"]) == {record_names.DECISION, record_names.DEV}
 
 
-@pytest.mark.parametrize("drop", [record.PHASE, record.CONFIG_KEY, "selection_score"])
+@pytest.mark.parametrize("drop", [record_names.PHASE, record_names.CONFIG_KEY, "selection_score"])
 def test_a_current_record_that_lost_a_run_piece_is_refused(tmp_path, drop):
     uri, _, ids = current_record(tmp_path, drop)
     with pytest.raises(RecordError) as refused:
@@ -117,14 +123,14 @@ def test_a_current_record_that_lost_its_predictions_is_refused(tmp_path):
 @pytest.mark.parametrize("tag", ["six", "6.0", "5", str(legacy.RECORD_VERSION + 1)])
 def test_a_version_tag_this_peftune_cannot_read_is_refused(tmp_path, capsys, tag):
     uri, parent, _ = current_record(tmp_path)
-    mlflow.MlflowClient(uri).set_tag(parent, record.RECORD_VERSION_TAG, tag)
+    mlflow.MlflowClient(uri).set_tag(parent, record_names.RECORD_VERSION_TAG, tag)
     with pytest.raises(RecordError) as refused:
         runs.read_sweep_record("current", uri)
     assert f"expected an integer from 6 to {legacy.RECORD_VERSION}" in one_line_naming(refused.value, parent)
     capsys.readouterr()
     assert main(["report", "--sweep", "current", "--tracking-uri", uri, "--output", str(tmp_path / "out")]) == 2
     error = capsys.readouterr().err.strip()
-    assert "\n" not in error and parent in error and record.RECORD_VERSION_TAG in error
+    assert "\n" not in error and parent in error and record_names.RECORD_VERSION_TAG in error
 
 
 RUN = "0123abcd"
@@ -133,12 +139,12 @@ RUN = "0123abcd"
 @pytest.mark.parametrize(
     "old_path, before",
     [
-        (lambda v: legacy.unspecified(RUN, {record.TRAIN_COMMAND: "peftune train --method bitfit"}, v), None),
+        (lambda v: legacy.unspecified(RUN, {record_names.TRAIN_COMMAND: "peftune train --method bitfit"}, v), None),
         (lambda v: legacy.confirmation_rows(RUN, None, v), False),
         (lambda v: legacy.split_sizes({}, v, RUN), (False, 0)),
         (lambda v: legacy.plan_params({}, v, RUN), (3, 3, 0.05)),
         (lambda v: legacy.eval_seconds(RUN, {"eval_time_s": 2.0}, math.nan, v), 2.0),
-        (lambda v: legacy.missing_predictions(RUN, record.DEV, v, kept=True), None),
+        (lambda v: legacy.missing_predictions(RUN, record_names.DEV, v, kept=True), None),
     ],
     ids=["trial_spec", "confirmation_rows", "split_sizes", "plan", "eval_total_s", "predictions"],
 )
@@ -153,7 +159,12 @@ def test_what_a_current_record_may_lack_is_no_lost_piece():
     """A sweep with no data directory stores no trial_spec.json (nor a command); a report run keeps no predictions,
     and a sweep without decision examples none on that split."""
     assert legacy.unspecified(RUN, {}, legacy.RECORD_VERSION) is None
-    for split, reason, decision_examples in [(record.DEV, "report: fresh seed", 8), (record.DECISION, "", 0)]:
-        kept = record.keeps_predictions(split, reason, decision_examples)
+    for split, reason, decision_examples in [
+        (record_names.DEV, "report: fresh seed", 8),
+        (record_names.DECISION, "", 0),
+    ]:
+        kept = record_names.keeps_predictions(split, reason, decision_examples)
         assert not kept and legacy.missing_predictions(RUN, split, legacy.RECORD_VERSION, kept) is None
-    assert record.keeps_predictions(record.DECISION, "", 8) and record.keeps_predictions(record.DEV, "", 0)
+    assert record_names.keeps_predictions(record_names.DECISION, "", 8) and record_names.keeps_predictions(
+        record_names.DEV, "", 0
+    )

@@ -8,13 +8,13 @@ import torch.nn.functional as F
 from torch import nn
 
 from conftest import TINY, random_batch, sequence_output
-from peftune.backbone import BertConfig, BertModel
+from peftune.core.model import MultitaskModel
+from peftune.inputs.backbone import BertConfig, BertModel
+from peftune.inputs.tasks import parse_tasks
 from peftune.methods import get_method, make_method_config
 from peftune.methods.adapter import AdapterConfig, HoulsbyAdapter, TaskAdapters, adapter_parameter_count
 from peftune.methods.base import PER_TASK
 from peftune.methods.lora_adapter import LoraAdapterConfig, lora_adapter_parameter_count, lora_parameter_count
-from peftune.model import MultitaskModel
-from peftune.tasks import parse_tasks
 
 TASKS = "sst,para"
 

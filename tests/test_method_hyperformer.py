@@ -7,12 +7,12 @@ import torch
 import torch.nn.functional as F
 
 from conftest import TINY, random_batch, sequence_output
-from peftune.backbone import BertConfig, BertModel
+from peftune.core.model import MultitaskModel
+from peftune.inputs.backbone import BertConfig, BertModel
+from peftune.inputs.tasks import parse_tasks
 from peftune.methods import get_method, make_method_config
 from peftune.methods.base import PER_TASK
 from peftune.methods.hyperformer import LN_EPS, HyperAdapter, HyperformerConfig, hyperformer_parameter_count
-from peftune.model import MultitaskModel
-from peftune.tasks import parse_tasks
 
 TASKS = "sst,para"
 SMALL = {"bottleneck": 4, "projected_dim": 8, "task_embedding_dim": 6, "projector_hidden": 10}

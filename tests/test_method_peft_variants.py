@@ -13,12 +13,12 @@ import transformers
 
 from conftest import TINY, assert_peft_loads_the_export, random_batch, tiny_backbone
 from peftune import methods
+from peftune.core.model import MultitaskModel
+from peftune.core.train import TrainConfig, build_optimizer
+from peftune.inputs.tasks import parse_tasks
 from peftune.methods.ia3 import peft_ia3_config
 from peftune.methods.lora import peft_lora_config
 from peftune.methods.vera import peft_vera_config
-from peftune.model import MultitaskModel
-from peftune.tasks import parse_tasks
-from peftune.train import TrainConfig, build_optimizer
 
 PEFT_CONFIGS = {"lora": peft_lora_config, "dora": peft_lora_config, "ia3": peft_ia3_config, "vera": peft_vera_config}
 # what each method trains, by a part of its parameters' names (peft's names)

@@ -10,12 +10,12 @@ import torch
 from torch.testing import assert_close
 
 from conftest import TINY
-from peftune.backbone import BertConfig, BertModel
+from peftune.core.model import MultitaskModel
+from peftune.inputs.backbone import BertConfig, BertModel
+from peftune.inputs.tasks import parse_tasks
 from peftune.methods.base import get_method, make_method_config
 from peftune.methods.prefix import PrefixConfig, merge_prefix, prefix_parameter_count
 from peftune.methods.prompt import PromptConfig, prompt_parameter_count
-from peftune.model import MultitaskModel
-from peftune.tasks import parse_tasks
 
 BERT_BASE_PARAMS = 109_482_240  # bert-base-uncased BertModel, as in METHODS.md
 CLS_ID = 2

@@ -10,10 +10,10 @@ import torch
 
 from conftest import TINY, random_batch, tiny_backbone
 from peftune import methods
-from peftune.checkpoint import load_trainable, save_checkpoint
-from peftune.model import MultitaskModel
-from peftune.params import count_parameters, task_of
-from peftune.tasks import parse_tasks
+from peftune.core.checkpoint import load_trainable, save_checkpoint
+from peftune.core.model import MultitaskModel
+from peftune.core.params import count_parameters, task_of
+from peftune.inputs.tasks import parse_tasks
 
 ALL_METHODS = methods.method_names()
 TASKS = parse_tasks("sst,para")

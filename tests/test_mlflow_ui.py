@@ -20,7 +20,8 @@ import mlflow
 import pytest
 
 from conftest import sweep_command
-from peftune import record, services
+from peftune.base import record_names
+from peftune.cli import services
 from test_fresh_machine import free_ports
 from test_report_html import find_browser
 from tiny_sweep import write_definition
@@ -118,7 +119,7 @@ def test_the_printed_links_open_the_trials_the_answer_and_the_frontier(server, t
 
     runs = mlflow.MlflowClient(server).search_runs(
         [mlflow.MlflowClient(server).get_experiment_by_name(definition.name).experiment_id],
-        filter_string=f"tags.`{record.ROLE}` = 'trial'",
+        filter_string=f"tags.`{record_names.ROLE}` = 'trial'",
     )
     names = sorted(run.info.run_name for run in runs)  # 4 search trials, then each method's best with 2 seeds
     named = re.compile(r"(lora r=[12]|adapter m=[48]) · (search|confirm s\d+)")

@@ -13,8 +13,8 @@ import mlflow
 import pytest
 
 from conftest import SHARED_DATA
-from peftune import spaces
-from peftune.record_writer import fingerprint_hashes
+from peftune.record.writer import fingerprint_hashes
+from peftune.sweep import spaces
 
 REPO = Path(__file__).resolve().parents[1]
 QUORA_BROKEN_LINES = [3296, 11099]  # rows of the shipped quora-train.csv with an empty sentence
@@ -112,12 +112,12 @@ def test_multitask_job_smoke_test_on_the_real_data(tmp_path):
 def test_invalid_rows_flag_overrides_the_definition():
     import argparse
 
-    from peftune import cli_sweep
+    from peftune.cli import sweep_command
 
     parser = argparse.ArgumentParser()
-    cli_sweep.add_arguments(parser, definition_default="multitask_tuning")
-    default = cli_sweep.definition_from_args(parser.parse_args(["--data-dir", "d", "--smoke-test"]))
-    strict = cli_sweep.definition_from_args(
+    sweep_command.add_arguments(parser, definition_default="multitask_tuning")
+    default = sweep_command.definition_from_args(parser.parse_args(["--data-dir", "d", "--smoke-test"]))
+    strict = sweep_command.definition_from_args(
         parser.parse_args(["--data-dir", "d", "--smoke-test", "--invalid-rows", "raise"])
     )
     assert default.invalid_rows == "skip" and strict.invalid_rows == "raise"

@@ -11,8 +11,10 @@ import textwrap
 import pytest
 
 from analysis import pareto, plots, runs
-from peftune import cli, cli_train, record, spaces
+from peftune.base import record_names
+from peftune.cli import commands, train_command
 from peftune.methods import base
+from peftune.sweep import spaces
 
 MODULE = '''\
 """A test's method: the top ``width`` layers' output LayerNorms train."""
@@ -72,21 +74,21 @@ def tiny(tmp_path, monkeypatch):
 
 
 def test_a_new_method_is_listed_by_peftune_methods(tiny, capsys):
-    assert cli.main(["methods", "--tasks", "sst"]) == 0
+    assert commands.main(["methods", "--tasks", "sst"]) == 0
     (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("tiny ")]
     assert "width=3" in row
 
 
 def test_a_new_method_brings_its_command_line_flag(tiny, capsys):
     with pytest.raises(SystemExit):
-        cli.main(["train", "--help"])
+        commands.main(["train", "--help"])
     text = " ".join(capsys.readouterr().out.split())
     assert "--width INT output LayerNorms that train, from the top (default: tiny 3)" in text
-    args = cli.build_parser().parse_args(["train", "--data-dir", "d", "--method", "tiny", "--width", "2"])
-    assert cli_train.method_options(args) == {"width": 2}
-    args = cli.build_parser().parse_args(["train", "--data-dir", "d", "--method", "lora", "--width", "2"])
+    args = commands.build_parser().parse_args(["train", "--data-dir", "d", "--method", "tiny", "--width", "2"])
+    assert train_command.method_options(args) == {"width": 2}
+    args = commands.build_parser().parse_args(["train", "--data-dir", "d", "--method", "lora", "--width", "2"])
     with pytest.raises(ValueError, match="--width does not apply to method 'lora'"):
-        cli_train.method_options(args)
+        train_command.method_options(args)
 
 
 def test_a_sweep_definition_takes_a_new_method_with_its_space(tiny, tmp_path):
@@ -107,20 +109,21 @@ def test_plots_and_report_show_a_new_method_by_its_spec(tiny):
         "frozen", "lora", "tiny", "adapter", "prompt"]  # fmt: skip
     assert runs.size_label("tiny", {"method.width": 2}) == "w=2"
     assert runs.size_value("tiny", {"method.width": 2}) == 2.0
-    assert record.run_label("tiny", runs.size_label("tiny", {"method.width": 2}), "search") == "tiny w=2 · search"
+    assert record_names.run_label("tiny", runs.size_label("tiny", {"method.width": 2}), "search") == "tiny w=2 · search"
 
 
 def test_every_methods_recorded_command_parses_back_through_the_generated_flags(tiny):
     """``train_command`` writes each option as its flag; the command line reads it back to the same config."""
     import shlex
 
-    from peftune import methods, train
+    from peftune import methods
+    from peftune.core import train
 
     for method in methods.method_names():
         config = train.TrainConfig(method=method, tasks=["sst"])
         argv = shlex.split(train.train_command(config, {"data_dir": "d"}))[1:]
         assert "--option" not in argv
-        back = cli_train.config_from_args(cli.build_parser().parse_args(argv))
+        back = train_command.config_from_args(commands.build_parser().parse_args(argv))
         expected = methods.make_method_config(method, config.method_options_with_dropout())
         assert methods.make_method_config(method, back.method_options_with_dropout()) == expected, method
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from peftune.optim import ClippedAdamW
+from peftune.core.optim import ClippedAdamW
 
 
 def params_and_grads(scale: float, seed: int = 0) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -1,4 +1,4 @@
-"""Packed execution (peftune.pack) is exact: each member of a pack trains as its solo run does.
+"""Packed execution (peftune.core.pack) is exact: each member of a pack trains as its solo run does.
 
 For each packable method, K = 3 members with different learning rates, dropouts, weight decays and sizes train as
 one pack on a tiny BERT; each member's per-step losses, its gradients at a step, its final trainable parameters and
@@ -14,8 +14,8 @@ import dataclasses
 import pytest
 import torch
 
-from peftune import pack, train
-from peftune.errors import UserError
+from peftune.base.errors import UserError
+from peftune.core import pack, train
 
 GRAD_STEP = 4  # the step whose (clipped) gradients are compared
 
@@ -260,7 +260,7 @@ def test_a_member_stopped_at_its_rung_by_a_scheduler_leaves_the_others_their_sol
 
 
 def test_drawing_from_a_generator_draws_its_stream_and_leaves_the_default_one_alone():
-    from peftune.dropout import drawing_from
+    from peftune.inputs.dropout import drawing_from
 
     torch.manual_seed(1)
     default_before = torch.get_rng_state()
@@ -286,8 +286,8 @@ WIDE_TOLERANCE = {"fp32": 3e-5, "bf16": 2e-2}  # |packed loss - solo loss| at an
 @pytest.fixture(scope="module")
 def minilm_wide_prepared(tiny_prepared):
     """The toy rows over a random BERT of MiniLM's width (H 384, FFN 1,536, 12 heads), 2 layers."""
-    from peftune.backbone import BertConfig, BertModel
-    from peftune.train import PretrainedBackbone
+    from peftune.core.train import PretrainedBackbone
+    from peftune.inputs.backbone import BertConfig, BertModel
 
     config = BertConfig(vocab_size=tiny_prepared.backbone.config.vocab_size, hidden_size=384, num_hidden_layers=2,
                         num_attention_heads=12, intermediate_size=1536)  # fmt: skip

@@ -1,4 +1,4 @@
-"""Packed trials in a real sweep (peftune.packing): Ray Tune, Optuna, ASHA and MLflow as every sweep runs them.
+"""Packed trials in a real sweep (peftune.sweep.packing): Ray Tune, Optuna, ASHA and MLflow as every sweep runs them.
 
 The same sweep runs twice on a local Ray of 2 CPUs and one declared GPU (this machine has no CUDA: the trials
 train on the CPU, but Ray grants GPU shares as on a GPU cluster, and a pack's members must be on one GPU), its
@@ -17,7 +17,8 @@ import pytest
 import ray
 from ray.tune.schedulers import TrialScheduler
 
-from peftune import packing, record, search, spaces, sweep
+from peftune.base import record_names
+from peftune.sweep import orchestrator, packing, search, spaces
 from tiny_sweep import FROZEN_AND_TOP_K, write_definition
 
 BITFIT = """\
@@ -99,7 +100,7 @@ def stop_each_methods_second_trial_at_its_first_rung(monkeypatch) -> None:
 
     def on_trial_result(self, tune_controller, trial, result):
         decision = decide(self, tune_controller, trial, result)
-        if trial.config["peftune"].get("optuna_trial") == 1 and result.get(record.PARTIAL):
+        if trial.config["peftune"].get("optuna_trial") == 1 and result.get(record_names.PARTIAL):
             return TrialScheduler.STOP
         return decision
 
@@ -113,10 +114,10 @@ def test_packed_search_trials_record_their_solo_twins_scores(local_ray, tmp_path
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     packed = definition(tmp_path, "packed", pack_size=3)
     assert search.pack_sizes(packed) == {"bitfit": 3, "adapter": 3}
-    result = sweep.run_sweep(packed, tiny_data_dir, uri, storage_path=tmp_path / "ray_results")
+    result = orchestrator.run_sweep(packed, tiny_data_dir, uri, storage_path=tmp_path / "ray_results")
     assert result.status == "completed", result.statuses
     solo = definition(tmp_path, "solo", pack_size=1)
-    sweep.run_sweep(solo, tiny_data_dir, uri, storage_path=tmp_path / "ray_results")
+    orchestrator.run_sweep(solo, tiny_data_dir, uri, storage_path=tmp_path / "ray_results")
 
     ours, theirs = histories(uri, "packed"), histories(uri, "solo")
     assert ours.keys() == theirs.keys()  # the same nine configurations
@@ -160,7 +161,8 @@ def test_a_pack_whose_runner_cannot_get_its_cpus_starts_without_them(local_ray, 
     (before, the SST job's search stood still: 5 runners pending, 6 members holding both CPUs)."""
     import time
 
-    from peftune import pack, shared_data, train
+    from peftune.core import pack, train
+    from peftune.sweep import shared_data
 
     @ray.remote(num_cpus=2)
     class Holder:

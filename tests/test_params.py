@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from peftune import methods
-from peftune.backbone import BertConfig, BertModel
-from peftune.model import MultitaskModel
-from peftune.params import count_parameters
-from peftune.tasks import parse_tasks
+from peftune.core.model import MultitaskModel
+from peftune.core.params import count_parameters
+from peftune.inputs.backbone import BertConfig, BertModel
+from peftune.inputs.tasks import parse_tasks
 
 BASE = BertConfig()  # bert-base-uncased's shape
 D, L, FFN, V, P = BASE.hidden_size, BASE.num_hidden_layers, BASE.intermediate_size, BASE.vocab_size, 512

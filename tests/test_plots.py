@@ -1,6 +1,6 @@
 """One description, two renderers: the PNG (matplotlib) and the HTML figure (plotly) draw the same plot.
 
-The trials come from a real MLflow record (SQLite in tmp_path) written as ``peftune.record_writer`` writes it, and
+The trials come from a real MLflow record (SQLite in tmp_path) written as ``peftune.record.writer`` writes it, and
 are read back by ``analysis.runs``; the published reference is the packaged AdaptBert table.
 """
 

@@ -19,7 +19,8 @@ from pathlib import Path
 import pytest
 
 from conftest import sweep_command
-from peftune import record, services
+from peftune.base import record_names
+from peftune.cli import services
 from test_fresh_machine import free_ports
 from test_sweep import definition
 
@@ -86,7 +87,7 @@ def mlflow_server(postgres, tmp_path):
 def test_two_sweeps_a_resume_and_reports_on_postgres(mlflow_server, tiny_data_dir, tmp_path):
     import mlflow
 
-    from peftune import record_writer
+    from peftune.record import writer
 
     env = {key: value for key, value in os.environ.items() if not key.startswith(("RAY_ADDRESS", "MLFLOW_"))}
     env.update(PYTHONPATH=f"{REPO / 'platform'}{os.pathsep}{REPO}", RAY_USAGE_STATS_ENABLED="0")
@@ -115,15 +116,15 @@ def test_two_sweeps_a_resume_and_reports_on_postgres(mlflow_server, tiny_data_di
     client = mlflow.MlflowClient(mlflow_server)
     for name, (_, work) in runs.items():
         experiment = client.get_experiment_by_name(name)
-        assert experiment.tags.get(record_writer.EXPERIMENT_KIND_TAG) == record_writer.EXPERIMENT_KIND
-        parents = client.search_runs([experiment.experiment_id], f"tags.`{record.ROLE}` = 'sweep'")
+        assert experiment.tags.get(writer.EXPERIMENT_KIND_TAG) == writer.EXPERIMENT_KIND
+        parents = client.search_runs([experiment.experiment_id], f"tags.`{record_names.ROLE}` = 'sweep'")
         assert len(parents) == 1  # the resume found the parent run again
         parent_id = parents[0].info.run_id
         children = [r for r in client.search_runs([experiment.experiment_id]) if r.info.run_id != parent_id]
-        trial_ids = Counter(r.data.tags.get(record.TRIAL_ID) for r in children)
+        trial_ids = Counter(r.data.tags.get(record_names.TRIAL_ID) for r in children)
         assert len(trial_ids) == 2 and set(trial_ids.values()) == {1}  # each trial once, none of the other sweep's
         assert all(r.data.tags.get("mlflow.parentRunId") == parent_id for r in children)
-        assert all(r.data.tags.get(record.STATUS) in ("completed", "early_stopped", "failed") for r in children)
+        assert all(r.data.tags.get(record_names.STATUS) in ("completed", "early_stopped", "failed") for r in children)
         assert parents[0].data.metrics["sweep_trials"] == 2
         assert (work / "reports" / name / "report.md").exists()
         if name == "pg_a":

@@ -12,8 +12,9 @@ import numpy as np
 import pytest
 
 from conftest import SHARED_DATA
-from peftune import decisions, train
-from peftune.data import DataSettings
+from peftune.core import train
+from peftune.inputs.data import DataSettings
+from peftune.stats import decisions
 
 SEEDS = (1, 2, 3)
 

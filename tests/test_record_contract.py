@@ -1,4 +1,4 @@
-"""The record's names are spelled in one place, ``peftune.record`` (issue 31): a tag, status or metric name, or the
+"""The record's names are spelled in one place, ``peftune.base.record_names`` (issue 31): a tag, status or metric name, or the
 hyperparameters every method has, written out again elsewhere could drift from what the writer writes and the
 reader reads. Every other module of the library, the analysis and the jobs uses the names from there."""
 
@@ -7,15 +7,16 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from peftune import epoch_kept, record
+from peftune.base import record_names as record
+from peftune.record import epoch_kept
 
 ROOT = Path(__file__).resolve().parents[1]
 SOURCES = (ROOT / "platform" / "peftune", ROOT / "analysis", ROOT / "jobs")
-CONTRACT = ROOT / "platform" / "peftune" / "record.py"
+CONTRACT = ROOT / "platform" / "peftune" / "base" / "record_names.py"
 
 
 def record_names() -> dict[str, str]:
-    """The names no module but ``peftune.record`` may spell: value -> the constant that holds it.
+    """The names no module but ``peftune.base.record_names`` may spell: value -> the constant that holds it.
 
     Not among them (yet): ``score`` and the task metrics, a column of nearly every table of the analysis, and words
     of the record that are also ordinary words of the code (the splits, the phases, ``trial``, ``report``)."""
@@ -66,7 +67,7 @@ def spelled_out(path: Path, names: dict[str, str]) -> list[str]:
 
 
 def hyperparameters_spelled_out(path: Path) -> list[str]:
-    """A tuple, list, set or dict of exactly the common hyperparameters (``record.HYPERPARAMETERS``)."""
+    """A tuple, list, set or dict of exactly the common hyperparameters (``record_names.HYPERPARAMETERS``)."""
     wanted = set(record.HYPERPARAMETERS)
     out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
@@ -75,7 +76,7 @@ def hyperparameters_spelled_out(path: Path) -> list[str]:
             continue
         values = {item.value for item in items if isinstance(item, ast.Constant)}
         if values == wanted and len(items) == len(wanted):
-            out.append(f"{path.relative_to(ROOT)}:{node.lineno}: {sorted(values)} (record.HYPERPARAMETERS)")
+            out.append(f"{path.relative_to(ROOT)}:{node.lineno}: {sorted(values)} (record_names.HYPERPARAMETERS)")
     return out
 
 
@@ -95,16 +96,16 @@ def test_the_scan_finds_a_spelled_out_name(tmp_path):
         found = spelled_out(module, names) + hyperparameters_spelled_out(module)
     finally:
         ROOT = root
-    assert [line.split(": ")[1] for line in found] == ["'diverged' (record.DIVERGED)", "'peftune.method' "
-                                                       "(record.METHOD)", "['dropout', 'lr', 'weight_decay'] "
-                                                       "(record.HYPERPARAMETERS)"]  # fmt: skip
+    assert [line.split(": ")[1] for line in found] == ["'diverged' (record_names.DIVERGED)", "'peftune.method' "
+                                                       "(record_names.METHOD)", "['dropout', 'lr', 'weight_decay'] "
+                                                       "(record_names.HYPERPARAMETERS)"]  # fmt: skip
 
 
 def test_record_names_are_spelled_only_in_record():
     names = record_names()
     assert {"peftune.method", "diverged", "partial", "best_epoch", "dev_score", "stored_params_pct"} <= set(names)
     found = [line for path in sources() for line in spelled_out(path, names) + hyperparameters_spelled_out(path)]
-    assert not found, "use the names of peftune.record instead:\n" + "\n".join(found)
+    assert not found, "use the names of peftune.base.record_names instead:\n" + "\n".join(found)
 
 
 def test_best_epoch_is_the_earliest_best():

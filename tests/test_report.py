@@ -1,4 +1,4 @@
-"""The report end to end on a real MLflow store (SQLite in tmp_path) written as peftune.record_writer writes it.
+"""The report end to end on a real MLflow store (SQLite in tmp_path) written as peftune.record.writer writes it.
 
 The sweep holds completed, early-stopped, failed (with and without a finished epoch) and interrupted
 trials: every one must come back as one row, marked, and only completed ones may shape a frontier.
@@ -105,7 +105,7 @@ def test_runs_become_one_row_per_trial_with_status(store):
 
 
 def test_report_end_to_end(store, tmp_path):
-    from peftune.cli import main
+    from peftune.cli.commands import main
 
     uri, parent_id, _ = store
     output = tmp_path / "report"
@@ -210,7 +210,7 @@ def test_a_run_still_written_is_read_again_and_a_closed_one_stays(tmp_path):
 
 
 def test_unknown_sweep_names_the_store_and_its_sweeps(store, capsys):
-    from peftune.cli import main
+    from peftune.cli.commands import main
 
     uri, _, _ = store
     assert main(["report", "--sweep", "nope", "--tracking-uri", uri]) == 2
@@ -239,7 +239,7 @@ def test_reference_table_is_adaptbert_table_3():
 
 
 def test_reading_a_sweep_never_imports_ray():
-    """The writer and the reader share peftune.record; the reader must stay free of Ray."""
+    """The writer and the reader share peftune.base.record_names; the reader must stay free of Ray."""
     import subprocess
     import sys
 
@@ -253,7 +253,7 @@ def test_reading_a_sweep_never_imports_ray():
 @pytest.mark.parametrize("trials", [TRIALS[6:9], []], ids=["failed and interrupted", "no trial"])
 def test_a_sweep_without_a_completed_trial_is_refused_in_one_line_and_nothing_is_written(tmp_path, capsys, trials):
     """Issue 34: such a sweep was a KeyError: 'method' (exit 1) after 14 files were written."""
-    from peftune.cli import main
+    from peftune.cli.commands import main
 
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     record_sweep(uri, "nothing_yet", TASKS, trials, artifact_dir=tmp_path / "artifacts")
@@ -305,7 +305,7 @@ def test_the_per_size_table_says_which_sizes_only_an_untuned_default_represents(
     it must not read as the method tuned at that size; nor a carried trial as one the search tuned there."""
     from analysis import pareto
     from analysis.report import adaptbert_table
-    from peftune.record import BEST_EPOCH, STORED_PARAMS_PCT
+    from peftune.base.record_names import BEST_EPOCH, STORED_PARAMS_PCT
 
     def row(run_id, method, size, score, trials, default=False, carried_from=""):
         return {"run_id": run_id, "method": method, "size": size, "sst_accuracy": score, "score": score,

@@ -18,7 +18,9 @@ import mlflow
 import pytest
 import ray
 
-from peftune import record, sweep, trial_spec
+from peftune.base import record_names
+from peftune.core import trial_spec
+from peftune.sweep import orchestrator
 from tiny_sweep import write_definition
 
 FROZEN = """\
@@ -65,8 +67,8 @@ def recorded(uri: str, parent_run_id: str) -> list[tuple]:
     return sorted(
         (
             r.data.params["method"],
-            r.data.tags[record.CONFIG_KEY],
-            r.data.tags[record.STATUS],
+            r.data.tags[record_names.CONFIG_KEY],
+            r.data.tags[record_names.STATUS],
             round(r.data.metrics.get("best_score", float("nan")), 6),
             r.data.metrics.get("steps"),
         )
@@ -84,7 +86,7 @@ def test_one_or_two_workers_give_the_same_trials_stops_and_scores(tmp_path, tiny
             name = f"repro{concurrency}"
             uri = f"sqlite:///{tmp_path / f'{name}.db'}"
             spec = definition(tmp_path / "defs", name, concurrency)
-            result = sweep.run_sweep(spec, tiny_data_dir, uri, storage_path=tmp_path / "ray", verbose=0)
+            result = orchestrator.run_sweep(spec, tiny_data_dir, uri, storage_path=tmp_path / "ray", verbose=0)
             assert result.status == "completed" and result.num_trials == 6
             records[concurrency] = recorded(uri, result.parent_run_id)
     finally:
@@ -103,15 +105,24 @@ def assert_record_reruns(uri: str, parent_run_id: str, output: Path) -> None:
     runs = client.search_runs(
         [experiment], filter_string=f"tags.`mlflow.parentRunId` = '{parent_run_id}' and params.method = 'lora'"
     )
-    run = next(r for r in runs if r.data.tags[record.STATUS] == "completed")
-    argv = shlex.split(run.data.tags[record.TRAIN_COMMAND])
+    run = next(r for r in runs if r.data.tags[record_names.STATUS] == "completed")
+    argv = shlex.split(run.data.tags[record_names.TRAIN_COMMAND])
     assert argv[:2] == ["peftune", "train"] and "--threads" in argv and "--selection-examples" in argv
     spec_file = client.download_artifacts(run.info.run_id, trial_spec.ARTIFACT, str(output.parent))
-    assert trial_spec.read(spec_file).command() == run.data.tags[record.TRAIN_COMMAND]
+    assert trial_spec.read(spec_file).command() == run.data.tags[record_names.TRAIN_COMMAND]
     history = client.get_metric_history(run.info.run_id, "score")
     trial = {int(m.step): round(m.value, 4) for m in history if float(m.step).is_integer() and m.step >= 1}
     for way, args in (("command", argv[1:]), ("spec", ["train", "--spec", spec_file])):
-        command = [sys.executable, "-m", "peftune.cli", *args, "--output", str(output / way), "--device", "cpu"]
+        command = [
+            sys.executable,
+            "-m",
+            "peftune.cli.commands",
+            *args,
+            "--output",
+            str(output / way),
+            "--device",
+            "cpu",
+        ]
         done = subprocess.run(command, capture_output=True, text=True, timeout=300)
         assert done.returncode == 0, done.stderr[-2000:]
         rerun = {int(e): float(v) for e, v in re.findall(r"^epoch (\d+): .*?  score ([0-9.]+)", done.stdout, re.M)}

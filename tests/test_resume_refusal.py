@@ -10,9 +10,10 @@ import sys
 import pytest
 
 from conftest import REPO
-from peftune import cli, spaces
-from peftune.cli_sweep import TUNER_STATE
-from peftune.errors import UserError
+from peftune.base.errors import UserError
+from peftune.cli import commands
+from peftune.cli.sweep_command import TUNER_STATE
+from peftune.sweep import spaces
 
 HEAVY = ("ray", "mlflow", "optuna", "transformers", "analysis")  # what the refusal must not wait for
 
@@ -34,7 +35,7 @@ def test_resume_without_saved_state_is_refused_before_the_data_is_read(data, tmp
         data_dir.mkdir()
     monkeypatch.chdir(tmp_path)
     monkeypatch.setattr(spaces, "prepare_data", never_read)
-    assert cli.main(argv(tmp_path, data_dir)) == 2
+    assert commands.main(argv(tmp_path, data_dir)) == 2
     err = capsys.readouterr().err.strip().splitlines()
     state = tmp_path / "results" / "smoke"
     assert err == [f"peftune sweep: error: nothing to resume: no Ray Tune state for sweep 'smoke' at {state}"]
@@ -46,7 +47,7 @@ def test_resume_names_the_sweep_its_name_flag_gives(tmp_path, capsys, monkeypatc
     monkeypatch.setattr(spaces, "prepare_data", never_read)
     (tmp_path / "results" / "smoke").mkdir(parents=True)
     (tmp_path / "results" / "smoke" / TUNER_STATE).write_bytes(b"")  # another sweep's state
-    assert cli.main([*argv(tmp_path, tmp_path / "data"), "--name", "other"]) == 2
+    assert commands.main([*argv(tmp_path, tmp_path / "data"), "--name", "other"]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and f"no Ray Tune state for sweep 'other' at {tmp_path / 'results' / 'other'}" in err[0]
 
@@ -59,7 +60,7 @@ def test_resume_with_saved_state_goes_on_to_the_data(tmp_path, capsys, monkeypat
     monkeypatch.setattr(spaces, "prepare_data", reading)
     (tmp_path / "results" / "smoke").mkdir(parents=True)
     (tmp_path / "results" / "smoke" / TUNER_STATE).write_bytes(b"")
-    assert cli.main(argv(tmp_path, tmp_path / "data")) == 2
+    assert commands.main(argv(tmp_path, tmp_path / "data")) == 2
     assert capsys.readouterr().err.strip().splitlines() == ["peftune sweep: error: the data is read"]
 
 
@@ -76,14 +77,14 @@ import atexit, os, runpy, sys
 heavy = set(os.environ["HEAVY"].split(","))  # at exit, after the refusal: which of them the command loaded
 atexit.register(lambda: print("loaded:", sorted({m.split(".")[0] for m in sys.modules} & heavy), file=sys.stderr))
 sys.argv = sys.argv[1:]
-runpy.run_module("peftune.cli", run_name="__main__", alter_sys=True)
+runpy.run_module("peftune.cli.commands", run_name="__main__", alter_sys=True)
 """
 
 
 def test_the_refusal_loads_none_of_the_heavy_libraries(tmp_path):
     path = f"{REPO / 'platform'}{os.pathsep}{REPO}"
     env = {**os.environ, "PYTHONPATH": path, "HOME": str(tmp_path), "HEAVY": ",".join(HEAVY)}
-    done = subprocess.run([sys.executable, "-c", LOADED, "peftune.cli", *argv(tmp_path, tmp_path / "data")],
+    done = subprocess.run([sys.executable, "-c", LOADED, "peftune.cli.commands", *argv(tmp_path, tmp_path / "data")],
                           cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)  # fmt: skip
     lines = done.stderr.strip().splitlines()
     assert done.returncode == 2 and lines[-1] == "loaded: []", done.stderr[-2000:]

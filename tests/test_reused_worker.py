@@ -3,7 +3,7 @@
 Found in CI: on a loaded 2-core machine a stopped trial's thread took longer than Tune's default 2 s to end
 (its checkpoint directory removed, its memory given back), and Tune failed the *next* trial on that worker
 ("Could not re-use actor"), which ended the smoke sweep interrupted (exit 3). The sweep's own Ray
-(``sweep.init_ray``) is under test: its runtime environment gives the workers a longer wait.
+(``orchestrator.init_ray``) is under test: its runtime environment gives the workers a longer wait.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from peftune import sweep
+from peftune.sweep import orchestrator
 
 UNWIND_S = 4  # longer than Tune's default wait (2 s), far shorter than the sweep's
 
@@ -22,8 +22,8 @@ UNWIND_S = 4  # longer than Tune's default wait (2 s), far shorter than the swee
 def sweep_ray(monkeypatch):
     import ray
 
-    monkeypatch.delenv(sweep.THREAD_TIMEOUT_VAR, raising=False)  # the sweep's setting, not this shell's
-    sweep.init_ray()
+    monkeypatch.delenv(orchestrator.THREAD_TIMEOUT_VAR, raising=False)  # the sweep's setting, not this shell's
+    orchestrator.init_ray()
     yield ray
     ray.shutdown()
 
@@ -53,9 +53,12 @@ def test_a_trial_after_a_slowly_unwinding_one_runs_on_the_same_worker(sweep_ray,
 def test_a_job_that_sets_the_wait_itself_keeps_it(monkeypatch):
     import json
 
-    job = {"runtime_env": {"env_vars": {sweep.THREAD_TIMEOUT_VAR: "30"}, "py_modules": ["elsewhere"]}}
+    job = {"runtime_env": {"env_vars": {orchestrator.THREAD_TIMEOUT_VAR: "30"}, "py_modules": ["elsewhere"]}}
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", json.dumps(job))
-    assert sweep.trial_runtime_env() == {}  # Ray refuses to merge a key both set: the job's stands
+    assert orchestrator.trial_runtime_env() == {}  # Ray refuses to merge a key both set: the job's stands
     monkeypatch.setenv("RAY_JOB_CONFIG_JSON_ENV_VAR", "{}")
-    shipped = sweep.trial_runtime_env()
-    assert shipped["env_vars"][sweep.THREAD_TIMEOUT_VAR] == str(sweep.THREAD_TIMEOUT_S) and shipped["py_modules"]
+    shipped = orchestrator.trial_runtime_env()
+    assert (
+        shipped["env_vars"][orchestrator.THREAD_TIMEOUT_VAR] == str(orchestrator.THREAD_TIMEOUT_S)
+        and shipped["py_modules"]
+    )

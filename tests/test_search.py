@@ -23,7 +23,8 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 from ray.tune.search import Searcher
 
-from peftune import record, search, spaces, sweep
+from peftune.base import record_names
+from peftune.sweep import orchestrator, search, spaces
 
 SPACES_DIR = spaces.SEARCH_SPACES_DIR / "methods"
 
@@ -68,7 +69,7 @@ def test_trials_are_split_equally_and_each_method_starts_with_its_published_defa
         assert config["peftune"] == {
             "phase": "search",
             "default": True,
-            "config_key": record.config_key(method, config[method]),
+            "config_key": record_names.config_key(method, config[method]),
             "optuna_study": f"s.{method}",  # the way to its Optuna trial (tags of its MLflow run)
             "optuna_trial": 0,
         }
@@ -130,7 +131,7 @@ def test_data_fidelity_rungs():
     definition = spaces.load_sweep(spaces.resolve_sweep_path("sst_tuning"))
     scheduler = search.make_scheduler(definition)
     assert scheduler.settings["time_attr"] == "progress" and scheduler.settings["max_t"] == 1.0
-    assert sweep.trial_settings(definition).train["report_fractions"] == search.rung_fractions(
+    assert orchestrator.trial_settings(definition).train["report_fractions"] == search.rung_fractions(
         definition.scheduler.rungs, definition.scheduler.reduction_factor
     )
 
@@ -155,7 +156,7 @@ def test_a_rung_under_the_step_floor_is_dropped_not_left_dead():
     definition = spaces.load_sweep(spaces.resolve_sweep_path("sst_tuning"), budget="cpu")
     assert definition.scheduler.min_steps == 20
     assert search.live_rungs(definition, 150) == pytest.approx([1 / 3])
-    assert sweep.trial_settings(definition, 150).train["report_fractions"] == pytest.approx([1 / 3])
+    assert orchestrator.trial_settings(definition, 150).train["report_fractions"] == pytest.approx([1 / 3])
     scheduler = search.make_scheduler(definition, steps_per_run=150)
     assert scheduler.settings["grace_period"] == pytest.approx(1 / 3)  # the first live rung is ASHA's grace
     # a longer run keeps every rung; a run too short for any rung is judged at its end only
@@ -290,8 +291,8 @@ def test_a_real_sweep_gives_each_method_an_equal_budget_and_a_default_trial(loca
     (tmp_path / "fair.yaml").write_text(textwrap.dedent(SWEEP).replace("trials: 2}", "trials: null}"))
     definition = spaces.load_sweep(tmp_path / "fair.yaml")
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    result = sweep.run_sweep(definition, tiny_data_dir, uri, storage_path=tmp_path / "ray", reports_dir=tmp_path)
-    assert result.status == "completed" and sweep.PENDING_ENV not in os.environ  # Tune's setting given back
+    result = orchestrator.run_sweep(definition, tiny_data_dir, uri, storage_path=tmp_path / "ray", reports_dir=tmp_path)
+    assert result.status == "completed" and orchestrator.PENDING_ENV not in os.environ  # Tune's setting given back
 
     mlflow.set_tracking_uri(uri)
     runs = mlflow.search_runs(experiment_names=["fair"])
@@ -333,7 +334,7 @@ def test_a_real_sweep_gives_each_method_an_equal_budget_and_a_default_trial(loca
 def test_no_private_attributes_of_other_libraries_in_the_search_policy():
     import re
 
-    for module in (search, sweep):
+    for module in (search, orchestrator):
         source = Path(module.__file__).read_text()
         found = re.findall(r"\b(?:tuner|internal|study|searcher|scheduler|trial|asha)\._[a-z]\w*", source)
         assert not found, (module.__name__, found)
@@ -371,7 +372,7 @@ def test_a_resumed_per_method_sweep_keeps_the_budgets_and_loses_or_repeats_nothi
     definition = spaces.load_sweep(tmp_path / "fair.yaml")
     uri, storage = f"sqlite:///{tmp_path / 'mlflow.db'}", tmp_path / "ray"
     interrupter = Interrupt(after=2)
-    first = sweep.run_sweep(definition, tiny_data_dir, uri, storage_path=storage, callbacks=[interrupter])
+    first = orchestrator.run_sweep(definition, tiny_data_dir, uri, storage_path=storage, callbacks=[interrupter])
     assert first.status == "interrupted" and interrupter.fired
     mlflow.set_tracking_uri(uri)
     runs = mlflow.search_runs(experiment_names=["fair"])
@@ -379,7 +380,7 @@ def test_a_resumed_per_method_sweep_keeps_the_budgets_and_loses_or_repeats_nothi
     assert 2 <= len(finished) < 6
 
     started = Started()
-    second = sweep.run_sweep(definition, tiny_data_dir, uri, storage_path=storage, callbacks=[started])
+    second = orchestrator.run_sweep(definition, tiny_data_dir, uri, storage_path=storage, callbacks=[started])
     assert second.status == "completed" and second.parent_run_id == first.parent_run_id
     assert not finished & set(started.started), "a finished trial ran again"
     assert interrupter.finished >= 2  # the first run's callback did not come back: it would have counted on
@@ -405,10 +406,10 @@ def test_a_resumed_per_method_sweep_keeps_the_budgets_and_loses_or_repeats_nothi
 
 DRIVER = """
 import sys
-from peftune import console, spaces, sweep
+from peftune.sweep import console, spaces, orchestrator
 definition = spaces.load_sweep(sys.argv[1])
 # Tune's status output: its "Trial ... started with configuration" lines are the starts run_driver counts
-result = sweep.run_sweep(definition, sys.argv[2], sys.argv[3], storage_path=sys.argv[4], reports_dir=sys.argv[4],
+result = orchestrator.run_sweep(definition, sys.argv[2], sys.argv[3], storage_path=sys.argv[4], reports_dir=sys.argv[4],
                          verbose=console.TUNE_TABLES)
 print("SWEEP", result.status, flush=True)
 """
@@ -422,7 +423,7 @@ def run_driver(args: list[str], kill_after_starts: int | None) -> str:
         stderr=subprocess.STDOUT,
         text=True,
         start_new_session=True,  # the driver and the local Ray it starts: killed together, as a crash does
-        # a short lease (peftune.lease): the next driver takes over the killed one's once it lapsed, seconds later
+        # a short lease (peftune.sweep.lease): the next driver takes over the killed one's once it lapsed, seconds later
         env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path), "PEFTUNE_LEASE_S": "3"},
     )
     lines, starts = [], 0

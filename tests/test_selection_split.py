@@ -14,10 +14,10 @@ import pytest
 import torch
 
 from conftest import SHARED_DATA
-from peftune import train
-from peftune.data import DataError, carve, load_tasks
-from peftune.tasks import parse_tasks
-from peftune.trial_spec import DataSettings
+from peftune.core import train
+from peftune.core.trial_spec import DataSettings
+from peftune.inputs.data import DataError, carve, load_tasks
+from peftune.inputs.tasks import parse_tasks
 
 
 def lines(split) -> set[int]:
@@ -102,9 +102,10 @@ def test_a_search_trial_is_judged_on_selection_and_a_confirmation_run_reports_de
 def test_a_one_epoch_confirmation_run_evaluates_dev_once_and_names_its_numbers_dev(tiny_prepared, monkeypatch):
     """With one epoch there is no epoch for selection to choose and no scheduler to serve at a rung: the run's
     one evaluation is dev's, and its numbers carry dev's name as in a run that also evaluated selection."""
-    from peftune import record, worker
+    from peftune.base import record_names
+    from peftune.sweep import worker
 
-    settings = worker.TrialSettings("s", ("sst",), epochs=1, batch_size=16, seed=0, phase=record.CONFIRM,
+    settings = worker.TrialSettings("s", ("sst",), epochs=1, batch_size=16, seed=0, phase=record_names.CONFIRM,
                                     train={"report_fractions": [1 / 3]})  # fmt: skip
     config = settings.train_config("frozen", {"lr": 1e-3, "dropout": 0.0, "weight_decay": 0.0})
     assert config.eval_splits == ["dev"] and config.predictions_of == ("dev",) and config.report_fractions == []
@@ -117,7 +118,7 @@ def test_a_one_epoch_confirmation_run_evaluates_dev_once_and_names_its_numbers_d
         "frozen", {"lr": 1e-3, "dropout": 0.0, "weight_decay": 0.0}
     )
     assert two.eval_splits == ["selection", "dev"]  # two epochs: selection chooses one
-    search = dataclasses.replace(settings, phase=record.SEARCH)
+    search = dataclasses.replace(settings, phase=record_names.SEARCH)
     searched = search.train_config("frozen", {"lr": 1e-3, "dropout": 0.0, "weight_decay": 0.0})
     assert searched.eval_splits == ["selection"] and searched.report_fractions == [1 / 3]
 

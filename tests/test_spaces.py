@@ -11,8 +11,12 @@ import optuna
 import pytest
 import yaml
 
-from peftune import cli, methods, search, spaces, tasks, validation
-from peftune.spaces import Choice, FloatRange, IntRange, SpaceError
+from peftune import methods
+from peftune.base import validation
+from peftune.cli import commands
+from peftune.inputs import tasks
+from peftune.sweep import search, spaces
+from peftune.sweep.spaces import Choice, FloatRange, IntRange, SpaceError
 
 SHIPPED = spaces.shipped_files()
 
@@ -29,7 +33,7 @@ def test_shipped_files_cover_every_method_and_both_jobs():
 
 @pytest.mark.parametrize("path", SHIPPED, ids=_id)
 def test_every_shipped_file_loads_and_validates(path):
-    if path.parent.name == "tasks":  # a shipped task's declaration (peftune.tasks)
+    if path.parent.name == "tasks":  # a shipped task's declaration (peftune.inputs.tasks)
         assert tasks.load_task_file(path).name == path.stem == tasks.get_task(path.stem).name
         return
     if path.parent.name == spaces.METHODS_SUBDIR:
@@ -242,7 +246,7 @@ def test_an_invalid_definition_starts_nothing(sweep_dir, monkeypatch, capsys):
     """The CLI exits 2 naming file and key, before Ray, MLflow or the data are touched."""
     bad = write(sweep_dir / "tiny.yaml", textwrap.dedent(SWEEP_OK).replace("[lora]", "[lora, lorra]"))
     monkeypatch.chdir(sweep_dir)
-    assert cli.main(["sweep", str(bad), "--data-dir", str(sweep_dir / "no-data")]) == 2
+    assert commands.main(["sweep", str(bad), "--data-dir", str(sweep_dir / "no-data")]) == 2
     err = capsys.readouterr().err
     assert str(bad) in err and "methods[1]" in err and "lorra" in err
     assert not (sweep_dir / "mlflow.db").exists() and not (sweep_dir / "ray_results").exists()
@@ -282,9 +286,9 @@ def test_conditional_space_gives_each_method_only_its_own_parameters():
 
 def test_the_json_schema_names_the_keys_and_holds_every_shipped_definition(tmp_path, capsys):
     jsonschema = pytest.importorskip("jsonschema")  # installed with Ray
-    assert cli.main(["schema", "--output", str(tmp_path / "schema.json")]) == 0
+    assert commands.main(["schema", "--output", str(tmp_path / "schema.json")]) == 0
     schema = json.loads((tmp_path / "schema.json").read_text())
-    assert cli.main(["schema"]) == 0 and json.loads(capsys.readouterr().out) == schema
+    assert commands.main(["schema"]) == 0 and json.loads(capsys.readouterr().out) == schema
     assert set(schema["properties"]) == {"name", "description", "tasks", "methods", "model", "seed", "search",
                                          "scheduler", "resources", "max_failures", "checkpoints_per_method", "train",
                                          "budget", "budgets", "confirm", "invalid_rows"}  # fmt: skip

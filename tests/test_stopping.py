@@ -9,7 +9,7 @@ import pytest
 import ray
 from ray import tune
 
-from peftune.stopping import ctrl_c_through_tune
+from peftune.sweep.stopping import ctrl_c_through_tune
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ import optuna
 import pytest
 import ray
 
-from peftune import search, sweep
+from peftune.sweep import orchestrator, search
 from tiny_sweep import FROZEN_AND_TOP_K, write_definition
 
 METHODS = FROZEN_AND_TOP_K
@@ -50,7 +50,7 @@ def local_ray():
 def test_every_study_is_stored_and_its_trials_link_ray_and_mlflow(kind, local_ray, tmp_path, tiny_data_dir):
     definition = write_definition(tmp_path / "defs", kind, METHODS, SWEEP, search=SEARCHES[kind])
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    result = sweep.run_sweep(definition, tiny_data_dir, uri, storage_path=tmp_path / "ray", reports_dir=tmp_path)
+    result = orchestrator.run_sweep(definition, tiny_data_dir, uri, storage_path=tmp_path / "ray", reports_dir=tmp_path)
     assert result.status == "completed", result.summary()
 
     mlflow.set_tracking_uri(uri)

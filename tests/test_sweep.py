@@ -19,7 +19,9 @@ import ray
 import yaml
 from ray import tune
 
-from peftune import checkpoint, legacy, record_reader, search, spaces, stores, sweep
+from peftune.core import checkpoint
+from peftune.record import legacy, reader, stores
+from peftune.sweep import orchestrator, search, spaces
 from tiny_sweep import FROZEN_AND_TOP_K, write_definition
 
 # frozen with a vanishing lr cannot learn: it scores below top_k after epoch 1, so ASHA stops it
@@ -60,7 +62,7 @@ SWEEP = """\
 
 def definition(directory: Path, name: str, trials_per_method: int, concurrency: int, seed: int = 0, fits: bool = False):
     """``fits``: top_k's k within MiniLM's 6 layers, for sweeps started by the command line, which refuses a space
-    that does not fit the model before any work (``cli_sweep.check_spaces_against_model``)."""
+    that does not fit the model before any work (``sweep_command.check_spaces_against_model``)."""
     spaces_ = {"frozen": FROZEN, "top_k": FROZEN_AND_TOP_K["top_k"] if fits else TOP_K}  # the same, k in {1, 2}
     return write_definition(
         directory, name, spaces_, SWEEP, seed=seed, concurrency=concurrency, trials_per_method=trials_per_method
@@ -102,7 +104,7 @@ def assert_state_is_the_record(logger, uri: str, parent_run_id: str) -> None:
     sweep's end sets on the record alone, and MLflow's own tags)."""
     client = mlflow.MlflowClient(uri)
     experiment_id = client.get_run(parent_run_id).info.experiment_id
-    recorded = record_reader.child_runs(client, experiment_id, parent_run_id)
+    recorded = reader.child_runs(client, experiment_id, parent_run_id)
     held = logger.runs()
     assert [r.info.run_id for r in held] == [r.info.run_id for r in recorded]
     for state, run in zip(held, recorded, strict=True):
@@ -119,8 +121,10 @@ def test_sweep_records_parent_and_every_trial(local_ray, workdir, tracking_uri, 
     # 10 > 6 trials), so the order does not depend on scores; one trial at a time makes ASHA's decisions certain
     spec = definition(workdir / "defs", "record", trials_per_method=3, concurrency=1, seed=7)
     loggers = []  # the sweep's trial logger, kept to read its state after the sweep
-    hooks = sweep.SweepHooks(on_trial_logger=loggers.append)
-    result = sweep.run_sweep(spec, tiny_data_dir, tracking_uri, storage_path=workdir / "ray_results", hooks=hooks)
+    hooks = orchestrator.SweepHooks(on_trial_logger=loggers.append)
+    result = orchestrator.run_sweep(
+        spec, tiny_data_dir, tracking_uri, storage_path=workdir / "ray_results", hooks=hooks
+    )
     assert_state_is_the_record(loggers[-1], tracking_uri, result.parent_run_id)
     # one trial fails (top_k with k = 8): the sweep says so
     assert result.status == "completed_with_failures" and result.num_trials == 6 and not result.resumed
@@ -208,7 +212,7 @@ def test_sweep_records_parent_and_every_trial(local_ray, workdir, tracking_uri, 
 
     # running a finished sweep again restores it: nothing runs again but the failed trial (Ray retries
     # errored trials), which fails again; the record keeps one run per trial
-    again = sweep.run_sweep(spec, tiny_data_dir, tracking_uri, storage_path=workdir / "ray_results", hooks=hooks)
+    again = orchestrator.run_sweep(spec, tiny_data_dir, tracking_uri, storage_path=workdir / "ray_results", hooks=hooks)
     assert_state_is_the_record(loggers[-1], tracking_uri, result.parent_run_id)  # read once, then kept
     assert again.status == "completed_with_failures" and again.resumed and again.parent_run_id == result.parent_run_id
     assert again.statuses == result.statuses
@@ -261,7 +265,7 @@ def test_interrupted_sweep_resumes_without_rerunning_or_duplicating(local_ray, w
     spec = definition(workdir / "defs", "resume", trials_per_method=2, concurrency=1, seed=8)
     storage = workdir / "ray_results"
     interrupter = InterruptMidTrial(after=2)
-    first = sweep.run_sweep(spec, tiny_data_dir, tracking_uri, storage_path=storage, callbacks=[interrupter])
+    first = orchestrator.run_sweep(spec, tiny_data_dir, tracking_uri, storage_path=storage, callbacks=[interrupter])
     assert first.status == "interrupted" and interrupter.fired
     parents, children = runs_of(tracking_uri, "resume")
     assert parents.iloc[0]["tags.peftune.status"] == "interrupted" and parents.iloc[0]["status"] == "KILLED"
@@ -273,12 +277,14 @@ def test_interrupted_sweep_resumes_without_rerunning_or_duplicating(local_ray, w
 
     # with another definition, or --fresh, the sweep refuses to go on
     with pytest.raises(ValueError, match="another definition"):
-        sweep.run_sweep(spec.with_overrides(trials_per_method=3), tiny_data_dir, tracking_uri, storage_path=storage)
+        orchestrator.run_sweep(
+            spec.with_overrides(trials_per_method=3), tiny_data_dir, tracking_uri, storage_path=storage
+        )
     with pytest.raises(ValueError, match="already has Ray Tune state"):
-        sweep.run_sweep(spec, tiny_data_dir, tracking_uri, storage_path=storage, resume=False)
+        orchestrator.run_sweep(spec, tiny_data_dir, tracking_uri, storage_path=storage, resume=False)
 
     recorder = Recorder()
-    second = sweep.run_sweep(spec, tiny_data_dir, tracking_uri, storage_path=storage, callbacks=[recorder])
+    second = orchestrator.run_sweep(spec, tiny_data_dir, tracking_uri, storage_path=storage, callbacks=[recorder])
     assert second.status == "completed" and second.resumed and second.parent_run_id == first.parent_run_id
     assert not finished & set(recorder.started), "a finished trial ran again"
     for trial_id, lines in results_before.items():

@@ -17,10 +17,10 @@ import pytest
 import torch
 from scipy import stats
 
-from peftune import data, tasks
-from peftune.data import DataError
-from peftune.errors import UserError
-from peftune.spaces import SpaceError
+from peftune.base.errors import UserError
+from peftune.inputs import data, tasks
+from peftune.inputs.data import DataError
+from peftune.sweep.spaces import SpaceError
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "examples" / "questions"
@@ -73,7 +73,7 @@ def test_shipped_task_files_declare_what_the_code_registered(name):
 
 
 def test_no_task_is_registered_in_code():
-    source = (REPO / "platform" / "peftune" / "tasks.py").read_text()
+    source = (REPO / "platform" / "peftune" / "inputs" / "tasks.py").read_text()
     assert "TaskSpec(" not in source.split("class TaskSpec", 1)[0] + source.split("_TASKS: dict", 1)[1]
     assert sorted(tasks.shipped_names()) == sorted(p.stem for p in tasks.SHIPPED_DIR.glob("*.yaml"))
 
@@ -215,7 +215,7 @@ def test_bad_task_files_are_refused_in_one_line_before_any_work(tmp_path, case):
     path = task_file(tmp_path, f"name: bad\n{kind}{body}\ntrain: d.csv\ndev: d.csv\n")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "peftune.cli", "train", "--task", str(path), "--method", "frozen", "--output",
+    command = [sys.executable, "-m", "peftune.cli.commands", "train", "--task", str(path), "--method", "frozen", "--output",
                str(out)]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     errors = [line for line in done.stderr.splitlines() if ": error: " in line]
@@ -264,7 +264,7 @@ def test_a_task_file_error_names_the_file_and_key(tmp_path):
 
 def test_the_guides_example_task_trains_with_peftune_train(tmp_path):
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
-    done = subprocess.run([sys.executable, "-m", "peftune.cli", "train", "--task", str(EXAMPLE / "task.yaml"),
+    done = subprocess.run([sys.executable, "-m", "peftune.cli.commands", "train", "--task", str(EXAMPLE / "task.yaml"),
                            "--method", "lora", "--epochs", "1", "--max-length", "32", "--output", str(tmp_path / "o")],
                           capture_output=True, text=True, env=env, cwd=tmp_path, timeout=600)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]

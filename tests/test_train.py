@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from conftest import tiny_backbone
-from peftune import checkpoint, train
-from peftune.model import MultitaskModel
-from peftune.tasks import parse_tasks
+from peftune.core import checkpoint, train
+from peftune.core.model import MultitaskModel
+from peftune.inputs.tasks import parse_tasks
 
 
 def config(**overrides) -> train.TrainConfig:

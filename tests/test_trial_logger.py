@@ -11,9 +11,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from peftune import legacy
-from peftune.epoch_kept import best_epoch
-from peftune.trial_logger import TrialLogger
+from peftune.record import legacy
+from peftune.record.epoch_kept import best_epoch
+from peftune.record.trial_logger import TrialLogger
 
 
 class Buffer:
@@ -130,7 +130,7 @@ def resumed_logger(client) -> TrialLogger:
 
 
 def test_a_resumed_driver_reads_each_run_and_history_once_for_the_rungs_and_the_trials_it_continues():
-    from peftune.trial_logger import RecordedResults
+    from peftune.record.trial_logger import RecordedResults
 
     search = {"peftune.phase": "search", "peftune.method": "lora"}
     client = Record({

@@ -10,11 +10,12 @@ import shlex
 
 import pytest
 
-from peftune import cli, cli_train, trial_spec
+from peftune.base.record_names import param_text
+from peftune.cli import commands, train_command
+from peftune.core import trial_spec
+from peftune.core.train import TrainConfig
+from peftune.core.trial_spec import DataSettings, TrialSpec
 from peftune.methods.options import options_from_params
-from peftune.record import param_text
-from peftune.train import TrainConfig
-from peftune.trial_spec import DataSettings, TrialSpec
 
 
 def spec_of(data_dir) -> TrialSpec:
@@ -33,7 +34,7 @@ def test_a_spec_comes_back_unchanged_from_its_file_and_its_command(tmp_path):
     assert trial_spec.read(trial_spec.write(spec, tmp_path / "spec.json")) == spec
     argv = shlex.split(spec.command())
     assert argv[:2] == ["peftune", "train"]
-    assert cli_train.spec_from_args(cli.build_parser().parse_args(argv[1:])) == spec
+    assert train_command.spec_from_args(commands.build_parser().parse_args(argv[1:])) == spec
 
 
 def test_a_specs_params_give_its_method_options_back_and_every_setting_it_trains_with(tmp_path):
@@ -51,11 +52,13 @@ def test_verbose_goes_with_spec(tmp_path):
     """``peftune -v train --spec FILE``: debug logging is no flag of the trial (it was refused as one)."""
     spec = spec_of(tmp_path)
     path = trial_spec.write(spec, tmp_path / "spec.json")
-    assert cli_train.spec_from_args(cli.build_parser().parse_args(["-v", "train", "--spec", str(path)])) == spec
+    assert (
+        train_command.spec_from_args(commands.build_parser().parse_args(["-v", "train", "--spec", str(path)])) == spec
+    )
 
 
 def run(capsys, *argv):
-    code = cli.main([str(a) for a in argv])
+    code = commands.main([str(a) for a in argv])
     out, err = capsys.readouterr()
     return code, out, err
 

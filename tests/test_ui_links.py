@@ -11,11 +11,12 @@ import urllib.parse
 import mlflow
 import pytest
 
-from peftune import record, record_writer, ui_links
-from peftune.data import DataSettings
+from peftune.base import record_names
+from peftune.core.train import prepare
+from peftune.inputs.data import DataSettings
 from peftune.methods.sizes import size_label
-from peftune.record_writer import TrialWrites
-from peftune.train import prepare
+from peftune.record import ui_links, writer
+from peftune.record.writer import TrialWrites
 from tiny_sweep import write_definition
 
 LORA = """\
@@ -51,14 +52,14 @@ SWEEP = """\
     ],
 )  # fmt: skip
 def test_a_run_name_says_method_size_phase_and_seed(method, params, phase, seed, default, name):
-    assert record.run_label(method, size_label(method, params), phase, seed, default) == name
+    assert record_names.run_label(method, size_label(method, params), phase, seed, default) == name
 
 
 def test_links_open_the_training_view_the_trials_and_the_compare_page():
     trials = ui_links.trials_address("http://127.0.0.1:5000/", "7")
     assert trials.startswith("http://127.0.0.1:5000/#/experiments/7/runs?")
     query = urllib.parse.parse_qs(trials.split("?", 1)[1])
-    assert query == {"workflowType": ["machine_learning"], "viewStateShareKey": [record.TRIALS_VIEW_KEY]}
+    assert query == {"workflowType": ["machine_learning"], "viewStateShareKey": [record_names.TRIALS_VIEW_KEY]}
     # a local store: the address `mlflow ui` serves, and the command that serves it
     assert ui_links.ui_hint("sqlite:////tmp/x/mlflow.db", "7") == (
         "http://127.0.0.1:5000/#/experiments/7/runs?" + urllib.parse.urlencode(query, doseq=True),
@@ -75,15 +76,15 @@ def test_the_sweep_record_holds_the_shared_view_and_the_data_as_datasets(tmp_pat
     definition = write_definition(tmp_path / "defs", "ui_record", {"lora": LORA}, SWEEP)
     settings = DataSettings(str(tiny_data_dir), max_length=32, max_train_examples=16, max_dev_examples=8)
     prepared = prepare(settings, ["sst"])
-    datasets = record_writer.data_inputs(prepared)
-    opened = record_writer.open_sweep(
+    datasets = writer.data_inputs(prepared)
+    opened = writer.open_sweep(
         uri, definition, data_hashes=prepared.file_hashes, ray_experiment_path=str(tmp_path / "ray"),
         expect_existing=False, datasets=datasets,
     )  # fmt: skip
     client = mlflow.MlflowClient(uri)
 
     tags = client.get_experiment(opened.experiment_id).tags
-    view = json.loads(tags[record.SHARED_VIEW_TAG + record.TRIALS_VIEW_KEY])
+    view = json.loads(tags[record_names.SHARED_VIEW_TAG + record_names.TRIALS_VIEW_KEY])
     assert view == ui_links.trials_view() and view["searchFilter"] == "tags.`peftune.role` = 'trial'"
 
     # the parent: both files, digests from data_hashes.json, what each was for
@@ -100,11 +101,11 @@ def test_the_sweep_record_holds_the_shared_view_and_the_data_as_datasets(tmp_pat
     buffer = TrialWrites(opened, None)
     for _ in range(2):
         buffer.put("trial_run", trial_id="t1", run_name="lora r=8 · confirm s1", method="lora", sweep=definition.name,
-                   params={"lr": "0.001"}, tags={record.SIZE_TAG: "r=8"},
-                   datasets=record_writer.inputs_of("confirm", opened.datasets))  # fmt: skip
+                   params={"lr": "0.001"}, tags={record_names.SIZE_TAG: "r=8"},
+                   datasets=writer.inputs_of("confirm", opened.datasets))  # fmt: skip
     assert buffer.flush(120)
     buffer.stop()
-    runs = client.search_runs([opened.experiment_id], f"tags.`{record.TRIAL_ID}` = 't1'")
+    runs = client.search_runs([opened.experiment_id], f"tags.`{record_names.TRIAL_ID}` = 't1'")
     assert len(runs) == 1 and runs[0].info.run_name == "lora r=8 · confirm s1"
     assert sorted(i.dataset.name for i in runs[0].inputs.dataset_inputs) == ["ids-sst-dev.csv", "ids-sst-train.csv"]
-    assert [d["context"] for d in record_writer.inputs_of("search", opened.datasets)] == ["training"]
+    assert [d["context"] for d in writer.inputs_of("search", opened.datasets)] == ["training"]

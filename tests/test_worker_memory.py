@@ -26,8 +26,9 @@ def test_a_reused_worker_keeps_its_memory_across_trials(tmp_path):
     import ray
     from ray import tune
 
-    from peftune import shared_data, spaces, sweep, train, worker
-    from peftune.data import DataSettings
+    from peftune.core import train
+    from peftune.inputs.data import DataSettings
+    from peftune.sweep import orchestrator, shared_data, spaces, worker
 
     log = tmp_path / "rss.jsonl"
 
@@ -42,7 +43,7 @@ def test_a_reused_worker_keeps_its_memory_across_trials(tmp_path):
                                 selection_examples=None)  # fmt: skip
         prepared = train.prepare(settings, ["sst"])
         definition = spaces.load_sweep(spaces.resolve_sweep_path("sst_tuning"), budget="smoke").with_overrides(epochs=1)
-        settings = sweep.trial_settings(definition)
+        settings = orchestrator.trial_settings(definition)
         shared = shared_data.SharedData(ray.put(prepared))
         runnable = tune.with_resources(tune.with_parameters(measured, prepared=shared, settings=settings), {"cpu": 1})
         space = {"method": "full", "full": {"lr": 1e-4, "dropout": 0.1, "weight_decay": 0.0}}

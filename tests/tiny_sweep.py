@@ -5,7 +5,7 @@ from __future__ import annotations
 import textwrap
 from pathlib import Path
 
-from peftune import spaces
+from peftune.sweep import spaces
 
 
 def write_definition(directory: Path, name: str, method_spaces: dict[str, str], sweep: str, **fields):

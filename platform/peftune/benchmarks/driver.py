@@ -1,8 +1,8 @@
 """The sweep driver's own cost as a sweep grows: CPU seconds and MLflow calls per trial, window by window.
 
-The real driver (``sweep.run_sweep``: the lease, the MLflow record, the per-method Optuna searchers and ASHA, the
+The real driver (``orchestrator.run_sweep``: the lease, the MLflow record, the per-method Optuna searchers and ASHA, the
 trial logger and its write buffer, the closing reads) runs the shipped SST sweep (budget ``cpu``, no confirmation)
-on real Ray Tune, Optuna and MLflow with a throwaway SQLite store. Through ``sweep.SweepHooks`` its trials run
+on real Ray Tune, Optuna and MLflow with a throwaway SQLite store. Through ``orchestrator.SweepHooks`` its trials run
 :func:`cheap_trainable`, which trains nothing and reports at once what ``worker.trainable`` reports, with a score
 that depends on the configuration (so the searchers and schedulers do their real work), and the write buffer's
 operations are timed. Measured in the driver process only, per window of ``--window`` finished trials: CPU seconds
@@ -40,8 +40,10 @@ from types import SimpleNamespace
 
 from ray import tune
 
-from peftune import confirm, console, legacy, record, record_reader, record_writer, spaces, sweep, trial_logger, worker
-from peftune.tasks import get_task
+from peftune.base import record_names
+from peftune.inputs.tasks import get_task
+from peftune.record import legacy, reader, trial_logger, writer
+from peftune.sweep import confirm, console, orchestrator, spaces, worker
 
 SWEEP_NAME = "driver_bench"
 WINDOW = 200
@@ -65,19 +67,23 @@ def synthetic_counts(method: str) -> dict[str, float]:
     trainable = 10 ** (3 + zlib.crc32(method.encode()) % 4)
     pct = 100.0 * trainable / BACKBONE_PARAMS
     return {
-        record.BACKBONE_PARAMS: BACKBONE_PARAMS,
-        record.TRAINABLE_PER_TASK: trainable,
-        record.TRAINABLE_PER_TASK_PCT: pct,
-        record.STORED_PARAMS: trainable,
-        record.STORED_PARAMS_PCT: pct,
-        record.CHECKPOINT_PARAMS: trainable,
-        record.HEAD_PARAMS: 1925,
+        record_names.BACKBONE_PARAMS: BACKBONE_PARAMS,
+        record_names.TRAINABLE_PER_TASK: trainable,
+        record_names.TRAINABLE_PER_TASK_PCT: pct,
+        record_names.STORED_PARAMS: trainable,
+        record_names.STORED_PARAMS_PCT: pct,
+        record_names.CHECKPOINT_PARAMS: trainable,
+        record_names.HEAD_PARAMS: 1925,
     }
 
 
 def evaluated(task_metrics: list[str], split: str, score: float) -> dict[str, float]:
     """What ``train.evaluate_splits`` returns for a search trial (one split, the one it is judged on)."""
-    return {**dict.fromkeys(task_metrics, score), record.SCORE: score, record.split_metric(split, record.SCORE): score}
+    return {
+        **dict.fromkeys(task_metrics, score),
+        record_names.SCORE: score,
+        record_names.split_metric(split, record_names.SCORE): score,
+    }
 
 
 def cheap_trainable(config: dict, settings: worker.TrialSettings, steps_per_run: int) -> None:
@@ -103,12 +109,12 @@ def cheap_trainable(config: dict, settings: worker.TrialSettings, steps_per_run:
                 steps = round(fraction * steps_per_run)
                 timings = {"train_time_s": 0.01 * steps, "eval_total_s": 0.001 * steps, "startup_s": 0.5}
                 score = final * (0.6 + 0.4 * fraction)
-                result = {record.EPOCH: epoch, **evaluated(tasks, split, score), **progress(steps), **timings}
-                tune.report({**result, record.PARTIAL: True, **granted})
+                result = {record_names.EPOCH: epoch, **evaluated(tasks, split, score), **progress(steps), **timings}
+                tune.report({**result, record_names.PARTIAL: True, **granted})
         steps = (epoch + 1) * steps_per_epoch
         score = final * (0.6 + 0.4 * (epoch + 1) / epochs)
         result = {
-            record.EPOCH: epoch + 1,
+            record_names.EPOCH: epoch + 1,
             **evaluated(tasks, split, score),
             "train_loss": 1.5 - score,
             "epoch_time_s": 0.01 * steps_per_epoch,
@@ -130,7 +136,7 @@ def cheap_trainable(config: dict, settings: worker.TrialSettings, steps_per_run:
 
 
 def cheap_trainable_for(steps_per_run: int):
-    """The trainable ``sweep.SweepHooks`` runs in place of ``worker.trainable``: :func:`cheap_trainable` (the sweep's
+    """The trainable ``orchestrator.SweepHooks`` runs in place of ``worker.trainable``: :func:`cheap_trainable` (the sweep's
     data, ``prepared``, unused)."""
 
     def trainable(config: dict, prepared, settings: worker.TrialSettings) -> None:
@@ -152,7 +158,7 @@ class MlflowCalls:
         self._originals: dict[str, object] = {}
 
     def install(self) -> None:
-        MlflowClient = record_reader.client_class()  # noqa: N806  the class whose methods are counted
+        MlflowClient = reader.client_class()  # noqa: N806  the class whose methods are counted
 
         for name, function in list(vars(MlflowClient).items()):
             if inspect.isfunction(function) and not name.startswith("_"):
@@ -160,7 +166,7 @@ class MlflowCalls:
                 setattr(MlflowClient, name, self._counted(name, function))
 
     def uninstall(self) -> None:
-        MlflowClient = record_reader.client_class()  # noqa: N806
+        MlflowClient = reader.client_class()  # noqa: N806
 
         for name, function in self._originals.items():
             setattr(MlflowClient, name, function)
@@ -342,10 +348,10 @@ def run_bench_sweep(trials: int, work: Path, data_dir: Path, *, window: int, rec
         holder["logger"] = logger
         logger.buffer.around_apply = ops.timed
 
-    trainable = cheap_trainable_for(sweep.steps_per_run(definition, prepared))
+    trainable = cheap_trainable_for(orchestrator.steps_per_run(definition, prepared))
     calls.install()
     try:
-        result = sweep.run_sweep(
+        result = orchestrator.run_sweep(
             definition,
             data_dir,
             f"sqlite:///{db}",
@@ -353,7 +359,7 @@ def run_bench_sweep(trials: int, work: Path, data_dir: Path, *, window: int, rec
             reports_dir=work / "reports",
             callbacks=[meter],
             prepared=prepared,
-            hooks=sweep.SweepHooks(trainable=trainable, on_trial_logger=watching),
+            hooks=orchestrator.SweepHooks(trainable=trainable, on_trial_logger=watching),
         )
         returned = meter.mark()  # the end of the sweep: its flush and closing reads
     finally:
@@ -392,10 +398,13 @@ def write_confirmation_runs(logger, configs: list[dict], examples: dict, tasks: 
             for split, by_task in examples.items()
         }
         result = {
-            record.EPOCH: epochs,
-            **evaluated(metric_names, record.SELECTION, score),
-            **{record.split_metric(s, record.SCORE): score for s in (record.DECISION, record.DEV)},
-            **{record.split_metric(record.DEV, m): score for m in metric_names},
+            record_names.EPOCH: epochs,
+            **evaluated(metric_names, record_names.SELECTION, score),
+            **{
+                record_names.split_metric(s, record_names.SCORE): score
+                for s in (record_names.DECISION, record_names.DEV)
+            },
+            **{record_names.split_metric(record_names.DEV, m): score for m in metric_names},
             "predictions": predictions,
             **synthetic_counts(method),
         }
@@ -412,17 +421,17 @@ def record_reads(db: Path, definition, prepared, data_dir: Path, work: Path, cal
     resumed driver's (``RecordedResults.results``, ``TrialLogger.setup``), then the confirmation's opening reads
     and two rounds' reads; with the runs the record held."""
     uri = f"sqlite:///{db}"
-    client = record_reader.client(uri)
-    experiment_id = record_reader.find_experiment_id(client, definition.name)
-    parent = record_reader.find_parent_run(client, experiment_id, definition.name)
+    client = reader.client(uri)
+    experiment_id = reader.find_experiment_id(client, definition.name)
+    parent = reader.find_parent_run(client, experiment_id, definition.name)
     version = legacy.record_version(parent.data.tags, parent.info.run_id)
-    sweep_record = record_writer.SweepRecord(
-        uri, experiment_id, parent.info.run_id, True, tuple(record_writer.data_inputs(prepared)), version
+    sweep_record = writer.SweepRecord(
+        uri, experiment_id, parent.info.run_id, True, tuple(writer.data_inputs(prepared)), version
     )
-    settings = sweep.trial_settings(definition, sweep.steps_per_run(definition, prepared), data_dir)
+    settings = orchestrator.trial_settings(definition, orchestrator.steps_per_run(definition, prepared), data_dir)
     storage = tempfile.mkdtemp(prefix="confirm-", dir=work)
-    logger = sweep.open_trial_logger(definition, sweep_record, settings, prepared, storage, exists=True)
-    examples = sweep.split_examples(prepared)
+    logger = orchestrator.open_trial_logger(definition, sweep_record, settings, prepared, storage, exists=True)
+    examples = orchestrator.split_examples(prepared)
     out: dict = {"record": db.name}
 
     def counted(what: str, read):
@@ -434,8 +443,10 @@ def record_reads(db: Path, definition, prepared, data_dir: Path, work: Path, cal
 
     calls.install()
     try:
-        runs = record_reader.child_runs(client, experiment_id, sweep_record.parent_run_id)
-        out["search_runs"] = sum(legacy.run_phase(r.data.tags, version, r.info.run_id) == record.SEARCH for r in runs)
+        runs = reader.child_runs(client, experiment_id, sweep_record.parent_run_id)
+        out["search_runs"] = sum(
+            legacy.run_phase(r.data.tags, version, r.info.run_id) == record_names.SEARCH for r in runs
+        )
 
         def opening():  # run_confirmation's opening: the driver's state, the candidates; then the first todo
             confirmation, first = confirm.open_confirmation(definition, sweep_record, None, trial_logger=logger,

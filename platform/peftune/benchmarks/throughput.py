@@ -7,7 +7,7 @@ its fused AdamW) at fp32, with ``bf16=True``, and LoRA through peft. Rounds alte
 every contender alike; each keeps its best round. The device is the CPU or one GPU (``--device``; the Trainer would
 spread over every visible GPU, so more than one is refused). Figures are non-padding tokens per second of
 training; MFU is useful-token FLOPs (6 N per token for full fine-tuning, 4 N for LoRA, N the encoder's non-embedding
-parameters) against a matmul peak measured in the same run. ``--pack`` times packed trials (``peftune.pack``)
+parameters) against a matmul peak measured in the same run. ``--pack`` times packed trials (``peftune.core.pack``)
 against solo ones, ``--profile`` and ``--compile`` where the time goes. What it measured: docs/benchmarks.md.
 """
 
@@ -21,10 +21,10 @@ import time
 
 import torch
 
-from peftune import pack, train
-from peftune.backbone import BertConfig, resolve_model_dir
-from peftune.data import DataSettings
-from peftune.errors import UserError
+from peftune.base.errors import UserError
+from peftune.core import pack, train
+from peftune.inputs.backbone import BertConfig, resolve_model_dir
+from peftune.inputs.data import DataSettings
 
 LORA = {"rank": 8, "alpha": 16.0, "targets": ["query", "key", "value"]}
 PACK_METHODS = pack.PACKABLE  # what ``--pack`` measures by default
@@ -47,7 +47,7 @@ class Result:
 
 
 def check_bench_device(device: torch.device) -> None:
-    """``device`` (one this machine has: ``cli_common.check_device``) is where the bench compares like with like: the
+    """``device`` (one this machine has: ``common.check_device``) is where the bench compares like with like: the
     CPU or one GPU."""
     if device.type not in ("cpu", "cuda"):
         raise UserError(f"--device {device}: the bench runs on cpu or cuda, where the Trainer runs as configured here")

@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from peftune.backbone import BertConfig, BertModel
-from peftune.dropout import Dropout
-from peftune.errors import UserError
+from peftune.base.errors import UserError
+from peftune.inputs.backbone import BertConfig, BertModel
+from peftune.inputs.dropout import Dropout
 from peftune.methods.base import (
     BERT_LAYERS,
     BERT_WIDTH,

@@ -2,7 +2,7 @@
 
 A method is a config dataclass plus an ``apply`` function that installs the method into a backbone whose
 parameters are all frozen on entry: ``apply`` unfreezes what the method trains and installs new modules at the
-backbone's hook points (see ``peftune.backbone``). So that parameter accounting, task switching and checkpoints
+backbone's hook points (see ``peftune.inputs.backbone``). So that parameter accounting, task switching and checkpoints
 work without knowing the method: task-specific parameters live under an ``nn.ModuleDict`` named ``per_task`` keyed
 by task name (every other trainable parameter is shared), and a module that depends on the current task reads
 ``context.task``, which ``MultitaskModel.forward`` sets for each batch (a batch always holds one task).
@@ -22,9 +22,9 @@ from typing import Any, NamedTuple
 import torch
 from torch import nn
 
-from peftune.backbone import BertConfig, BertModel
-from peftune.errors import UnknownNameError, UserError
-from peftune.validation import Bound, checked
+from peftune.base.errors import UnknownNameError, UserError
+from peftune.base.validation import Bound, checked
+from peftune.inputs.backbone import BertConfig, BertModel
 
 DROPOUT = Bound(0.0, 1.0, high_open=True)  # of a method's modules and the heads (TrainConfig, every search space)
 

@@ -21,7 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from peftune.dropout import dropout
+from peftune.inputs.dropout import dropout
 from peftune.methods.base import MethodSpec, PeftFormat, register_method
 from peftune.methods.lora import LoraConfig, LoraLinear, apply_lora, peft_lora_config
 from peftune.methods.lora_adapter import _TARGET_SHAPES, lora_parameter_count

@@ -18,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from peftune.backbone import BertConfig, BertModel
-from peftune.dropout import Dropout
+from peftune.inputs.backbone import BertConfig, BertModel
+from peftune.inputs.dropout import Dropout
 from peftune.methods.adapter import POSITIONS, check_bool, layernorm_parameter_count
 from peftune.methods.base import (
     BERT_WIDTH,

@@ -10,7 +10,7 @@ backbone. Placement is peft's for BERT (``IA3Config`` target ``key``, ``value``,
 ``output.dense`` feed-forward, i.e. scaling the input of the FFN's down-projection), anchored as LoRA's targets are,
 so the attention's own ``output.dense`` is not also matched. Each adapted linear is an :class:`IA3Linear` with
 peft's names (``<linear>.base_layer``, ``<linear>.ia3_l.default``), tested against peft's ``IA3Config`` on the same
-weights; a trained model exports to peft's format with ``peftune.checkpoint.export_peft``. (IA)^3 has no dropout
+weights; a trained model exports to peft's format with ``peftune.core.checkpoint.export_peft``. (IA)^3 has no dropout
 of its own: the config's ``dropout`` (common to every method) is unused here.
 """
 
@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from peftune.backbone import BertConfig, stacked_qkv
+from peftune.inputs.backbone import BertConfig, stacked_qkv
 from peftune.methods.base import MethodConfig, MethodSpec, PeftFormat, register_method
 
 # (path in a layer, feed-forward?): a feed-forward target scales its linear's input, the others its output

@@ -20,9 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from peftune.backbone import stacked_qkv
-from peftune.dropout import dropout
-from peftune.errors import UserError
+from peftune.base.errors import UserError
+from peftune.inputs.backbone import stacked_qkv
+from peftune.inputs.dropout import dropout
 from peftune.methods.base import (
     BERT_WIDTH,
     MAX_BERT_WIDTH,

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from peftune.backbone import BertConfig, BertModel
+from peftune.inputs.backbone import BertConfig, BertModel
 from peftune.methods.adapter import AdapterConfig, adapter_parameter_count, apply_adapter
 from peftune.methods.base import MethodSpec, TaskContext, register_method
 from peftune.methods.lora import LoraConfig, apply_lora

@@ -1,7 +1,7 @@
 """A method's options back from the params a run logged: the one reader of ``method.<field>`` params.
 
 The writer logs each option of a method config as an MLflow param ``method.<field>`` holding ``str(value)``
-(lists comma-joined). The confirmation (``peftune.confirm``, re-training a search trial) and the final
+(lists comma-joined). The confirmation (``peftune.sweep.confirm``, re-training a search trial) and the final
 evaluation (``analysis.evaluate``) both need those options back with the types the config declares.
 """
 

@@ -16,9 +16,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from peftune.backbone import BertConfig, BertModel
-from peftune.dropout import Dropout
-from peftune.errors import UserError
+from peftune.base.errors import UserError
+from peftune.inputs.backbone import BertConfig, BertModel
+from peftune.inputs.dropout import Dropout
 from peftune.methods.base import (
     BERT_POSITIONS,
     BERT_WIDTH,
@@ -119,7 +119,7 @@ class TaskPrefix(nn.Module):
         return self.prefix  # (l, 2Ld)
 
     def stored_parameter_count(self) -> int:
-        """What this prefix keeps after training: the merged (l, 2Ld) tensor (see ``peftune.params``)."""
+        """What this prefix keeps after training: the merged (l, 2Ld) tensor (see ``peftune.core.params``)."""
         length = (self.embedding if self.reparameterized else self.prefix).shape[0]
         size = self.mlp[-1].out_features if self.reparameterized else self.prefix.shape[1]
         return length * size

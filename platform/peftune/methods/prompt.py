@@ -15,9 +15,9 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from peftune.backbone import BertConfig, BertModel
-from peftune.dropout import Dropout
-from peftune.errors import UserError
+from peftune.base.errors import UserError
+from peftune.inputs.backbone import BertConfig, BertModel
+from peftune.inputs.dropout import Dropout
 from peftune.methods.base import (
     BERT_POSITIONS,
     MAX_BERT_POSITIONS,

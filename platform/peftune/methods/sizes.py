@@ -1,5 +1,5 @@
 """A method's size as the papers' tables write it (``lora r=8``, ``adapter m=64``): one labelling for the
-MLflow run names (``peftune.record_writer``) and the report's tables (``analysis.runs``), from the registry's
+MLflow run names (``peftune.record.writer``) and the report's tables (``analysis.runs``), from the registry's
 ``size_symbols`` of each method."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from peftune.errors import UnknownNameError
+from peftune.base.errors import UnknownNameError
 from peftune.methods.base import get_method
 
 

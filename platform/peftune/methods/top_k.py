@@ -6,7 +6,7 @@ layers stay frozen, so no gradient flows below layer L - k.
 
 from dataclasses import dataclass
 
-from peftune.errors import UserError
+from peftune.base.errors import UserError
 from peftune.methods.base import (
     BERT_LAYERS,
     MAX_BERT_LAYERS,

@@ -1,0 +1,1 @@
+"""base: a layer of peftune (docs/design.md, "Modules and layers")."""

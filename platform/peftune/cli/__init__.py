@@ -1,0 +1,1 @@
+"""cli: a layer of peftune (docs/design.md, "Modules and layers")."""

@@ -1,0 +1,1 @@
+"""core: a layer of peftune (docs/design.md, "Modules and layers")."""

@@ -1,0 +1,1 @@
+"""inputs: a layer of peftune (docs/design.md, "Modules and layers")."""

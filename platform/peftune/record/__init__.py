@@ -1,0 +1,1 @@
+"""record: a layer of peftune (docs/design.md, "Modules and layers")."""

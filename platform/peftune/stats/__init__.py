@@ -1,0 +1,1 @@
+"""stats: a layer of peftune (docs/design.md, "Modules and layers")."""

@@ -1,0 +1,1 @@
+"""sweep: a layer of peftune (docs/design.md, "Modules and layers")."""
