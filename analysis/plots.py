@@ -40,7 +40,8 @@ FRONTIER_MARKS = {"equivalent": "=", "inconclusive": "?", "worse": "?"}
 
 
 def method_color(method: str) -> str:
-    """The registry's colour of a method; one it does not know, a stable colour (``peftune.record.legacy.method_color``)."""
+    """The registry's colour of a method; one it does not know, a stable colour
+    (``peftune.record.legacy.method_color``)."""
     from peftune.record.legacy import method_color  # deferred: the methods import torch
 
     return method_color(method)

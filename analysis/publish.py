@@ -1,8 +1,8 @@
 """The report of a sweep published: its files written into a directory, logged to the sweep's parent run.
 
 ``peftune report --sweep NAME`` calls :func:`report_sweep`; a sweep job can call :func:`on_sweep_finished` at its
-end (``peftune.sweep.orchestrator.run_sweep(..., on_finished=...)``). What the report says is :mod:`analysis.report`, how it
-reads :mod:`analysis.render`; here: the files (written beside the directory, then moved into place), the PNG
+end (``peftune.sweep.orchestrator.run_sweep(..., on_finished=...)``). What the report says is :mod:`analysis.report`,
+how it reads :mod:`analysis.render`; here: the files (written beside the directory, then moved into place), the PNG
 plots, the artifacts, metrics and description of the parent run. The directory (default ``reports/<sweep>/``) is
 also logged under ``report/`` in the sweep's parent run; its files, one by one: docs/report.md.
 """
@@ -68,7 +68,8 @@ def report_sweep(
 
 
 def on_sweep_finished(result) -> Report | None:
-    """Hook for ``peftune.sweep.orchestrator.run_sweep(..., on_finished=on_sweep_finished)``: the report at the end of a job.
+    """Hook for ``peftune.sweep.orchestrator.run_sweep(..., on_finished=on_sweep_finished)``: the report at the end of a
+    job.
 
     A report that fails must not turn a finished sweep into a failed job: the error is logged with
     the command that retries it.

@@ -105,7 +105,8 @@ def table(properties: dict, required: list[str], defs: dict, where: str) -> list
 
 
 def train_properties() -> dict:
-    """``train:``: the TrainConfig fields a sweep sets there (as ``peftune.sweep.spaces`` takes them), as schema rows."""
+    """``train:``: the TrainConfig fields a sweep sets there (as ``peftune.sweep.spaces`` takes them), as schema
+    rows."""
     from pydantic import TypeAdapter
 
     from peftune.core.train import TrainConfig
@@ -153,7 +154,8 @@ def render() -> str:
 
 
 def task_file_section() -> list[str]:
-    """A task file's keys (``peftune.inputs.tasks.TaskFile``, what ``peftune schema --task`` prints), and its ``split``."""
+    """A task file's keys (``peftune.inputs.tasks.TaskFile``, what ``peftune schema --task`` prints), and its
+    ``split``."""
     from pydantic import TypeAdapter
 
     from peftune.inputs import tasks

@@ -41,7 +41,8 @@ def test_the_driver_benchmark_prints_a_row_per_window_and_the_confirmation_reads
 
 def test_the_driver_measures_through_the_sweeps_public_seams():
     """The benchmark patches nothing of the package: it runs the sweep with ``SweepHooks`` and times the write
-    buffer through ``around_apply`` (issue 47: it swapped in its own ``orchestrator._runnable`` and ``_trial_logger``)."""
+    buffer through ``around_apply`` (issue 47: it swapped in its own ``orchestrator._runnable`` and
+    ``_trial_logger``)."""
     from types import SimpleNamespace
 
     from peftune.benchmarks import driver

@@ -231,8 +231,8 @@ def package_modules() -> list[str]:
 
 
 def test_the_design_pages_module_table_names_every_module_of_the_package():
-    """A module is named by its path in the package (``sweep/orchestrator.py``, ``benchmarks/driver.py``), or a subpackage's
-    modules all at once by its directory (``methods/``); a subpackage's ``__init__.py`` by any row of its
+    """A module is named by its path in the package (``sweep/orchestrator.py``, ``benchmarks/driver.py``), or a
+    subpackage's modules all at once by its directory (``methods/``); a subpackage's ``__init__.py`` by any row of its
     directory. A row naming no module is stale."""
     names = module_table()
     missing = []

@@ -1,6 +1,6 @@
 """The record's version (issue 55): the sweep tags its parent run with it, the report reads it, and every old path
-(``peftune.record.legacy``) is taken by an untagged record only. A tagged record that lacks a piece, or a tag this peftune
-cannot read, is refused in one line naming the run. Real MLflow stores (SQLite in tmp_path), no mocks."""
+(``peftune.record.legacy``) is taken by an untagged record only. A tagged record that lacks a piece, or a tag this
+peftune cannot read, is refused in one line naming the run. Real MLflow stores (SQLite in tmp_path), no mocks."""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
-"""The record's names are spelled in one place, ``peftune.base.record_names`` (issue 31): a tag, status or metric name, or the
-hyperparameters every method has, written out again elsewhere could drift from what the writer writes and the
+"""The record's names are spelled in one place, ``peftune.base.record_names`` (issue 31): a tag, status or metric name,
+or the hyperparameters every method has, written out again elsewhere could drift from what the writer writes and the
 reader reads. Every other module of the library, the analysis and the jobs uses the names from there."""
 
 from __future__ import annotations

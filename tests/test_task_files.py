@@ -215,8 +215,8 @@ def test_bad_task_files_are_refused_in_one_line_before_any_work(tmp_path, case):
     path = task_file(tmp_path, f"name: bad\n{kind}{body}\ntrain: d.csv\ndev: d.csv\n")
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "peftune.cli.commands", "train", "--task", str(path), "--method", "frozen", "--output",
-               str(out)]  # fmt: skip
+    command = [sys.executable, "-m", "peftune.cli.commands", "train", "--task", str(path), "--method", "frozen",
+               "--output", str(out)]  # fmt: skip
     done = subprocess.run(command, capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300)
     errors = [line for line in done.stderr.splitlines() if ": error: " in line]
     assert done.returncode == 2, done.stderr[-2000:]

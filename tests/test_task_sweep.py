@@ -53,9 +53,9 @@ def test_the_example_task_runs_the_smoke_sweep_and_its_record_names_it(tmp_path)
 
     # the final evaluation scores the task's own test file (beside its task file), in yet another process
     # (the record keeps the task's declaration, not where its files were: --data-dir names their folder)
-    command = [sys.executable, "-m", "peftune.cli.commands", "evaluate", "--sweep", "questions_tuning", "--tracking-uri", uri,
-               "--data-dir", str(EXAMPLE), "--test-dir", str(EXAMPLE), "--seeds", "1", "--top", "1", "--output",
-               str(elsewhere / "evaluation")]  # fmt: skip
+    command = [sys.executable, "-m", "peftune.cli.commands", "evaluate", "--sweep", "questions_tuning",
+               "--tracking-uri", uri, "--data-dir", str(EXAMPLE), "--test-dir", str(EXAMPLE), "--seeds", "1", "--top",
+               "1", "--output", str(elsewhere / "evaluation")]  # fmt: skip
     evaluated = subprocess.run(command, cwd=elsewhere, env=env, capture_output=True, text=True, timeout=900)
     assert evaluated.returncode == 0, evaluated.stderr[-3000:]
     import pandas as pd

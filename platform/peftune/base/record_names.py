@@ -30,14 +30,13 @@ SWEEP_ROLE, TRIAL_ROLE = "sweep", "trial"  # the values of ROLE: the sweep's par
 BACKBONE, CODE_VERSION = "peftune.backbone", "peftune.code_version"
 DEFINITION_FINGERPRINT, DATA_FINGERPRINT = "peftune.definition_fingerprint", "peftune.data_fingerprint"
 RAY_EXPERIMENT_PATH = "peftune.ray_experiment_path"
-# the parent run's tag of the record's version (``peftune.record.legacy.RECORD_VERSION``), written when the sweep begins:
-# what the report tells an old record by; a sweep begun before it has none, and a resume adds none
+# the parent run's tag of the record's version (``peftune.record.legacy.RECORD_VERSION``), written when the sweep
+# begins: what the report tells an old record by; a sweep begun before it has none, and a resume adds none
 RECORD_VERSION_TAG = "peftune.record_version"
 # a trial run's tags of how it ran: its method, the precision it trained in, the retries Ray gave it
 METHOD, PRECISION, RETRIES = "peftune.method", "peftune.precision", "peftune.retries"
-PACK_SIZE = (
-    "peftune.pack_size"  # the members of the pack it trained in (peftune.sweep.packing); its times are the pack's
-)
+# the members of the pack it trained in (peftune.sweep.packing); its times are the pack's
+PACK_SIZE = "peftune.pack_size"
 PACK_SIZE_RESULT = "pack_size"  # the result key a packed trial reports it under
 
 # a trial run's tags of its place in the sweep (see peftune.sweep.confirm): its phase, the configuration it
@@ -86,9 +85,9 @@ PREDICTION_COLUMNS = ("task", "example_id", "seed", "prediction", "label")
 
 
 def keeps_predictions(split: str, seed_reason, decision_examples) -> bool:
-    """Whether a completed confirmation run keeps its predictions on ``split`` (what ``peftune.sweep.worker`` asks of it):
-    on dev, and on the decision split where the sweep carves one (``decision_examples``), unless it is a report run,
-    which decides nothing."""
+    """Whether a completed confirmation run keeps its predictions on ``split`` (what ``peftune.sweep.worker`` asks of
+    it): on dev, and on the decision split where the sweep carves one (``decision_examples``), unless it is a report
+    run, which decides nothing."""
     if is_report_run(seed_reason):
         return False
     return split == DEV or (split == DECISION and bool(decision_examples))

@@ -136,8 +136,8 @@ def cheap_trainable(config: dict, settings: worker.TrialSettings, steps_per_run:
 
 
 def cheap_trainable_for(steps_per_run: int):
-    """The trainable ``orchestrator.SweepHooks`` runs in place of ``worker.trainable``: :func:`cheap_trainable` (the sweep's
-    data, ``prepared``, unused)."""
+    """The trainable ``orchestrator.SweepHooks`` runs in place of ``worker.trainable``: :func:`cheap_trainable` (the
+    sweep's data, ``prepared``, unused)."""
 
     def trainable(config: dict, prepared, settings: worker.TrialSettings) -> None:
         cheap_trainable(config, settings, steps_per_run)

@@ -4,9 +4,9 @@ Errors a user can act on (bad data rows, unknown methods or options, missing
 models) print one line naming what is wrong and exit with status 2.
 
 The entry points: ``main`` (the ``peftune`` script) and ``job_main`` (what ``jobs/*.py`` run, from
-``peftune.cli.sweep_command``). ``peftune train`` is ``peftune.cli.train_command``, the sweep flags and ``peftune sweep``
-are ``peftune.cli.sweep_command``, and what every command shares (argparse's types, the exit statuses, running a
-command) is ``peftune.cli.common``; the small commands are here.
+``peftune.cli.sweep_command``). ``peftune train`` is ``peftune.cli.train_command``, the sweep flags and
+``peftune sweep`` are ``peftune.cli.sweep_command``, and what every command shares (argparse's types, the exit
+statuses, running a command) is ``peftune.cli.common``; the small commands are here.
 """
 
 from __future__ import annotations

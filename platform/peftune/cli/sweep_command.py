@@ -243,8 +243,8 @@ TUNER_STATE = "tuner.pkl"
 
 def check_resumable(resume: bool, name: str, storage: str) -> None:
     """``--resume`` of a sweep with no saved Ray Tune state is refused here, before the data is read and Ray is
-    imported, as the sweep itself would refuse it (``orchestrator._check_resume``) only after both. An object-store URI is
-    left to the sweep's check, which reaches the store through Ray."""
+    imported, as the sweep itself would refuse it (``orchestrator._check_resume``) only after both. An object-store URI
+    is left to the sweep's check, which reaches the store through Ray."""
     if not resume or "://" in storage:
         return
     experiment_path = f"{storage.rstrip('/')}/{name}"

@@ -11,8 +11,8 @@ with ``projection_seed``, exactly as peft's ``VeraModel`` draws them from ``proj
 same order: A (r, largest d_in) then B (largest d_out, r); each linear takes its top-left slice), so the same seed
 gives peft's matrices bit for bit (tested). They are buffers kept out of the state dict: a checkpoint holds the
 vectors only, and a fresh build re-draws the matrices from the seed (peft's ``save_projection=False``). The export
-to peft's format (``peftune.core.checkpoint.export_peft``) writes them too (``save_projection=True``), so that peft loads
-exactly the matrices trained with, whatever its torch draws.
+to peft's format (``peftune.core.checkpoint.export_peft``) writes them too (``save_projection=True``), so that peft
+loads exactly the matrices trained with, whatever its torch draws.
 """
 
 from __future__ import annotations

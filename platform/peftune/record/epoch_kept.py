@@ -1,6 +1,6 @@
 """The epoch a trial keeps: its best score, the earliest on a tie. One rule for the trial's checkpoints
-(``peftune.sweep.resume``), the driver's state of the sweep (``peftune.record.sweep_state``), the predictions the record keeps
-(``peftune.record.writer``), a single trial (``peftune train``) and the report's reading of an unclosed run."""
+(``peftune.sweep.resume``), the driver's state of the sweep (``peftune.record.sweep_state``), the predictions the record
+keeps (``peftune.record.writer``), a single trial (``peftune train``) and the report's reading of an unclosed run."""
 
 from __future__ import annotations
 

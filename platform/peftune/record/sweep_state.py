@@ -1,9 +1,9 @@
 """The sweep's trial runs as the driver knows them: what it decides on while the sweep runs, not the record read back.
 
-The trial logger (``peftune.record.trial_logger.TrialLogger``) sends every write of a trial's run through the write buffer
-(``peftune.record.tracking_buffer``) and applies the same write here (:meth:`SweepState.apply`, one method per operation,
-as the buffer has). So the state holds what the record holds once the buffer has drained: each run's tags, params
-(as the strings MLflow stores), latest metrics (MLflow's rule: the greatest step, then timestamp, then value) and
+The trial logger (``peftune.record.trial_logger.TrialLogger``) sends every write of a trial's run through the write
+buffer (``peftune.record.tracking_buffer``) and applies the same write here (:meth:`SweepState.apply`, one method per
+operation, as the buffer has). So the state holds what the record holds once the buffer has drained: each run's tags,
+params (as the strings MLflow stores), latest metrics (MLflow's rule: the greatest step, then timestamp, then value) and
 status, and each trial's best epoch (what its end writes as ``best_*``). A resumed driver starts it from the
 record, read once (:meth:`SweepState.from_runs`), and reads a metric's history of a run an earlier driver left at
 most once, when something needs it (:meth:`SweepState.history`: the best epoch of a run a trial continues, the

@@ -4,8 +4,8 @@ report's files.
 
 With ``peftune.record.reader`` the only modules of ``peftune`` and ``analysis`` that import MLflow
 (``tests/test_layers.py`` checks it); it imports no Ray, so publishing a report does not either. What a trial's run
-holds is decided by the Tune callback (``peftune.record.trial_logger``), in the driver, so trials never touch the tracking
-store and an embedded SQLite store has a single writer. The trials' writes go through the durable, ordered
+holds is decided by the Tune callback (``peftune.record.trial_logger``), in the driver, so trials never touch the
+tracking store and an embedded SQLite store has a single writer. The trials' writes go through the durable, ordered
 write-ahead buffer of ``peftune.record.tracking_buffer``: a tracking-server outage holds up no trial, every write is
 applied exactly once, and writes still pending when the sweep ends are written by the next run of the sweep. The
 record's schema: docs/design.md, "The MLflow record"; a contract with ``analysis/``, changed only together with it.
@@ -167,8 +167,8 @@ class SweepRecord:
     parent_run_id: str
     resumed: bool
     datasets: tuple = ()  # the data files as MLflow datasets (data_inputs), logged on the parent and the trials
-    # the record's version (peftune.record.legacy): a new sweep writes the current one; a resumed sweep keeps its own, and
-    # one begun before the version tag stays an old record (its untagged runs read as such)
+    # the record's version (peftune.record.legacy): a new sweep writes the current one; a resumed sweep keeps its own,
+    # and one begun before the version tag stays an old record (its untagged runs read as such)
     version: int = legacy.RECORD_VERSION
 
 
@@ -482,9 +482,9 @@ def log_report_files(
 
 
 class TrialWrites(WriteBuffer):
-    """The trials' writes to MLflow, as the write buffer applies them (``peftune.record.tracking_buffer``), each idempotent:
-    a trial's run is found by its Ray trial id before one is created (the buffer's one read), metrics carry the
-    timestamp of their first sending, params and tags are set to the same values."""
+    """The trials' writes to MLflow, as the write buffer applies them (``peftune.record.tracking_buffer``), each
+    idempotent: a trial's run is found by its Ray trial id before one is created (the buffer's one read), metrics carry
+    the timestamp of their first sending, params and tags are set to the same values."""
 
     def __init__(self, record, path: Path | str | None):
         self._runs: dict[str, str] = {}  # trial id -> run id, found or created by this buffer

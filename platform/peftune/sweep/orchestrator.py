@@ -2,8 +2,8 @@
 
 ``run_sweep(definition, data_dir, tracking_uri)`` is the one entry point (jobs and ``peftune sweep`` call it). The
 driver reads, validates and tokenizes the data once and hands it to the trials through Ray's object store;
-``peftune.sweep.search`` decides what runs and what stops; each trial asks for a GPU fraction where the cluster has GPUs,
-CPUs otherwise, reports after each epoch with a checkpoint of its trainable parameters, and is retried from it on
+``peftune.sweep.search`` decides what runs and what stops; each trial asks for a GPU fraction where the cluster has
+GPUs, CPUs otherwise, reports after each epoch with a checkpoint of its trainable parameters, and is retried from it on
 failure; ``peftune.sweep.confirm`` re-trains the contenders with new seeds; ``peftune.record.writer`` records everything
 from the driver. Tune's state under ``<storage_path>/<sweep name>`` makes running the same sweep again resume it. The
 driver holds the sweep's lease (``peftune.sweep.lease``) and ships the code it imported to every trial. The phases in
@@ -78,9 +78,8 @@ class SweepResult:
     best: dict | None  # best trial: trial_id, method, best_score, run_id, params
     resumed: bool
     checkpoints_logged: list[str] = field(default_factory=list)
-    confirmation: dict | None = (
-        None  # peftune.sweep.confirm.ConfirmationResult as a dict (None: the search did not finish)
-    )
+    # peftune.sweep.confirm.ConfirmationResult as a dict (None: the search did not finish)
+    confirmation: dict | None = None
 
     @property
     def ui_address(self) -> str:
@@ -270,7 +269,8 @@ class SweepHooks:
 
 
 def one_driver(run: Callable[..., SweepResult]) -> Callable[..., SweepResult]:
-    """``run`` under the sweep's lease (``peftune.sweep.lease``): a second driver of a running sweep is refused at once."""
+    """``run`` under the sweep's lease (``peftune.sweep.lease``): a second driver of a running sweep is refused at
+    once."""
 
     @functools.wraps(run)
     def holding_the_lease(definition, data_dir, tracking_uri=None, *, storage_path=DEFAULT_STORAGE_PATH, **options):

@@ -222,8 +222,8 @@ class PerMethodSearcher(Searcher):
     ):
         super().__init__(metric=METRIC, mode=MODE)
         self.asynchronous = asynchronous
-        # method -> how many of its trials may train as one pack (peftune.sweep.packing): they are handed out as a round,
-        # one after another, asked of its study with the same trials told
+        # method -> how many of its trials may train as one pack (peftune.sweep.packing): they are handed out as a
+        # round, one after another, asked of its study with the same trials told
         self.pack_sizes = dict(pack_sizes or {})
         self.rounds: dict[str, int] = {}  # method -> trials handed in its open round
         self.spaces = dict(method_spaces)
@@ -662,7 +662,8 @@ def make_searcher(
 
 
 def pack_sizes(definition: spaces.SweepDefinition) -> dict[str, int]:
-    """Each method whose trials may pack, and how many to a pack (``resources.pack_size``; see peftune.sweep.packing)."""
+    """Each method whose trials may pack, and how many to a pack (``resources.pack_size``; see
+    peftune.sweep.packing)."""
     size = definition.resources.pack_size
     return {method: size for method in definition.spaces if size > 1 and method in PACKABLE}
 

@@ -48,12 +48,10 @@ class TrialSettings:
     # what a confirmation run's data is read with (``confirm.train_examples`` train rows); None: ``data``
     confirm_data: DataSettings | None = None
     threads: int | None = None  # torch's threads in a trial: its CPUs (a trial re-runs exactly on as many)
-    reporting: bool = (
-        False  # a report run (``record_names.REPORT_REASON``): dev only, no decision split, no predictions
-    )
-    packing: PackSettings | None = (
-        None  # how search trials of packable methods pack (peftune.sweep.packing); None: never
-    )
+    # a report run (``record_names.REPORT_REASON``): dev only, no decision split, no predictions
+    reporting: bool = False
+    # how search trials of packable methods pack (peftune.sweep.packing); None: never
+    packing: PackSettings | None = None
     # the tasks read from a user's task files (labels resolved): a worker process knows only the shipped ones
     task_specs: tuple[TaskSpec, ...] = ()
 
