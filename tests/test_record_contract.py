@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-from peftune.base import record_names as record
+from peftune.base import record_names
 from peftune.record import epoch_kept
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -15,22 +15,22 @@ SOURCES = (ROOT / "platform" / "peftune", ROOT / "analysis", ROOT / "jobs")
 CONTRACT = ROOT / "platform" / "peftune" / "base" / "record_names.py"
 
 
-def record_names() -> dict[str, str]:
+def constants() -> dict[str, str]:
     """The names no module but ``peftune.base.record_names`` may spell: value -> the constant that holds it.
 
     Not among them (yet): ``score`` and the task metrics, a column of nearly every table of the analysis, and words
     of the record that are also ordinary words of the code (the splits, the phases, ``trial``, ``report``)."""
     names = {
         value: key
-        for key, value in vars(record).items()
+        for key, value in vars(record_names).items()
         if key.isupper() and isinstance(value, str) and value.startswith(("peftune.", "mlflow."))
     }  # the tags
     statuses = ("COMPLETED", "EARLY_STOPPED", "FAILED", "DIVERGED", "UNFINISHED", "PARTIAL")
     statuses += ("COMPLETED_WITH_FAILURES", "INTERRUPTED")
-    names.update({getattr(record, key): key for key in statuses})
-    names.update({record.BEST_SCORE: "BEST_SCORE", record.BEST_EPOCH: "BEST_EPOCH"})
-    names.update({name: "COUNT_METRICS" for name in record.COUNT_METRICS})
-    names.update({name: "split_metric_names" for name in record.split_metric_names([])})
+    names.update({getattr(record_names, key): key for key in statuses})
+    names.update({record_names.BEST_SCORE: "BEST_SCORE", record_names.BEST_EPOCH: "BEST_EPOCH"})
+    names.update({name: "COUNT_METRICS" for name in record_names.COUNT_METRICS})
+    names.update({name: "split_metric_names" for name in record_names.split_metric_names([])})
     return names
 
 
@@ -59,7 +59,7 @@ def spelled_out(path: Path, names: dict[str, str]) -> list[str]:
     tree = ast.parse(path.read_text(), str(path))
     prose = docstrings(tree) | loggers(tree)
     return [
-        f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r} (record.{names[node.value]})"
+        f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r} (record_names.{names[node.value]})"
         for node in ast.walk(tree)
         if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in names
         and id(node) not in prose
@@ -68,7 +68,7 @@ def spelled_out(path: Path, names: dict[str, str]) -> list[str]:
 
 def hyperparameters_spelled_out(path: Path) -> list[str]:
     """A tuple, list, set or dict of exactly the common hyperparameters (``record_names.HYPERPARAMETERS``)."""
-    wanted = set(record.HYPERPARAMETERS)
+    wanted = set(record_names.HYPERPARAMETERS)
     out = []
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         items = node.keys if isinstance(node, ast.Dict) else getattr(node, "elts", None)
@@ -89,7 +89,7 @@ def test_the_scan_finds_a_spelled_out_name(tmp_path):
         'TAGS = {"peftune.method": "lora"}\n'
         'COMMON = ("lr", "dropout", "weight_decay")\n'
     )
-    names = record_names()
+    names = constants()
     global ROOT
     root, ROOT = ROOT, tmp_path
     try:
@@ -102,7 +102,7 @@ def test_the_scan_finds_a_spelled_out_name(tmp_path):
 
 
 def test_record_names_are_spelled_only_in_record():
-    names = record_names()
+    names = constants()
     assert {"peftune.method", "diverged", "partial", "best_epoch", "dev_score", "stored_params_pct"} <= set(names)
     found = [line for path in sources() for line in spelled_out(path, names) + hyperparameters_spelled_out(path)]
     assert not found, "use the names of peftune.base.record_names instead:\n" + "\n".join(found)
@@ -117,4 +117,4 @@ def test_best_epoch_is_the_earliest_best():
 
 def test_a_task_metric_reads_back_with_underscores_in_the_task():
     for task, metric in (("sst", "accuracy"), ("my_task", "pearson"), ("a_b_c", "accuracy")):
-        assert record.metric_task(record.task_metric(task, metric)) == (task, metric)
+        assert record_names.metric_task(record_names.task_metric(task, metric)) == (task, metric)
