@@ -1,5 +1,6 @@
-"""Every module of the package sits in a layer of the import-linter contract, so ``lint-imports`` sees every arrow:
-a module left out of the layers can import upwards (an import circle) without the contract noticing."""
+"""Every module of the package sits in a folder, and in a layer of an import-linter contract, so ``lint-imports`` sees
+every arrow: a module left out of the layers can import upwards (an import circle) without the contract noticing.
+The first contract's layers are peftune's folders; each folder's own contract layers that folder's modules."""
 
 from __future__ import annotations
 
@@ -12,29 +13,57 @@ from conftest import REPO
 
 tomllib = pytest.importorskip("tomllib")  # Python 3.11's; on 3.10 the contract is checked by lint-imports alone
 
-CONTRACT = "layers point down"
+PACKAGE = REPO / "platform" / "peftune"
 
 
-def layered_modules() -> list[str]:
+def layered_modules() -> dict[str, list[str]]:
+    """The modules named in the layers contracts, by the package they sit in: ``peftune`` -> its folders, a folder
+    -> its modules (``peftune.sweep.orchestrator``, ...); a module named twice is listed twice."""
     config = tomllib.loads((REPO / "pyproject.toml").read_text())
-    (contract,) = [c for c in config["tool"]["importlinter"]["contracts"] if c["name"].startswith(CONTRACT)]
-    return [name.strip() for layer in contract["layers"] for name in re.split(r"[|:]", layer)]
+    by_package: dict[str, list[str]] = {}
+    for contract in config["tool"]["importlinter"]["contracts"]:
+        if contract["type"] != "layers":
+            continue
+        for name in (n.strip() for layer in contract["layers"] for n in re.split(r"[|:]", layer)):
+            if name.startswith("peftune."):
+                by_package.setdefault(name.rsplit(".", 1)[0], []).append(name)
+    return by_package
 
 
-def package_modules() -> set[str]:
-    """The modules directly in ``peftune``: its .py files and its subpackages (a folder with ``__init__.py``)."""
-    root = REPO / "platform" / "peftune"
-    files = {f"peftune.{p.stem}" for p in root.glob("*.py") if p.stem != "__init__"}
-    return files | {f"peftune.{p.parent.name}" for p in root.glob("*/__init__.py")}
+def packages() -> dict[str, object]:
+    """``peftune`` and every package under it (a folder with ``__init__.py``), dotted -> its directory."""
+    found = {"peftune": PACKAGE}
+    for init in PACKAGE.rglob("*/__init__.py"):
+        found[".".join(("peftune", *init.parent.relative_to(PACKAGE).parts))] = init.parent
+    return found
 
 
-def test_every_module_of_the_package_is_in_one_layer():
-    layered = layered_modules()
-    missing = sorted(package_modules() - set(layered))
-    assert not missing, f"modules in no layer of pyproject.toml's import-linter contract: {missing}"
-    stale = sorted(m for m in layered if m.startswith("peftune.") and m not in package_modules())
-    assert not stale, f"layers naming modules that do not exist: {stale}"
-    assert len(layered) == len(set(layered)), "a module is in two layers"
+def package_modules(dotted: str, directory) -> set[str]:
+    """The modules directly in a package: its .py files and its subpackages (a folder with ``__init__.py``)."""
+    files = {f"{dotted}.{p.stem}" for p in directory.glob("*.py") if p.stem != "__init__"}
+    return files | {f"{dotted}.{p.parent.name}" for p in directory.glob("*/__init__.py")}
+
+
+def test_every_module_sits_in_a_folder():
+    loose = sorted(p.name for p in PACKAGE.glob("*.py") if p.name != "__init__.py")
+    assert not loose, f"modules at the top of peftune, in no folder (a folder is a layer): {loose}"
+
+
+@pytest.mark.parametrize("package", sorted(packages()))
+def test_every_module_of_the_package_is_in_one_layer(package):
+    modules = package_modules(package, packages()[package])
+    layered = layered_modules().get(package, [])
+    missing = sorted(modules - set(layered))
+    assert not missing, f"modules of {package} in no layer of pyproject.toml's import-linter contracts: {missing}"
+    stale = sorted(set(layered) - modules)
+    assert not stale, f"layers naming modules of {package} that do not exist: {stale}"
+    twice = sorted({m for m in layered if layered.count(m) > 1})
+    assert not twice, f"modules in two layers: {twice}"
+
+
+def test_every_layered_package_exists():
+    stale = sorted(set(layered_modules()) - set(packages()))
+    assert not stale, f"layers naming modules of packages that do not exist: {stale}"
 
 
 # the record's two sides: the only modules of peftune and analysis that import MLflow (docs/design.md, "The MLflow
