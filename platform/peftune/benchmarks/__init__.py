@@ -1,4 +1,5 @@
-"""Measurements beside the runtime, not in it: nothing of the sweep or a trial imports this package.
+"""Measurements beside the runtime, not in it: nothing of the sweep or a trial imports this package (a layer above the
+sweep, beside analysis, under the command line).
 
 - :mod:`peftune.benchmarks.throughput`: ``peftune bench``, the core's training throughput against the HF Trainer
   (and peft's LoRA), and packed trials against solo ones;

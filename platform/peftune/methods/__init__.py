@@ -1,4 +1,5 @@
-"""PEFT methods, one module each, registered by name on import."""
+"""PEFT methods, one module each, registered by name on import: the layer between the inputs (the encoder they
+hook into) and the core (the model they are part of); may import inputs/ and base/."""
 
 from peftune.methods import (  # noqa: F401  (registration)
     adapter,
