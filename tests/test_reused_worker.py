@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 import pytest
 
@@ -62,3 +63,5 @@ def test_a_job_that_sets_the_wait_itself_keeps_it(monkeypatch):
         shipped["env_vars"][orchestrator.THREAD_TIMEOUT_VAR] == str(orchestrator.THREAD_TIMEOUT_S)
         and shipped["py_modules"]
     )
+    package = Path(shipped["py_modules"][0])  # the whole package, not the folder of the module that ships it
+    assert package.name == "peftune" and (package / "sweep" / "orchestrator.py").is_file()

@@ -30,6 +30,7 @@ import mlflow
 from mlflow.entities import Dataset, DatasetInput, InputTag, Metric, Param
 from mlflow.exceptions import MlflowException
 
+import peftune
 from peftune.base.errors import UserError
 from peftune.base.record_names import (
     BACKBONE,
@@ -110,7 +111,7 @@ def show_trials(client, experiment_id: str) -> None:
 @functools.cache
 def code_version() -> str:
     """Git commit of the peftune source tree (``-dirty`` with local changes), else the package version."""
-    root = Path(__file__).resolve().parents[2]
+    root = Path(peftune.__file__).resolve().parents[2]  # platform/peftune/__init__.py -> the source tree
     try:
         sha = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, timeout=10, check=True

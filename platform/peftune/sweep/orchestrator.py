@@ -31,6 +31,7 @@ from typing import Any
 import ray
 from ray import tune
 
+import peftune
 from peftune.base import record_names
 from peftune.base.errors import UserError, disk_full, no_space, one_line
 from peftune.base.record_names import (
@@ -164,7 +165,7 @@ def trial_runtime_env() -> dict[str, Any]:
     if "py_modules" in job:
         log.info("the job sets py_modules itself: the trials import peftune from there")
         return env
-    here = Path(__file__).resolve().parent
+    here = Path(peftune.__file__).resolve().parent  # the package, not this module's folder
     # the analysis package runs on the driver; shipped too, from beside peftune, for whatever a job hands the trials
     # (found without importing it: the library does not import analysis)
     spec = importlib.util.find_spec("analysis")
