@@ -282,3 +282,25 @@ def method_color(method: str) -> str:
         return get_method(method).display_color
     except UnknownNameError:
         return fallback_color(method)
+
+
+# ----------------------------------------------------------------------------- Tune's state: modules moved
+
+# The library's modules before they moved into folders by layer (issue 55) -> where each lives now. A sweep saved
+# before the move names the old modules in the state Tune pickled (its searcher and scheduler, the callbacks, the
+# trial-name function, a failed trial's error); a resumed sweep reads them through ``peftune.sweep.resume.old_names``.
+# The command line's modules are not here: nothing of the sweep's saved state comes from them.
+MOVED_MODULES = {
+    f"peftune.{old}": f"peftune.{folder}.{new or old}"
+    for folder, names in {
+        "base": ("errors", "validation", "record:record_names"),
+        "inputs": ("dropout", "backbone", "tasks", "tables", "data"),
+        "core": ("model", "params", "optim", "checkpoint", "train", "pack", "trial_spec"),
+        "record": ("record_reader:reader", "record_writer:writer", "tracking_buffer", "trial_logger", "sweep_state")
+        + ("stores", "ui_links", "epoch_kept", "legacy"),
+        "stats": ("decisions", "simulate"),
+        "sweep": ("sweep:orchestrator", "spaces", "search", "packing", "worker", "resume", "confirm", "carry")
+        + ("shared_data", "stopping", "console", "lease"),
+    }.items()
+    for old, _, new in (name.partition(":") for name in names)
+}

@@ -45,11 +45,19 @@ from peftune.base.record_names import (
 )
 from peftune.core import train
 from peftune.inputs.tasks import get_task
-from peftune.record import reader, stores, tracking_buffer, ui_links, writer
+from peftune.record import legacy, reader, stores, tracking_buffer, ui_links, writer
 from peftune.record.stores import DEFAULT_STORAGE_PATH
 from peftune.record.trial_logger import RecordedResults, TrialLogger
 from peftune.sweep import carry, confirm, console, lease, packing, search, spaces, worker
-from peftune.sweep.resume import CheckpointPruner, GoodState, RunCallbacks, checkpoint_exists, installed, repair_state
+from peftune.sweep.resume import (
+    CheckpointPruner,
+    GoodState,
+    RunCallbacks,
+    checkpoint_exists,
+    installed,
+    old_names,
+    repair_state,
+)
 from peftune.sweep.shared_data import SharedData
 from peftune.sweep.spaces import SweepDefinition, prepare_data
 from peftune.sweep.stopping import ctrl_c_through_tune, note_sigterm, stopped
@@ -339,6 +347,8 @@ def run_sweep(
     links = search.RunLinks(optuna_url, trial_logger.known_run_id)  # each Optuna trial gets its MLflow run id
     where = (tracking_uri, experiment_path, reports_dir)
     tune_output_back = console.quiet_tune(verbose)  # this sweep's fits only
+    # a sweep saved before the modules moved into folders: Tune's pickled state names them as they were
+    old_names_back = old_names(legacy.MOVED_MODULES) if exists else lambda: None
     try:
         init_ray(ray_address)
         runnable = _runnable(definition, prepared, settings, trainable=hooks.trainable)
@@ -392,6 +402,7 @@ def run_sweep(
     finally:
         packing.stop_hubs()  # on every way out, the early returns of an unrecorded sweep included
         tune_output_back()
+        old_names_back()
     confirmed = dataclasses.asdict(confirmation) if confirmation else None
     result = _result(definition, record, where, status, trials, checkpoints_logged=logged, confirmation=confirmed)
     if complete and on_finished is not None:

@@ -5,6 +5,7 @@
 - ``keep_good_state`` / ``repair_state``: Tune copies its state files to the storage path in place, so a full
   disk can cut one off and Tune would start the experiment again; the complete files are copied beside them
   (``<file>.good``) at each save and put back before a resume (the cut ones kept as ``<file>.set-aside``).
+- ``old_names``: the modules' old names, which a state saved by an earlier version pickled, readable again.
 - ``CheckpointPruner``: Tune's ``num_to_keep`` forces a save of the whole experiment's state after every
   checkpoint; instead Tune keeps every checkpoint and saves on its own period, and the pruner deletes a trial's
   checkpoint once no saved state can name it (kept: its latest, its best, and the latest as of each of the last
@@ -13,14 +14,18 @@
 
 from __future__ import annotations
 
+import importlib
+import importlib.abc
+import importlib.util
 import io
 import json
 import logging
 import os
 import pickletools
 import re
+import sys
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -287,3 +292,60 @@ def installed(callbacks: Sequence):
         yield
     finally:
         _CURRENT.clear()
+
+
+class _MovedModules(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """An old module name (``search`` at the package's top) imports the module where it lives now (in ``sweep/``)."""
+
+    def __init__(self, moved: Mapping[str, str]):
+        self.moved = moved
+        self.specs = {}  # the modules' own specs, which the import system overwrites with the alias's
+
+    def find_spec(self, fullname, path=None, target=None):
+        return importlib.util.spec_from_loader(fullname, self) if fullname in self.moved else None
+
+    def create_module(self, spec):
+        module = importlib.import_module(self.moved[spec.name])
+        self.specs[module.__name__] = module.__spec__
+        return module
+
+    def exec_module(self, module):
+        module.__spec__ = self.specs[module.__name__]  # it ran when imported under its own name: nothing to run
+
+
+def old_names(moved: Mapping[str, str]) -> Callable[[], None]:
+    """The names a sweep saved by an earlier version pickled (old module -> new, ``legacy.MOVED_MODULES``)
+    readable while this process restores it: an old module's name imports the module where it lives now, and an
+    old module whose name is a package now (the sweep's, once the orchestrator's module) gives that module's
+    attributes through the package. Returns what takes the old names away again."""
+    finder = _MovedModules(moved)
+    sys.meta_path.append(finder)  # last: asked only for a name no module has now
+    hooked = []
+    for old, new in moved.items():
+        spec = importlib.util.find_spec(old) if old.rsplit(".", 1)[0] in sys.modules else None
+        if spec is not None and spec.loader is not finder and spec.submodule_search_locations is not None:
+            package = importlib.import_module(old)
+            if "__getattr__" not in vars(package):
+                package.__getattr__ = _attributes_of(new)
+                hooked.append(package)
+
+    def back() -> None:
+        sys.meta_path.remove(finder)
+        for package in hooked:
+            del package.__getattr__
+        for old in moved:
+            module = sys.modules.get(old)
+            if module is not None and module.__name__ != old:  # an old name given to a module of another name
+                del sys.modules[old]
+                parent, _, name = old.rpartition(".")
+                if getattr(sys.modules.get(parent), name, None) is module:
+                    delattr(sys.modules[parent], name)
+
+    return back
+
+
+def _attributes_of(module: str) -> Callable[[str], object]:
+    def attribute(name: str) -> object:
+        return getattr(importlib.import_module(module), name)
+
+    return attribute
