@@ -16,7 +16,7 @@ from pathlib import Path
 import pandas as pd
 
 from analysis import confirmed, pareto, plots, views
-from analysis.report import Report
+from analysis.report import Report, plan_of
 from analysis.runs import COUNT_COLUMNS, SweepRuns
 from peftune.base.record_names import BEST_EPOCH, CODE_VERSION, COMPLETED, HYPERPARAMETERS, metric_task
 from peftune.record import legacy
@@ -243,8 +243,10 @@ def answer_notes(report: Report) -> dict[str, str]:
     """The sentences that say where the numbers of the answer come from (Markdown and HTML alike)."""
     configs = report.configs
     outcome = report.decisions.outcome
+    sweep = report.sweep  # the plan the confirmation ran, else the one the sweep's params give (one builder)
     plan = outcome.plan if outcome is not None else None
-    margin = report.sweep.parent_params.get("decision_margin", plan.margin if plan else "")
+    plan = plan or plan_of(sweep.parent_params, sweep.record_version, sweep.parent_run_id)
+    margin = f"{plan.margin:g}"
     if len(configs) and configs["source"].iloc[0] == "confirmed":
         seeds = sorted(set(configs["seeds"].astype(int)))
         split = "dev" if (configs["split"] == "dev").all() else legacy.DEV_SELECTED
@@ -260,7 +262,7 @@ def answer_notes(report: Report) -> dict[str, str]:
             "selected on (no std, no decision)."
         )
     words = "; ".join(f"**{word}**: {meaning}" for word, meaning in decisions.WORDS.items())
-    looks = f"up to {plan.looks} look(s), {plan.seeds} to {plan.max_seeds} seeds" if plan else "planned looks"
+    looks = f"up to {plan.looks} look(s), {plan.seeds} to {plan.max_seeds} seeds"
     return {
         "source": source,
         "noise": (

@@ -161,11 +161,9 @@ def decide(sweep: SweepRuns, configs: pd.DataFrame) -> confirmed.Decided:
 
 
 def plan_of(params: dict, version: int = legacy.RECORD_VERSION, run_id: str = "") -> Plan:
-    """The decision plan a sweep ran with, from its parent run's (``run_id``) params in a record of ``version``
-    (``peftune.record.legacy.plan_params``: an old record's defaults where one is missing), as ``Plan.from_params``, the
-    sweep's own builder, makes it."""
-    seeds, max_seeds, margin = legacy.plan_params(params, version, run_id)
-    return Plan(seeds=seeds, max_seeds=max_seeds, margin=margin)
+    """The decision plan a sweep ran with, from its parent run's (``run_id``) params in a record of ``version``: the
+    sweep's own builder, ``Plan.from_params`` (an old record's defaults where a param is missing)."""
+    return Plan.from_params(params, version=version, run_id=run_id)
 
 
 # ----------------------------------------------------------------------------- the published reference

@@ -769,11 +769,12 @@ class Plan:
         return self.max_seeds - self.seeds + 1
 
     @classmethod
-    def from_params(cls, params: Mapping, budgets: Sequence[float] = BUDGETS_PCT) -> Plan:
-        """The plan of a sweep's parameters as its parent run records them (``confirm_seeds``,
-        ``confirm_max_seeds``, ``decision_margin``; an older record's defaults where one is missing): what the
-        sweep runs and the report replays."""
-        seeds, max_seeds, margin = legacy.plan_params(params)
+    def from_params(cls, params: Mapping, budgets: Sequence[float] = BUDGETS_PCT, *,
+                    version: int = legacy.RECORD_VERSION, run_id: str = "") -> Plan:  # fmt: skip
+        """The plan of a sweep's parameters as its parent run (``run_id``) records them (``confirm_seeds``,
+        ``confirm_max_seeds``, ``decision_margin``; in a record of ``version`` before 2, the defaults where one is
+        missing): what the sweep runs and the report replays."""
+        seeds, max_seeds, margin = legacy.plan_params(params, version, run_id)
         return cls(seeds=seeds, max_seeds=max_seeds, margin=margin, budgets=tuple(budgets))
 
 
