@@ -56,6 +56,18 @@ def sweep_command(definition: Path, data_dir: Path, uri: str, work: Path, *extra
             "--allow-failures", *extra]  # fmt: skip
 
 
+def start_local_ray(num_cpus: int = 2, **kwargs) -> object:
+    """A Ray of this test process only (``address="local"``: never a cluster already running here), its trials
+    given Tune's wait for a reused worker's previous trial as the sweep's ``init_ray`` gives it: with Tune's own
+    2 s, a loaded machine fails the next trial on a reused worker ("reset_config() ... return True")."""
+    import ray
+
+    from peftune.sweep.orchestrator import THREAD_TIMEOUT_S, THREAD_TIMEOUT_VAR
+
+    wait = {"env_vars": {THREAD_TIMEOUT_VAR: str(THREAD_TIMEOUT_S)}}
+    return ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, runtime_env=wait, **kwargs)
+
+
 def copy_repository(target: Path) -> None:
     """The files a fresh clone has (the tracked ones when this is a git checkout), symlinks kept as links."""
     import shutil

@@ -14,6 +14,7 @@ import pytest
 import ray
 from ray.tune.search import Searcher
 
+from conftest import start_local_ray
 from peftune.base.errors import UserError
 from peftune.core.train import TrainConfig, run_trial
 from peftune.sweep import orchestrator, search, spaces
@@ -185,7 +186,7 @@ def test_a_real_sweep_in_tokens_gives_a_long_prompt_fewer_trials_for_the_same_to
     method_spaces = {"frozen": FROZEN_AND_TOP_K["frozen"], "prompt": PROMPT}
     definition = write_definition(tmp_path, "tokens", method_spaces, REAL_SWEEP)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    start_local_ray()
     try:
         result = orchestrator.run_sweep(
             definition, tiny_data_dir, uri, storage_path=tmp_path / "ray", reports_dir=tmp_path

@@ -14,6 +14,7 @@ from types import SimpleNamespace
 import pyarrow.fs
 import pytest
 
+from conftest import start_local_ray
 from peftune.sweep.resume import CheckpointPruner, checkpoint_exists, delete_checkpoint
 
 
@@ -95,7 +96,7 @@ def test_real_tune_saves_on_its_period_and_the_best_checkpoint_is_the_one_kept(t
                 tune.report({"score": score, "epoch": epoch}, checkpoint=tune.Checkpoint.from_directory(directory))
 
     pruner = CheckpointPruner("score")
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    start_local_ray()
     try:
         with installed([pruner]):
             grid = tune.Tuner(

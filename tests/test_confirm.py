@@ -21,6 +21,7 @@ import ray
 from ray import tune
 from ray.tune.search import Searcher
 
+from conftest import start_local_ray
 from peftune.base import record_names
 from peftune.core import train
 from peftune.record import legacy, reader, trial_logger
@@ -67,7 +68,7 @@ def definition(directory: Path, name: str, concurrency: int, confirm: str = ""):
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False)  # never a cluster already running here
+    start_local_ray()
     yield
     ray.shutdown()
 

@@ -25,6 +25,7 @@ import ray
 import torch
 from ray import tune
 
+from conftest import start_local_ray
 from peftune.cli import sweep_command
 from peftune.core.train import DivergenceGuard, TrainConfig, TrainingDiverged
 from peftune.sweep import orchestrator, spaces
@@ -158,7 +159,7 @@ def test_exit_codes():
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False)  # never a cluster already running here
+    start_local_ray()
     yield
     ray.shutdown()
 

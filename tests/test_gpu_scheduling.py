@@ -14,6 +14,7 @@ import mlflow
 import pytest
 import ray
 
+from conftest import start_local_ray
 from peftune.sweep import orchestrator
 from tiny_sweep import FROZEN_AND_TOP_K, write_definition
 
@@ -40,7 +41,7 @@ def test_four_quarter_gpu_trials_share_one_declared_gpu_and_say_they_train_on_th
     frozen = {"frozen": FROZEN_AND_TOP_K["frozen"]}
     definition = write_definition(tmp_path, "gpus", frozen, SWEEP)
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
-    context = ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False)
+    context = start_local_ray(num_gpus=1)
     try:
         assert orchestrator.trial_resources(definition.resources) == {"cpu": 0.5, "gpu": 0.25}
         result = orchestrator.run_sweep(

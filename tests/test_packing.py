@@ -17,6 +17,7 @@ import pytest
 import ray
 from ray.tune.schedulers import TrialScheduler
 
+from conftest import start_local_ray
 from peftune.base import record_names
 from peftune.sweep import orchestrator, packing, search, spaces
 from tiny_sweep import FROZEN_AND_TOP_K, write_definition
@@ -62,7 +63,7 @@ def definition(directory: Path, name: str, pack_size: int) -> spaces.SweepDefini
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(address="local", num_cpus=2, num_gpus=1, include_dashboard=False)
+    start_local_ray(num_gpus=1)
     yield
     ray.shutdown()
 

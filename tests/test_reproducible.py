@@ -18,6 +18,7 @@ import mlflow
 import pytest
 import ray
 
+from conftest import start_local_ray
 from peftune.base import record_names
 from peftune.core import trial_spec
 from peftune.sweep import orchestrator
@@ -79,7 +80,7 @@ def recorded(uri: str, parent_run_id: str) -> list[tuple]:
 @pytest.mark.long
 @pytest.mark.slow
 def test_one_or_two_workers_give_the_same_trials_stops_and_scores(tmp_path, tiny_data_dir):
-    ray.init(address="local", num_cpus=2, include_dashboard=False)
+    start_local_ray()
     try:
         records = {}
         for concurrency in (1, 2):

@@ -23,6 +23,7 @@ from ray import tune
 from ray.tune.schedulers import ASHAScheduler, TrialScheduler
 from ray.tune.search import Searcher
 
+from conftest import start_local_ray
 from peftune.base import record_names
 from peftune.sweep import orchestrator, search, spaces
 
@@ -277,7 +278,7 @@ SWEEP = """\
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False)  # never a cluster already running here
+    start_local_ray()
     yield
     ray.shutdown()
 

@@ -9,12 +9,13 @@ import pytest
 import ray
 from ray import tune
 
+from conftest import start_local_ray
 from peftune.sweep.stopping import ctrl_c_through_tune
 
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(address="local", num_cpus=1, include_dashboard=False)  # never a cluster already running here
+    start_local_ray(num_cpus=1)
     yield
     ray.shutdown()
 

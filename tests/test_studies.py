@@ -12,6 +12,7 @@ import optuna
 import pytest
 import ray
 
+from conftest import start_local_ray
 from peftune.sweep import orchestrator, search
 from tiny_sweep import FROZEN_AND_TOP_K, write_definition
 
@@ -41,7 +42,7 @@ SEARCHES = {
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False)  # never a cluster already running here
+    start_local_ray()
     yield
     ray.shutdown()
 

@@ -19,6 +19,7 @@ import ray
 import yaml
 from ray import tune
 
+from conftest import start_local_ray
 from peftune.core import checkpoint
 from peftune.record import legacy, reader, stores
 from peftune.sweep import orchestrator, search, spaces
@@ -71,7 +72,7 @@ def definition(directory: Path, name: str, trials_per_method: int, concurrency: 
 
 @pytest.fixture(scope="module")
 def local_ray():
-    ray.init(address="local", num_cpus=2, include_dashboard=False)  # never a cluster already running here
+    start_local_ray()
     yield
     ray.shutdown()
 

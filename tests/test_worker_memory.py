@@ -13,7 +13,7 @@ import os
 
 import pytest
 
-from conftest import SHARED_DATA
+from conftest import SHARED_DATA, start_local_ray
 
 TRIALS = 6
 
@@ -37,7 +37,7 @@ def test_a_reused_worker_keeps_its_memory_across_trials(tmp_path):
         with open(log, "a") as file:
             file.write(json.dumps({"pid": os.getpid(), "rss_mb": psutil.Process().memory_info().rss / 2**20}) + "\n")
 
-    ray.init(address="local", num_cpus=1, include_dashboard=False, logging_level="ERROR")
+    start_local_ray(num_cpus=1, logging_level="ERROR")
     try:
         settings = DataSettings(str(SHARED_DATA), max_train_examples=160, max_dev_examples=64, max_length=64,
                                 selection_examples=None)  # fmt: skip
