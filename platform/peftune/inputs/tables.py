@@ -204,12 +204,14 @@ def _delimited(path: Path, text: str, fmt: str, spec: TaskSpec) -> tuple[dict[st
     import pyarrow as pa  # here, not at import: a refusal of bad flags does not wait for it
     import pyarrow.csv as pa_csv
 
+    # one thread for both reads: pyarrow's thread pool, once started, can still be running at the interpreter's
+    # exit, which then aborts (SIGABRT, "terminate called without an active exception") instead of exiting 2
     data, separator = text.encode("utf-8"), SEPARATORS[fmt]
     parse = {"delimiter": separator, "newlines_in_values": True}
     try:
         header = pa_csv.read_csv(
             io.BytesIO(data.split(b"\n", 1)[0] + b"\n"),
-            read_options=pa_csv.ReadOptions(autogenerate_column_names=True),
+            read_options=pa_csv.ReadOptions(autogenerate_column_names=True, use_threads=False),
             parse_options=pa_csv.ParseOptions(**parse),
         ).to_pylist()[0]
     except (pa.ArrowInvalid, IndexError) as error:  # a quote left open in the header: no columns to name
