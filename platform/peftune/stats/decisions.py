@@ -705,10 +705,10 @@ def run_variances(f: Fit, rng: np.random.Generator, draws: int) -> np.ndarray:
     squares, the prior s0^2 the same ones for every configuration (``Fit.shared_pair_df`` counts the df so).
     So each pooled configuration's own variance is drawn once per draw from its own law (``s^2 d /
     chi-square(d)``), the prior's part is made of those draws (common to every configuration) and each
-    configuration adds its own draw. Drawing each moderated variance alone with ``d0 + d`` df, as before
-    2026-12-05, took the pool's df once per configuration, and a noisy configuration at few seeds, moderated
-    toward rivals with many, looked surer than its own seeds allow: P(pick - best >= -margin) too high
-    (docs/benchmarks.md, "The decision procedure's error rates"). Without the pool (a fit built by hand): each
+    configuration adds its own draw. Drawing each moderated variance alone with ``d0 + d`` df would take the
+    pool's df once per configuration, and a noisy configuration at few seeds, moderated toward rivals with many,
+    would look surer than its own seeds allow: P(pick - best >= -margin) too high (docs/benchmarks.md, "The
+    decision procedure's error rates"). Without the pool (a fit built by hand): each
     with its ``run_df``."""
     k = len(f.names)
     if f.pool_var is None or f.pool_df is None:
