@@ -342,12 +342,13 @@ def scenario_rates(world: Measured, plan: Plan, k: int, sims: int, *, cheap_sd: 
     one equal to the best: it claimed, and the K - 2 shown worse with their mean seeds. ``only``: which."""
     m = plan.margin
     where = f"{world.name} K={k}, seed sd {cheap_sd:.3f} (cheapest) / {others_sd:.3f}"
-    sds = [cheap_sd] + [others_sd] * (k - 1)
     rates = []
-    for name, gap in (("boundary", m), ("half", 0.5 * m), ("two", 2 * m), ("equal", 0.0)):
+    for name in ("boundary", "half", "two", "equal"):
         if name not in only:
             continue
-        f = family(world, [-gap] + [0.0] * (k - 1), sds, plan, sims, seed)
+        shifts, sds = scenario_truth(name, k, m, cheap_sd, others_sd)
+        gap = abs(shifts[0])  # how far below the others the cheapest truly is
+        f = family(world, shifts, sds, plan, sims, seed)
         kind = "an error" if gap >= m else "right"
         rates.append(f.claimed(0, f"{where}: the cheapest {gap / m:g}δ below, claimed not worse ({kind})"))
         if name == "two":
@@ -356,8 +357,7 @@ def scenario_rates(world: Measured, plan: Plan, k: int, sims: int, *, cheap_sd: 
         if name == "equal":
             rates.append(Rate(f"{where}: all equal, any 'better' said (false)", f.false_better, sims))
     if "power" in only and k >= 3:
-        shifts = [-2 * m] * (k - 2) + [0.0, 0.0]
-        f = family(world, shifts, [others_sd] * k, plan, sims, seed)
+        f = family(world, *scenario_truth("power", k, m, cheap_sd, others_sd), plan, sims, seed)
         rates.append(f.claimed(k - 2, f"{world.name} K={k}, seed sd {others_sd:.3f}: one equal to the best after "
                                       f"{k - 2} cheaper 2δ below, claimed not worse (power)"))  # fmt: skip
         shown = int(f.worse[: k - 2].sum())
