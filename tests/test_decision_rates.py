@@ -28,10 +28,15 @@ def upper(rate: sm.Rate) -> float:
 
 @pytest.mark.parametrize("k", [8, pytest.param(23, marks=pytest.mark.long)])
 def test_a_cheaper_contender_exactly_the_margin_worse_is_rarely_claimed(k):
-    """Its seeds vary more than the others' (sd 0.03 against 0.012): its own variance is used, moderated."""
-    (rate,) = sm.scenario_rates(WORLD, PLAN, k, SIMS, cheap_sd=CHEAP_SD, others_sd=OTHERS_SD, only=("boundary",))
-    print(rate)
+    """Its seeds vary more than the others' (sd 0.03 against 0.012): its own variance is used, moderated. Nor is
+    it often shown worse by more than the margin, against K - 1 equal best ones: each comparison at alpha / (K - 1).
+    That rate's target is alpha too; it is missed by about a point (docs/benchmarks.md: the looks' t boundaries and
+    the moderation toward quieter configurations), so this bound guards the union's correction, which took it
+    from 0.19 to about 0.06 at K = 8."""
+    rate, worse = sm.scenario_rates(WORLD, PLAN, k, SIMS, cheap_sd=CHEAP_SD, others_sd=OTHERS_SD, only=("boundary",))
+    print(rate, worse, sep="\n")
     assert rate.rate <= 0.05 and upper(rate) <= 0.065, str(rate)
+    assert worse.rate <= 0.09, str(worse)
 
 
 @pytest.mark.parametrize("k", [8, pytest.param(23, marks=pytest.mark.long)])
@@ -42,16 +47,19 @@ def test_among_equal_configurations_better_is_rarely_said(k):
     assert better.rate <= 0.05 and upper(better) <= 0.065, str(better)
 
 
-def test_an_equal_cheaper_contender_is_claimed_and_the_clearly_worse_ones_stop_early():
+def test_an_equal_cheaper_contender_is_claimed_and_the_clearly_worse_ones_are_shown_worse():
     """K = 8: six cheaper ones twice the margin below, then one equal to the best. Its power is held to what
     the best level-5% test at these sizes can reach (one look at 10 seeds each, the variance known:
-    ``simulate.oracle_power_within``), less the looks' price; the six are shown worse and stop early."""
+    ``simulate.oracle_power_within``), less the looks' price. The six are shown worse, but never more often than
+    the best valid test of one comparison could by max_seeds (``simulate.oracle_shown_worse``, the best's seeds
+    at max_seeds, the variance known): the procedure before "worse" paid for its K - 1 comparisons exceeded it."""
     claimed, shown = sm.scenario_rates(WORLD, PLAN, 8, SIMS, cheap_sd=OTHERS_SD, others_sd=OTHERS_SD,
                                        only=("power",))  # fmt: skip
     oracle = sm.oracle_power_within(WORLD, PLAN, OTHERS_SD, 4000)
-    print(claimed, shown, oracle, sep="\n")
+    at_most = sm.oracle_shown_worse(WORLD, PLAN, OTHERS_SD, 4000)[-1]
+    print(claimed, shown, oracle, at_most, sep="\n")
     assert claimed.rate >= oracle.rate - 0.08, f"{claimed}; {oracle}"
-    assert shown.rate >= 0.75 and float(shown.what.split("mean seeds ")[1].split()[0]) <= 5.5, str(shown)
+    assert 0.4 <= shown.rate <= upper(at_most), f"{shown}; {at_most}"
 
 
 def test_the_stated_chance_of_being_within_the_margin_is_not_above_what_holds():

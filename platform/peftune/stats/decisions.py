@@ -7,12 +7,12 @@ configurations) and a run part (a seed's shift and the run's per-example noise).
 own run variance, moderated toward the others' (Smyth 2004), with no pretest. Per budget, every configuration
 is compared with the best of the others: "not worse" by more than the margin (every comparison's lower bound
 above -margin: an intersection-union test), "worse" by more than it (the unconstrained upper bound below
--margin) or "better" (above 0 against every other). The seeds come in looks; each comparison spends its alpha
-over its own information (Lan and DeMets, O'Brien-Fleming shape for the claims a pick rests on). Seeds go to
-the two configurations of the comparison that binds each open question; one shown worse gets no more. The
-pick is the cheapest configuration shown not worse; a budget ends when every question at least as cheap as the
-pick is answered or futile at the plan. docs/decisions.md says what each word means and how each part is
-computed.
+-margin, a union of K - 1 comparisons: each at alpha / (K - 1)) or "better" (above 0 against every other).
+The seeds come in looks; each comparison spends its alpha over its own information (Lan and DeMets,
+O'Brien-Fleming shape for the claims a pick rests on). Seeds go to the two configurations of the comparison
+that binds each open question; one shown worse gets no more. The pick is the cheapest configuration shown not
+worse; a budget ends when every question at least as cheap as the pick is answered or futile at the plan.
+docs/decisions.md says what each word means and how each part is computed.
 """
 
 from __future__ import annotations
@@ -46,7 +46,8 @@ CLOCKS = {"not worse": "seeds", "better": "seeds", "worse": "information"}
 BETTER, NOT_WORSE, CANNOT_TELL, EQUIVALENT, WORSE = "better", "not worse", "cannot tell", "equivalent", "worse"
 WORDS = {
     NOT_WORSE: "every lower bound of the configuration minus another lies above -margin",
-    WORSE: "an upper bound of the configuration minus another lies below -margin (it gets no more seeds)",
+    WORSE: "an upper bound of the configuration minus another (each at alpha / (K - 1)) lies below -margin (it gets "
+    "no more seeds)",
     BETTER: "the pick's lower bound against every other lies above 0, or every other is shown worse",
     EQUIVALENT: "a pair's interval lies inside [-margin, +margin] (the pair table)",
     CANNOT_TELL: "otherwise: the data cannot tell (the answer says what would)",
@@ -462,7 +463,7 @@ def versus_best_all(f: Fit, history: Sequence[Mapping[str, int]], plan: Plan) ->
     d = f.means[:, None] - f.means[None, :]
     se, df = np.ones((k, k)), np.zeros((k, k))
     z = {word: np.full((k, k), np.inf) for word in (NOT_WORSE, WORSE, BETTER)}
-    levels = {NOT_WORSE: plan.alpha, WORSE: plan.alpha, BETTER: plan.alpha / 2}
+    levels = {word: level(plan.alpha, word, k) for word in (NOT_WORSE, WORSE, BETTER)}
     for i, j in all_pairs(k):
         se[i, j] = se[j, i] = f.pair_se(i, j)
         df[i, j] = df[j, i] = f.shared_pair_df(i, j)
@@ -611,10 +612,20 @@ def answer(budget: float, f: Fit, costs: Mapping[str, float], plan: Plan,
     return out
 
 
-def _final_q(plan: Plan, word: str) -> float:
+def level(alpha: float, word: str, k: int) -> float:
+    """One comparison's share of a claim's ``alpha`` among ``k`` configurations. "Not worse" needs every
+    comparison (an intersection-union test) and "better" every comparison above 0 at half the level a side: each
+    comparison at the claim's level. "Worse" needs one comparison of the K - 1 (a union): were the configuration
+    exactly the margin below several equal best ones, each comparison at the full level would make the claim an
+    error more often than ``alpha`` (docs/decisions.md), so each gets ``alpha / (k - 1)`` (Bonferroni)."""
+    if word == BETTER:
+        return alpha / 2
+    return alpha / max(k - 1, 1) if word == WORSE else alpha
+
+
+def _final_q(plan: Plan, word: str, k: int = 2) -> float:
     """About the critical value of a comparison's last look (known variance, looks near the end)."""
-    alpha = plan.alpha / 2 if word == BETTER else plan.alpha
-    return float(special.ndtri(1 - alpha))
+    return float(special.ndtri(1 - level(plan.alpha, word, k)))
 
 
 def seeds_to_decide(f: Fit, i: int, r: int, gap: float, margin: float, q: float, power: float,
@@ -625,6 +636,8 @@ def seeds_to_decide(f: Fit, i: int, r: int, gap: float, margin: float, q: float,
     every seed from ``first`` to that number (its looks cost it power), for the claim the estimate points to."""
     distance = abs(gap + margin)
     z = float(special.ndtri(power))
+    word = NOT_WORSE if gap >= -margin else WORSE  # the claim the estimate points to, with its own level
+    q = max(q, float(special.ndtri(1 - level(ALPHA, word, len(f.names)))))
 
     def fewest(q: float) -> int | None:
         for s in range(2, cap + 1):
@@ -637,11 +650,10 @@ def seeds_to_decide(f: Fit, i: int, r: int, gap: float, margin: float, q: float,
     seeds = fewest(q)
     if seeds is None or first is None or seeds <= first:
         return seeds
-    word = NOT_WORSE if gap >= -margin else WORSE  # the claim the estimate points to, with its own spending
     history = [{f.names[i]: n, f.names[r]: n} for n in range(first, seeds + 1)]
     looks = fractions(dataclasses.replace(f, seeds=np.full(len(f.names), float(seeds))), i, r, history, seeds)
     timed = looks if CLOCKS[word] == "seeds" else tuple((t, t) for t, _ in looks)
-    return fewest(max(q, boundary(timed, ALPHA, SHAPES[word])))
+    return fewest(max(q, boundary(timed, level(ALPHA, word, len(f.names)), SHAPES[word])))
 
 
 def _open_questions(f: Fit, vs: Mapping[int, VsBest], open_: Sequence[int], costs, plan: Plan,
@@ -654,14 +666,14 @@ def _open_questions(f: Fit, vs: Mapping[int, VsBest], open_: Sequence[int], cost
     at this plan, and what would decide it is said: the seeds at which it is answered ``DECIDE`` of the time
     at its estimate, or the decision rows where no number of seeds would."""
     grow: set[str] = set()
-    q = _final_q(plan, NOT_WORSE)
+    q, q_worse = _final_q(plan, NOT_WORSE), _final_q(plan, WORSE, len(f.names))
     margin, max_seeds = plan.margin, plan.max_seeds
     for j in open_:
         r = vs[j].binds_low if vs[j].diff >= -margin else vs[j].binds_high
         at_max = f.seeds.copy()
         at_max[[j, r]] = np.maximum(at_max[[j, r]], max_seeds)
         gap, se = float(f.means[j] - f.means[r]), f.pair_se(j, r, at_max)
-        reachable = gap + se - q * se >= -margin or gap - se + q * se < -margin
+        reachable = gap + se - q * se >= -margin or gap - se + q_worse * se < -margin
         if reachable and (f.seeds[j] < max_seeds or f.seeds[r] < max_seeds):
             grow |= {f.names[m] for m in (j, r) if f.seeds[m] < max_seeds and f.names[m] not in worse}
     if grow:
@@ -676,7 +688,7 @@ def _open_questions(f: Fit, vs: Mapping[int, VsBest], open_: Sequence[int], cost
         return [], (f"cannot tell at margin {margin:g} with {max_seeds} seeds: about {seeds} seeds each for "
                     f"{f.names[j]} and {f.names[r]} would decide it {DECIDE:.0%} of the time at these "
                     "estimates"), seeds  # fmt: skip
-    rows = _rows_to_decide(f, j, r, gap, margin, q, DECIDE, max_seeds)
+    rows = _rows_to_decide(f, j, r, gap, margin, q if gap >= -margin else q_worse, DECIDE, max_seeds)
     return [], (f"cannot tell at margin {margin:g} with {max_seeds} seeds: the decision examples' noise alone "
                 f"keeps {f.names[j]} open; about {rows:.1f}x the decision examples (and {max_seeds} seeds) would "
                 f"decide it {DECIDE:.0%} of the time at these estimates"), 0  # fmt: skip

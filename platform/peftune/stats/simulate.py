@@ -336,10 +336,11 @@ SCENARIOS = ("boundary", "half", "two", "equal", "power")
 def scenario_rates(world: Measured, plan: Plan, k: int, sims: int, *, cheap_sd: float, others_sd: float,
                    seed: int = 0, only: Sequence[str] = SCENARIOS) -> list[Rate]:  # fmt: skip
     """One budget of K configurations, the cheapest (seed sd ``cheap_sd``; the others ``others_sd``), through
-    the real loop: truly exactly the margin below the others ("boundary": claimed not worse is an error),
-    half the margin ("half": a claim is right), twice ("two": an error; and how often it is shown worse), equal
-    ("equal": claimed is power; any "better" is false); and "power": K - 2 cheapest twice the margin below, then
-    one equal to the best: it claimed, and the K - 2 shown worse with their mean seeds. ``only``: which."""
+    the real loop: truly exactly the margin below the others ("boundary": claimed not worse, or shown worse, is
+    an error), half the margin ("half": a claim is right), twice ("two": an error; and how often it is shown
+    worse), equal ("equal": claimed is power; any "better" is false); and "power": K - 2 cheapest twice the
+    margin below, then one equal to the best: it claimed, and the K - 2 shown worse with their mean seeds.
+    ``only``: which."""
     m = plan.margin
     where = f"{world.name} K={k}, seed sd {cheap_sd:.3f} (cheapest) / {others_sd:.3f}"
     rates = []
@@ -351,6 +352,8 @@ def scenario_rates(world: Measured, plan: Plan, k: int, sims: int, *, cheap_sd: 
         f = family(world, shifts, sds, plan, sims, seed)
         kind = "an error" if gap >= m else "right"
         rates.append(f.claimed(0, f"{where}: the cheapest {gap / m:g}δ below, claimed not worse ({kind})"))
+        if name == "boundary":  # exactly the margin below: "worse by more than" it is an error too
+            rates.append(Rate(f"{where}: the cheapest 1δ below, shown worse (an error)", int(f.worse[0]), sims))
         if name == "two":
             rates.append(Rate(f"{where}: the cheapest 2δ below, shown worse (mean seeds {f.seeds[0]:.1f})",
                               int(f.worse[0]), sims))  # fmt: skip
@@ -575,6 +578,34 @@ def oracle_power_within(world: Measured, plan: Plan, seed_sd: float, sims: int, 
     hits = int(np.sum(diffs - stats.norm.ppf(1 - plan.alpha) * sd >= -plan.margin))
     return Rate(f"{world.name}: the best possible level-{plan.alpha} test at {plan.max_seeds} seeds, two equal "
                 f"(seed sd {seed_sd:.3f}): shown not worse", hits, sims)  # fmt: skip
+
+
+def oracle_shown_worse(world: Measured, plan: Plan, seed_sd: float, sims: int, seed: int = 0) -> list[Rate]:
+    """For a configuration twice the margin below the best (both seed sd ``seed_sd``), at each of its seed counts
+    n from ``plan.seeds`` to ``max_seeds``: the share of draws that the best level-``plan.alpha`` test of "worse
+    by more than the margin" on its first n seeds rejects, the best's seeds at ``max_seeds``, one-sided, the
+    difference's true standard deviation known (measured over the simulations). Whatever stops first, a valid
+    procedure can show it worse by its n-th seed no more often than this (Neyman-Pearson: that event is a
+    level-``alpha`` test on those seeds), so its mean seeds, counted to ``max_seeds`` where it is not shown, are
+    at least ``seeds`` plus the sum over n < ``max_seeds`` of one minus these."""
+    from scipy import stats
+
+    rng = np.random.default_rng([seed, plan.max_seeds, int(seed_sd * 1e5), 41])
+    gap, counts = -2 * plan.margin, range(plan.seeds, plan.max_seeds + 1)
+    diffs = {n: [] for n in counts}
+    for _ in range(sims):
+        values = world.draw([gap, 0.0], plan.max_seeds, rng, [seed_sd, seed_sd])
+        best = float(values["c1"].scores.mean())
+        for n in counts:
+            diffs[n].append(float(values["c0"].first(n).scores.mean()) - best)
+    rates = []
+    for n in counts:
+        d = np.array(diffs[n])
+        sd = float(np.sqrt(np.mean((d - gap) ** 2)))
+        hits = int(np.sum(d + stats.norm.ppf(1 - plan.alpha) * sd < -plan.margin))
+        rates.append(Rate(f"{world.name}: 2δ below, shown worse by its seed {n} at best (seed sd {seed_sd:.3f})",
+                          hits, sims))  # fmt: skip
+    return rates
 
 
 def pick_bias(world: World, k: int, plan: Plan, examples: int, sims: int, seed: int = 0) -> dict[str, tuple]:
