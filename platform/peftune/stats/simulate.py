@@ -584,10 +584,11 @@ def oracle_shown_worse(world: Measured, plan: Plan, seed_sd: float, sims: int, s
     """For a configuration twice the margin below the best (both seed sd ``seed_sd``), at each of its seed counts
     n from ``plan.seeds`` to ``max_seeds``: the share of draws that the best level-``plan.alpha`` test of "worse
     by more than the margin" on its first n seeds rejects, the best's seeds at ``max_seeds``, one-sided, the
-    difference's true standard deviation known (measured over the simulations). Whatever stops first, a valid
-    procedure can show it worse by its n-th seed no more often than this (Neyman-Pearson: that event is a
+    difference's true standard deviation known (measured over the simulations). A procedure that does not know
+    the best's score can show it worse by its n-th seed no more often than this (that event is a
     level-``alpha`` test on those seeds), so its mean seeds, counted to ``max_seeds`` where it is not shown, are
-    at least ``seeds`` plus the sum over n < ``max_seeds`` of one minus these."""
+    at least ``seeds`` plus the sum over n < ``max_seeds`` of one minus these. Against several equal best ones
+    the bound is higher (their mean is a surer rival)."""
     from scipy import stats
 
     rng = np.random.default_rng([seed, plan.max_seeds, int(seed_sd * 1e5), 41])
