@@ -184,6 +184,48 @@ def test_a_trial_handed_out_after_the_last_saved_state_is_handed_out_again_not_a
     assert sum(len(again.study(m).get_trials(deepcopy=False)) for m in ("frozen", "lora")) == 6
 
 
+@pytest.mark.parametrize("unit", ["trials", "steps"])
+def test_a_trial_asked_and_told_after_the_last_saved_state_counts_once_in_its_methods_budget(tmp_path, unit):
+    # a quick method: its trial is asked and told between two of Tune's saves, then the driver is killed. Tune's
+    # state (the searcher's with it) predates that trial; the study, which every ask and tell reaches, does not
+    def searcher():
+        allocation = search.Allocation(unit, {"frozen": 3, "lora": 3}, full_cost=100.0)
+        return search.PerMethodSearcher(
+            {m: shipped_space(m) for m in ("frozen", "lora")}, sweep="s", allocation=allocation,
+            storage_url=f"sqlite:///{tmp_path / 'optuna.db'}", n_startup_trials=2, asynchronous=False,
+        )  # fmt: skip
+
+    done = {"score": 0.4, "steps": 100, "train_time_s": 2.0}
+    first = searcher()
+    hand_out(first, 0, 2)  # frozen #0 (t0), lora #0 (t1)
+    saved = tmp_path / "searcher.json"
+    first.save(str(saved))  # Tune's last saved state
+    first.on_trial_complete("t0", done)
+    assert first.suggest("t2")["method"] == "frozen"  # frozen #1: asked and told before the next save
+    first.on_trial_complete("t2", done)
+    lost = first.suggest("t3")  # frozen #2: asked, then the driver is killed
+
+    again = searcher()
+    again.restore(str(saved))
+    assert again.handed == {"frozen": 2, "lora": 1}  # frozen #2 is an orphan: counted when handed out again
+    assert again.timings()["frozen"] == [2.0, 2.0]
+    if unit == "steps":
+        assert again.budgets().spent("frozen") == 200.0
+    again.on_trial_complete("t0", done)  # Tune ran t0 again (it was running at the save): counted once
+    assert again.handed["frozen"] == 2 and again.timings()["frozen"] == [2.0, 2.0]
+    assert again.suggest("t4") == lost  # the orphan, not a new trial
+    for number in range(5, 20):  # the rest of the search: each trial reports before its method's next
+        if (config := again.suggest(f"t{number}")) == Searcher.FINISHED:
+            break
+        for trial_id in list(again.live) if config is None else ():
+            again.on_trial_complete(trial_id, done)
+    assert config == Searcher.FINISHED
+    for method in ("frozen", "lora"):
+        assert len(again.study(method).get_trials(deepcopy=False)) == 3, method  # its budget, not one more
+    if unit == "steps":
+        assert again.budgets().spent("frozen") == again.budgets().spent("lora") == 300.0
+
+
 # ----------------------------------------------------------------------------- the scheduler
 
 

@@ -47,6 +47,9 @@ DEFAULT_ATTR = DEFAULT  # user attribute of an enqueued default trial in its Opt
 # user attributes linking an Optuna trial to its Ray trial and MLflow run (optuna-dashboard shows them); the
 # MLflow run carries the way back as tags: peftune.optuna_study, peftune.optuna_trial (the trial's number)
 RAY_TRIAL_ATTR, MLFLOW_RUN_ATTR = "ray_trial_id", "mlflow_run_id"
+# user attribute of a trial the searcher was told had ended: what it spent in the budget's unit and its training
+# seconds (None when unknown). A restore counts the method's spend from it (PerMethodSearcher.recount).
+SPENT_ATTR = "peftune.spent"
 ALL = "*"  # the one group of a scheduler shared by all methods (the joint search)
 
 
@@ -127,12 +130,18 @@ class Allocation:
         costs = self.costs.get(method)
         return sum(costs) / len(costs) if costs else self.full_cost
 
+    def cost(self, result: dict) -> float | None:
+        """What a finished trial whose last result is ``result`` spent of its method's share (None: not counted,
+        the unit is trials or it failed before it trained)."""
+        if self.unit == "trials":
+            return None
+        cost = float(result.get(SPENT_RESULT[self.unit]) or 0.0)
+        return cost if cost > 0 else None
+
     def record(self, method: str, result: dict) -> None:
         """A finished trial of ``method`` with its last ``result`` (empty when it failed before reporting)."""
-        if self.unit == "trials":
-            return
-        cost = float(result.get(SPENT_RESULT[self.unit]) or 0.0)
-        if cost > 0:
+        cost = self.cost(result)
+        if cost is not None:
             self.costs.setdefault(method, []).append(cost)
 
     def may_start(self, method: str, handed: int, running: int) -> bool:
@@ -362,14 +371,23 @@ class PerMethodSearcher(Searcher):
         return None
 
     def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
-
         entry = self.live.pop(trial_id, None)
         if entry is None:
             return
         method, number = entry
+        name, storage = study_name(self.sweep, method), self.storage()
+        trial = storage.get_trial(
+            storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(name), number)
+        )
+        if trial.state.is_finished():  # told by a driver killed before Tune saved it: Tune ran it again, counted once
+            return
         result = result or {}
-        self.budgets().record(method, result)
+        cost = self.budgets().cost(result)
         seconds = result.get("train_time_s") or result.get("fidelity_train_time_s")  # the latter: stopped at a rung
+        # the study first: it is what a restore counts from (recount), Tune's saved state can be older
+        set_user_attr(storage, name, number, SPENT_ATTR, {"cost": cost, "seconds": seconds})
+        if cost is not None:
+            self.budgets().costs.setdefault(method, []).append(cost)
         if seconds:
             self.timings().setdefault(method, []).append(float(seconds))
         score = result.get(METRIC)
@@ -377,6 +395,38 @@ class PerMethodSearcher(Searcher):
             self.study(method).tell(number, state=optuna.trial.TrialState.FAIL, skip_if_finished=True)
         else:  # a trial stopped early counts with its last score, as OptunaSearch does
             self.study(method).tell(number, float(score), skip_if_finished=True)
+
+    def recount(self) -> None:
+        """Each method's trials handed out, what they spent and their timings, counted again from its study.
+
+        Every ask and tell reaches the study at once, while Tune saves its state (and this searcher's) every few
+        seconds: a trial asked and told between a save and a killed driver is in the study only. Counted from the
+        saved state, its method would get it again on top of its budget. A trial counts once handed out (it has
+        its Ray trial id), unless it is an orphan, which is counted when it is handed out again.
+        """
+        held = {tuple(entry) for entry in self.live.values()}
+        for method in self.spaces:
+            handed, costs, seconds, complete = 0, [], [], True
+            for trial in self.study(method).get_trials(deepcopy=False):
+                if RAY_TRIAL_ATTR not in trial.user_attrs:
+                    continue  # asked, then the driver was killed before it was handed out (orphan tells it FAIL)
+                if not trial.state.is_finished():
+                    handed += (method, trial.number) in held
+                    continue
+                handed += 1
+                spent = trial.user_attrs.get(SPENT_ATTR)
+                if spent is None:  # ended in a sweep begun before the study kept it: the saved state's costs stand
+                    complete = False
+                    continue
+                if spent["cost"] is not None:
+                    costs.append(float(spent["cost"]))
+                if spent["seconds"]:
+                    seconds.append(float(spent["seconds"]))
+            self.handed[method] = max(handed, self.handed[method])  # a study from before the Ray ids: the saved count
+            for kept, counted in ((self.budgets().costs, costs), (self.timings(), seconds)) if complete else ():
+                kept.pop(method, None)
+                if counted:
+                    kept[method] = counted
 
     def get_state(self) -> dict:
         state = {"handed": dict(self.handed), "live": dict(self.live), "budget": dict(self.budget)}
@@ -391,6 +441,7 @@ class PerMethodSearcher(Searcher):
         self.seconds = {m: list(v) for m, v in state.get("seconds", {}).items()}
         self.rounds = dict(state.get("rounds", {}))
         self.budgets().costs.update(state.get("allocation", {}).get("costs", {}))
+        self.recount()
 
     def save(self, checkpoint_path: str) -> None:
         with open(checkpoint_path, "w") as file:
