@@ -26,6 +26,7 @@ from peftune.base.record_names import (
     DECISION,
     STORED_PARAMS_PCT,
     is_report_run,
+    unique_labels,
 )
 from peftune.record import legacy
 from peftune.stats import decisions, simulate
@@ -332,15 +333,10 @@ def setting_mark(default: bool, carried: bool, tuned_beside: bool = False) -> st
 
 
 def _labels(configs: pd.DataFrame) -> dict[str, str]:
-    """config_key -> its label, made unique where two configurations share one: the default's as
-    ``<label> (default)``, any other with the start of its key."""
-    counts = configs["label"].value_counts()
-    shared = configs[configs["label"].map(counts) > 1]
-    defaults = shared[shared["default"]].drop_duplicates("label")  # one default per label is named so
-    names = dict(zip(configs["config_key"], configs["label"], strict=True))
-    names |= {row.config_key: f"{row.label} [{row.config_key[:8]}]" for row in shared.itertuples(index=False)}
-    names |= {row.config_key: f"{row.label} (default)" for row in defaults.itertuples(index=False)}
-    return names
+    """config_key -> its label, made unique where two configurations share one (``unique_labels``)."""
+    return unique_labels(
+        list(zip(configs["config_key"], configs["label"], configs["default"].astype(bool), strict=True))
+    )
 
 
 def _word(hit: Mapping, key: str) -> str:

@@ -376,6 +376,17 @@ def test_confirm_section_resolves_per_budget_and_names_bad_keys(workdir):
             spaces.load_sweep(path)
 
 
+def test_configurations_sharing_a_label_are_told_apart_in_the_console_as_in_the_report():
+    names = record_names.unique_labels(
+        [("318e62bf2c65", "frozen", False), ("f53bf1e315ee", "frozen", False), ("ee5b67d16006", "ia3", False),
+         ("aaaaaaaaaaaa", "lora r=8", True), ("bbbbbbbbbbbb", "lora r=8", False)]
+    )  # fmt: skip
+    assert names == {
+        "318e62bf2c65": "frozen [318e62bf]", "f53bf1e315ee": "frozen [f53bf1e3]", "ee5b67d16006": "ia3",
+        "aaaaaaaaaaaa": "lora r=8 (default)", "bbbbbbbbbbbb": "lora r=8 [bbbbbbbb]",
+    }  # fmt: skip
+
+
 def test_candidates_are_each_methods_best_distinct_configurations(tmp_path):
     from sweep_record import TrialSpec, counts, record_sweep
 
@@ -485,7 +496,7 @@ def test_a_resume_counts_the_seeds_an_earlier_run_added(monkeypatch):
     outcome = decisions.Outcome([], {"a": 3, "b": 2}, {}, {}, 2, "decided", final)
     monkeypatch.setattr(confirm, "decide_round", lambda *args: outcome)
     monkeypatch.setattr(reader, "read_predictions", lambda uri, runs: pd.DataFrame())
-    candidates = {k: NS(config_key=k, seconds_per_run=1.0, label=k) for k in "ab"}
+    candidates = {k: NS(config_key=k, seconds_per_run=1.0, label=k, default=False) for k in "ab"}
     settings = NS(max_seconds=None, report_seeds=0, max_seeds=4)
     confirmation = confirm.Confirmation(
         definition=NS(confirm=settings, tasks=("sst",), seed=0, name="s", budget=NS(decision_examples=4)),

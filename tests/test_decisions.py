@@ -162,6 +162,31 @@ def test_the_plan_says_the_seeds_each_contender_needs_and_what_max_seeds_cannot_
     assert rows[1]["cheap"] is None and "decision rows would" in rows[0]
 
 
+def test_the_decision_rows_a_plan_says_would_reach_it_do_reach_it():
+    """Where no number of seeds gives a contender its power (the decision examples' part of the error alone is too
+    large), the plan states how many times the decision rows would: with both parts of the error shrunk that
+    many times, the seeds it needs are within max_seeds. It rests on the same critical value as the seeds (the
+    last look of the plan's looks), so it never says "none within reach" beside "about 1.0x the rows would"."""
+    plan = d.Plan(seeds=3, max_seeds=6, margin=0.02, budgets=(100.0,))
+    costs = {"cheap": 0.1, "best": 1.0}
+    unreachable = 0
+    for example in np.geomspace(2e-5, 4e-4, 40):
+        f = _fit([0.45, 0.45], run_var=(1e-5, 1e-5), example=example)
+        line, need = d.seed_plan(f, costs, plan)
+        if need["cheap"] is not None:
+            continue
+        unreachable += 1
+        q = d._final_q(plan, d.NOT_WORSE)
+        rows = d._rows_to_decide(f, 0, 1, 0.0, plan.margin, q, d.POWER, plan.max_seeds, plan.seeds)
+        assert rows > 1.0 and f"about {rows:.1f}x the decision rows" in line
+        more = dataclasses.replace(f, example_cov=f.example_cov / (rows * 1.0001), run_var=f.run_var / (rows * 1.0001))
+        seeds = d.seeds_to_decide(more, 0, 1, 0.0, plan.margin, q, d.POWER, first=plan.seeds)
+        assert seeds is not None and seeds <= plan.max_seeds, (example, rows, seeds)
+    assert unreachable >= 10
+    margin_zero = dataclasses.replace(plan, margin=0.0)
+    assert "no amount of data" in d.seed_plan(_fit([0.45, 0.45]), costs, margin_zero)[0]
+
+
 def test_what_would_decide_it_names_seeds_that_answer_the_question_at_its_estimate():
     """A question the plan's seeds cannot answer says how many seeds would, for both configurations of its
     comparison: at those seeds, the estimate lies its critical value and the power's quantile beyond -margin."""

@@ -206,6 +206,23 @@ NOTE_TAG = "mlflow.note.content"  # a run's description in the UI (Markdown)
 SHARED_VIEW_TAG, TRIALS_VIEW_KEY = "mlflow.sharedViewState.", "peftune-trials"
 
 
+def unique_labels(configurations: Sequence[tuple[str, str, bool]]) -> dict[str, str]:
+    """config_key -> its label (``lora r=16``), made unique where two configurations share one, as the console and
+    the report name them: the default's as ``<label> (default)``, any other with the start of its key
+    (``frozen [318e62bf]``). ``configurations``: (config_key, label, default) each."""
+    counts: dict[str, int] = {}
+    for _, label, _ in configurations:
+        counts[label] = counts.get(label, 0) + 1
+    names, defaulted = {}, set()
+    for key, label, default in configurations:
+        names[key] = label
+        if counts[label] > 1 and default and label not in defaulted:  # one default per label is named so
+            names[key], defaulted = f"{label} (default)", defaulted | {label}
+        elif counts[label] > 1:
+            names[key] = f"{label} [{key[:8]}]"
+    return names
+
+
 def run_label(method: str, size: str, phase: str, seed=None, default: bool = False) -> str:
     """A trial run's name: ``lora r=8 · search``, ``adapter m=32 · confirm s3``, ``bitfit · search default``.
 

@@ -650,10 +650,18 @@ def seeds_to_decide(f: Fit, i: int, r: int, gap: float, margin: float, q: float,
     seeds = fewest(q)
     if seeds is None or first is None or seeds <= first:
         return seeds
+    return fewest(_last_look_q(f, i, r, word, q, first, seeds))
+
+
+def _last_look_q(f: Fit, i: int, r: int, word: str, q: float, first: int | None, seeds: int) -> float:
+    """The critical value of the last look of a plan that looks at every seed of i and r from ``first`` to
+    ``seeds``, for ``word``'s claim: its looks cost it power (at least ``q``, one look's)."""
+    if first is None or seeds <= first:
+        return q
     history = [{f.names[i]: n, f.names[r]: n} for n in range(first, seeds + 1)]
     looks = fractions(dataclasses.replace(f, seeds=np.full(len(f.names), float(seeds))), i, r, history, seeds)
     timed = looks if CLOCKS[word] == "seeds" else tuple((t, t) for t, _ in looks)
-    return fewest(max(q, boundary(timed, level(ALPHA, word, len(f.names)), SHAPES[word])))
+    return max(q, boundary(timed, level(ALPHA, word, len(f.names)), SHAPES[word]))
 
 
 def _open_questions(f: Fit, vs: Mapping[int, VsBest], open_: Sequence[int], costs, plan: Plan,
@@ -688,19 +696,27 @@ def _open_questions(f: Fit, vs: Mapping[int, VsBest], open_: Sequence[int], cost
         return [], (f"cannot tell at margin {margin:g} with {max_seeds} seeds: about {seeds} seeds each for "
                     f"{f.names[j]} and {f.names[r]} would decide it {DECIDE:.0%} of the time at these "
                     "estimates"), seeds  # fmt: skip
-    rows = _rows_to_decide(f, j, r, gap, margin, q if gap >= -margin else q_worse, DECIDE, max_seeds)
+    rows = _rows_to_decide(f, j, r, gap, margin, q if gap >= -margin else q_worse, DECIDE, max_seeds, plan.seeds)
     return [], (f"cannot tell at margin {margin:g} with {max_seeds} seeds: the decision examples' noise alone "
                 f"keeps {f.names[j]} open; about {rows:.1f}x the decision examples (and {max_seeds} seeds) would "
                 f"decide it {DECIDE:.0%} of the time at these estimates"), 0  # fmt: skip
 
 
 def _rows_to_decide(f: Fit, j: int, r: int, gap: float, margin: float, q: float, power: float,
-                    max_seeds: int) -> float:  # fmt: skip
+                    max_seeds: int, first: int | None = None) -> float:  # fmt: skip
     """How many times the decision rows (both parts of the error shrink with them; seeds at ``max_seeds``)
-    would answer the question with probability ``power`` at its estimate."""
+    would answer the question with probability ``power`` at its estimate, at the critical value
+    ``seeds_to_decide`` uses (the last look of a plan from ``first`` seeds to ``max_seeds``); inf on the margin
+    itself, where no amount of data would."""
+    distance = abs(gap + margin)
+    if distance <= 0:
+        return math.inf
+    word = NOT_WORSE if gap >= -margin else WORSE
+    q = max(q, float(special.ndtri(1 - level(ALPHA, word, len(f.names)))))
+    q = _last_look_q(f, j, r, word, q, first, max_seeds)
     seeds = f.seeds.copy()
     seeds[[j, r]] = max_seeds
-    need = (abs(gap + margin) / (q + float(special.ndtri(power)))) ** 2
+    need = (distance / (q + float(special.ndtri(power)))) ** 2
     return max(f.pair_var(j, r, seeds) / need, 1.0)
 
 
@@ -813,9 +829,10 @@ def seed_plan(f: Fit, costs: Mapping[str, float], plan: Plan) -> tuple[str, dict
         seeds = seeds_to_decide(f, i, r, 0.0, plan.margin, q, POWER, first=plan.seeds)
         need[f.names[i]] = seeds
         if seeds is None:
-            rows = _rows_to_decide(f, i, r, 0.0, plan.margin, q, POWER, plan.max_seeds)
-            parts.append(f"{f.names[i]} none within reach (about {rows:.1f}x the decision rows would, at "
-                         f"{plan.max_seeds} seeds)")  # fmt: skip
+            rows = _rows_to_decide(f, i, r, 0.0, plan.margin, q, POWER, plan.max_seeds, plan.seeds)
+            parts.append(f"{f.names[i]} none within reach (" + (
+                f"about {rows:.1f}x the decision rows would, at {plan.max_seeds} seeds)" if math.isfinite(rows)
+                else "no amount of data shows an equal one not worse at margin 0)"))  # fmt: skip
         elif seeds > plan.max_seeds:
             parts.append(f"{f.names[i]} {seeds} (beyond max_seeds {plan.max_seeds})")
         else:

@@ -48,6 +48,7 @@ from peftune.base.record_names import (
     is_report_run,
     keeps_predictions,
     trial_name,
+    unique_labels,
 )
 from peftune.inputs.tasks import get_task
 from peftune.methods.options import options_from_params
@@ -434,7 +435,7 @@ class Confirmation:
             read_at - flushed_at,
             decided_at - read_at,
         )
-        labels = {candidate.config_key: candidate.label for candidate in self.candidates}
+        labels = unique_labels([(c.config_key, c.label, c.default) for c in self.candidates])  # as the report
 
         def named(text: str) -> str:
             for key, label in labels.items():
