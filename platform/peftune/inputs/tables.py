@@ -320,10 +320,11 @@ def _jsonl(path: Path, text: str) -> pd.DataFrame:
 
 
 def _parquet(path: Path, data: bytes) -> pd.DataFrame:
-    import pandas as pd
+    import pyarrow as pa
+    import pyarrow.parquet as pq
 
-    try:
-        return pd.read_parquet(io.BytesIO(data))
+    try:  # from Arrow's own buffer, not a Python file object: Arrow's threads then end before the interpreter
+        return pq.read_table(pa.BufferReader(data), use_threads=False).to_pandas()
     except Exception as error:  # pyarrow raises its own kinds (ArrowInvalid, OSError...) for a damaged file
         raise DataError(
             path, f"not a readable Parquet file ({type(error).__name__})", expected="a Parquet file"
