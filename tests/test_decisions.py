@@ -259,6 +259,10 @@ def test_peftune_decide_replays_a_predictions_file_and_refuses_a_bad_one(tmp_pat
                                                 "ci_high", "p_best"]  # fmt: skip
     assert set(pd.read_csv(tmp_path / "out" / "seeds.csv")["config"]) == {"c0", "c1", "c2"}
     assert (pd.read_csv(tmp_path / "out" / "decisions.csv")["level"] < 1).all()
+    pd.read_csv(tmp_path / "p.csv").to_parquet(tmp_path / "p.parquet")  # the same predictions in Parquet
+    again = [*cmd[:5], str(tmp_path / "p.parquet"), *cmd[6:-1], str(tmp_path / "again")]
+    assert subprocess.run(again, capture_output=True, text=True, timeout=120).returncode == 0
+    assert pd.read_csv(tmp_path / "again" / "recommendation.csv").equals(recommendation)
     pd.DataFrame([("c0", "m0", "lots", True)], columns=["config", "method", "trainable_pct", "default"]).to_csv(
         tmp_path / "bad.csv", index=False
     )

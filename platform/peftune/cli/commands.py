@@ -31,7 +31,7 @@ from peftune.cli.sweep_command import EXIT_CODES_HELP, add_arguments, job_main, 
 from peftune.cli.train_command import add_train_parser
 from peftune.core.model import MultitaskModel
 from peftune.core.params import count_parameters
-from peftune.inputs import tasks
+from peftune.inputs import tables, tasks
 from peftune.inputs.backbone import BertConfig, BertModel, read_config, resolve_model_dir
 from peftune.inputs.tasks import get_task, parse_tasks
 from peftune.record import stores
@@ -328,7 +328,7 @@ def read_table(path, what: str, columns):
     if not path.is_file():
         raise UserError(f"{path}: {what} file not found" if not path.exists() else f"{path}: is not a file")
     try:
-        frame = pd.read_parquet(path) if path.suffix == ".parquet" else pd.read_csv(path)
+        frame = tables.parquet_frame(path.read_bytes()) if path.suffix == ".parquet" else pd.read_csv(path)
     except Exception as error:  # noqa: BLE001 -- pandas' parsers raise many kinds: one line names the file
         raise UserError(f"{path}: cannot be read as {what} ({str(error).splitlines()[0][:120]})") from None
     missing = [c for c in columns if c not in frame.columns]

@@ -319,12 +319,19 @@ def _jsonl(path: Path, text: str) -> pd.DataFrame:
     return frame
 
 
-def _parquet(path: Path, data: bytes) -> pd.DataFrame:
+def parquet_frame(data: bytes) -> pd.DataFrame:
+    """A Parquet file's bytes as a frame, read from Arrow's own buffer on one thread. Given a Python file object
+    (pandas' ``read_parquet`` of bytes), one of Arrow's threads could outlive the interpreter, whose exit then
+    aborted (SIGABRT, "terminate called without an active exception") instead of returning its status."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    try:  # from Arrow's own buffer, not a Python file object: Arrow's threads then end before the interpreter
-        return pq.read_table(pa.BufferReader(data), use_threads=False).to_pandas()
+    return pq.read_table(pa.BufferReader(data), use_threads=False).to_pandas()
+
+
+def _parquet(path: Path, data: bytes) -> pd.DataFrame:
+    try:
+        return parquet_frame(data)
     except Exception as error:  # pyarrow raises its own kinds (ArrowInvalid, OSError...) for a damaged file
         raise DataError(
             path, f"not a readable Parquet file ({type(error).__name__})", expected="a Parquet file"
