@@ -375,19 +375,16 @@ class PerMethodSearcher(Searcher):
         if entry is None:
             return
         method, number = entry
-        name, storage = study_name(self.sweep, method), self.storage()
-        trial = storage.get_trial(
-            storage.get_trial_id_from_study_id_trial_number(storage.get_study_id_from_name(name), number)
-        )
-        if trial.state.is_finished():  # told by a driver killed before Tune saved it: Tune ran it again, counted once
+        storage = self.storage()
+        study_id = storage.get_study_id_from_name(study_name(self.sweep, method))
+        optuna_id = storage.get_trial_id_from_study_id_trial_number(study_id, number)
+        if storage.get_trial(optuna_id).state.is_finished():  # told by a driver killed before Tune saved: run again
             return
         result = result or {}
-        cost = self.budgets().cost(result)
         seconds = result.get("train_time_s") or result.get("fidelity_train_time_s")  # the latter: stopped at a rung
         # the study first: it is what a restore counts from (recount), Tune's saved state can be older
-        set_user_attr(storage, name, number, SPENT_ATTR, {"cost": cost, "seconds": seconds})
-        if cost is not None:
-            self.budgets().costs.setdefault(method, []).append(cost)
+        storage.set_trial_user_attr(optuna_id, SPENT_ATTR, {"cost": self.budgets().cost(result), "seconds": seconds})
+        self.budgets().record(method, result)
         if seconds:
             self.timings().setdefault(method, []).append(float(seconds))
         score = result.get(METRIC)
